@@ -48,8 +48,8 @@ class _Row:
     def add(self, token_id: int, is_eos: bool) -> bool:
         """Feeds a token; True when a stop string is now complete."""
         before = self.detok.emitted
-        if is_eos:
-            self.text_before_eos = before
+        if is_eos:  # the answer's text ends before the end token, held-back bytes included
+            self.text_before_eos = self.detok.tokenizer.decode(self.detok.ids)
         self.piece = self.detok.add(token_id)
         if is_eos or not self.stops:
             return False
