@@ -47,7 +47,7 @@ def hf_greedy(lm, prompt_ids: list[int], max_new_tokens: int, repetition_penalty
         top_k=None,
         top_p=None,
     )
-    return out.sequences[0, len(prompt_ids):].tolist(), torch.cat([x.float() for x in out.logits])
+    return out.sequences[0, len(prompt_ids) :].tolist(), torch.cat([x.float() for x in out.logits])
 
 
 def teacher_forced(lm, prompt_ids: list[int], generated: list[int], params: SamplingParams):
@@ -59,8 +59,8 @@ def teacher_forced(lm, prompt_ids: list[int], generated: list[int], params: Samp
     raw, used = [], []
     for i, tok in enumerate(generated):
         pos = len(prompt_ids) + i - 1
-        row = logits[pos:pos + 1]
-        processed = procs(seq[:, :pos + 1], row.clone())
+        row = logits[pos : pos + 1]
+        processed = procs(seq[:, : pos + 1], row.clone())
         raw.append(torch.log_softmax(row, -1)[0, tok].item())
         used.append(torch.log_softmax(processed, -1)[0, tok].item())
     return raw, used

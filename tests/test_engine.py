@@ -113,7 +113,9 @@ def test_kv_state_grows_one_position_per_step(tiny_lm):
     trace = lmtrace.generate(tiny_lm, "Hello world", max_new_tokens=6, temperature=0)
     n = len(trace.prompt["token_ids"])
     cfg = tiny_lm.model.config
-    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    per_position = (
+        2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    )
     for i, s in enumerate(trace.steps):
         assert s.kv["seq_len"] == n + i
         assert s.kv["bytes"] == per_position * (n + i)

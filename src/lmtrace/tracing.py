@@ -28,7 +28,9 @@ def encode_prompt(lm: LM, prompt: str, chat: bool = False) -> list[int]:
     """Token ids of a prompt; with `chat` the tokenizer's chat template wraps a user message."""
     tok = lm.tokenizer
     if chat:
-        text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
         return list(tok(text, add_special_tokens=False)["input_ids"])
     return list(tok(prompt)["input_ids"])
 
@@ -69,10 +71,18 @@ def _step(lm: LM, bs: engine.BatchStep, row: int, piece: str, tb: TokenBytes) ->
     ]
     token = bs.token_ids[row]
     return Step(
-        index=bs.index, token_id=token, text=piece, bytes=list(tb(token)),
-        logprob=bs.logprob[row], sampled_logprob=bs.sampled_logprob[row], rank=bs.rank[row],
-        entropy=bs.entropy[row], sampled_entropy=bs.sampled_entropy[row], top=top,
-        kv=bs.kv.to_dict(), time_ms=bs.time_ms,
+        index=bs.index,
+        token_id=token,
+        text=piece,
+        bytes=list(tb(token)),
+        logprob=bs.logprob[row],
+        sampled_logprob=bs.sampled_logprob[row],
+        rank=bs.rank[row],
+        entropy=bs.entropy[row],
+        sampled_entropy=bs.sampled_entropy[row],
+        top=top,
+        kv=bs.kv.to_dict(),
+        time_ms=bs.time_ms,
     )
 
 
@@ -82,7 +92,9 @@ def _rng(lm: LM, params: SamplingParams) -> torch.Generator | None:
     return torch.Generator(device=lm.model.device).manual_seed(params.seed)
 
 
-def _iter_rows(lm: LM, prompts: Sequence[list[int]], params: SamplingParams, rows: list[_Row]) -> Iterator[tuple[int, Step]]:
+def _iter_rows(
+    lm: LM, prompts: Sequence[list[int]], params: SamplingParams, rows: list[_Row]
+) -> Iterator[tuple[int, Step]]:
     """Runs the engine and yields (row, Step) for every row still generating at each step."""
     eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
     tb = TokenBytes(lm.tokenizer)
@@ -106,7 +118,7 @@ def _iter_rows(lm: LM, prompts: Sequence[list[int]], params: SamplingParams, row
 def _trace(lm: LM, prompt: str, ids: list[int], params: SamplingParams, row: _Row, chat: bool) -> Trace:
     full = row.detok.emitted
     if row.cut is not None:
-        text = full[:row.cut]
+        text = full[: row.cut]
     elif row.text_before_eos is not None:
         text = row.text_before_eos
     else:
@@ -166,7 +178,9 @@ def generate(
     return traces[0] if isinstance(prompt, str) else traces
 
 
-def stream(lm: LM, prompt: str, params: SamplingParams | None = None, *, chat: bool = False, **kwargs: Any) -> Iterator[Step]:
+def stream(
+    lm: LM, prompt: str, params: SamplingParams | None = None, *, chat: bool = False, **kwargs: Any
+) -> Iterator[Step]:
     """Steps with text and timing, as they are produced."""
     p = _seeded(make_params(params, **kwargs))
     ids = encode_prompt(lm, prompt, chat)
@@ -174,7 +188,9 @@ def stream(lm: LM, prompt: str, params: SamplingParams | None = None, *, chat: b
         yield step
 
 
-def generate_steps(lm: LM, prompt_ids: Sequence[Sequence[int]], params: SamplingParams | None = None, **kwargs: Any) -> Iterator[engine.BatchStep]:
+def generate_steps(
+    lm: LM, prompt_ids: Sequence[Sequence[int]], params: SamplingParams | None = None, **kwargs: Any
+) -> Iterator[engine.BatchStep]:
     """The engine's numbers for a batch of token-id prompts: no text, no records."""
     p = _seeded(make_params(params, **kwargs))
     eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []

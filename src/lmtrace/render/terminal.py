@@ -1,0 +1,101 @@
+"""The terminal view of a trace (rich): coloured text, then one table row per step."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from lmtrace.records import Step, Trace
+from lmtrace.render.tokens import SCALE, colour, escape, prob, show_bytes
+
+
+def header(trace: Trace) -> Text:
+    c = trace.model["config"]
+    p = trace.params
+    t = trace.timing
+    mode = "greedy" if p["temperature"] == 0 else f"temperature {p['temperature']}, seed {p['seed']}"
+    extras = [
+        f"{k} {p[k]}"
+        for k, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0), ("repetition_penalty", 1.0))
+        if p.get(k) != off
+    ]
+    out = Text()
+    out.append(f"{trace.model['source']}", style="bold")
+    out.append(
+        f"  {c['architecture']}, {c['layers']} layers, {c['attention_heads']} heads, "
+        f"{c['kv_heads']} KV heads ({c['attention']}), head_dim {c['head_dim']}, "
+        f"{trace.model['dtype']} on {trace.model['device']}\n",
+        style="dim",
+    )
+    out.append(f"{mode}{', ' if extras else ''}{', '.join(extras)}; ")
+    out.append(f"prompt {t['prompt_tokens']} tokens, prefill {t['prefill_ms']:.0f} ms, ")
+    rate = t.get("decode_tokens_per_s")
+    out.append(f"{t['generated_tokens']} tokens at {rate:.1f} tok/s" if rate else f"{t['generated_tokens']} tokens")
+    out.append(f", finish: {trace.finish_reason}")
+    if trace.stop_reason is not None:
+        out.append(f" ({trace.stop_reason!r})")
+    return out
+
+
+def legend() -> Text:
+    out = Text("p ≥ ", style="dim")
+    for i, (threshold, name) in enumerate(SCALE):
+        out.append(f" {threshold:g} " if i < len(SCALE) - 1 else " lower ", style=f"black on {name}")
+    return out
+
+
+def coloured_text(trace: Trace) -> Text:
+    out = Text()
+    out.append(trace.prompt["text"], style="dim")
+    for s in trace.steps:
+        out.append(s.text, style=colour(prob(s.logprob)))
+    return out
+
+
+def token_cell(s: Step) -> str:
+    own = show_bytes(s.bytes)
+    return own if escape(s.text) == own else f"{own} → {escape(s.text) or '…'}"
+
+
+def steps_table(trace: Trace, sampled: bool, width: int = 100) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    fixed = {"no_wrap": True, "justify": "right"}
+    table.add_column("#", style="dim", min_width=2, **fixed)
+    table.add_column("token", no_wrap=True, min_width=12, overflow="ellipsis")
+    table.add_column("prob", min_width=5, **fixed)
+    if sampled:
+        table.add_column("sampled", min_width=7, **fixed)
+    table.add_column("rank", min_width=4, **fixed)
+    table.add_column("entropy", min_width=7, **fixed)
+    # rich squeezes narrow columns away when one cell is too wide: bound the widest one
+    used = 2 + 12 + 5 + 4 + 7 + (7 if sampled else 0) + 2 * (6 if sampled else 5)
+    table.add_column("alternatives", no_wrap=True, overflow="ellipsis", max_width=max(12, width - used))
+    for s in trace.steps:
+        p = prob(s.logprob)
+        row = [str(s.index), Text(token_cell(s), style=colour(p)), f"{p:.3f}"]
+        if sampled:
+            row.append(f"{prob(s.sampled_logprob):.3f}")
+        alts = Text()
+        for a in s.top:
+            if a.token_id == s.token_id:
+                continue
+            ap = prob(a.logprob)
+            alts.append(show_bytes(a.bytes), style=colour(ap))
+            alts.append(f" {ap:.3f}  ", style="dim")
+        row += [str(s.rank), f"{s.entropy:.2f}", alts]
+        table.add_row(*row)
+    return table
+
+
+def view(trace: Trace, width: int = 100) -> Group:
+    p = trace.params
+    sampled = p["temperature"] != 0 or p.get("repetition_penalty", 1.0) != 1.0
+    return Group(
+        header(trace), Text(), coloured_text(trace), Text(), legend(), Text(), steps_table(trace, sampled, width)
+    )
+
+
+def print_trace(trace: Trace, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(view(trace, console.width))
