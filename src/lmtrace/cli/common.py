@@ -1,0 +1,93 @@
+"""What the commands share: the group, model options, prompt input, loading with a spinner,
+and writing JSON (atomically, or to stdout with '-')."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from lmtrace.errors import InvalidParameter
+from lmtrace.files import write_atomic
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="lmtrace")
+def cli() -> None:
+    """See inside a language model's decoding: every token's probability, rank, alternatives,
+    entropy, and the KV cache."""
+
+
+_MODEL_OPTIONS = [
+    click.option(
+        "--model",
+        "model",
+        default=None,
+        metavar="PATH|ID",
+        help="Model folder, .gguf file or hub id (local cache). Default: the bundled SmolLM2-135M-Instruct.",
+    ),
+    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or mps."),
+    click.option(
+        "--dtype",
+        default="auto",
+        show_default=True,
+        help="auto (float32 on CPU, bfloat16 on CUDA), float32, float16 or bfloat16.",
+    ),
+    click.option("--allow-pickle", is_flag=True, help="Allow .bin/.pt pickle weights (they can run code)."),
+    click.option("--trust-remote-code", is_flag=True, help="Run the model repository's own Python code."),
+]
+
+
+def model_options(f):
+    """Adds --model --device --dtype --allow-pickle --trust-remote-code."""
+    for option in reversed(_MODEL_OPTIONS):
+        f = option(f)
+    return f
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    if prompt is not None and prompt_file is not None:
+        raise InvalidParameter("prompt: give PROMPT or --prompt-file, not both")
+    if prompt_file is not None:
+        try:
+            return Path(prompt_file).read_text(encoding="utf-8")
+        except OSError as e:
+            raise InvalidParameter(f"prompt-file: cannot read {prompt_file!r} ({e.strerror})") from e
+    if prompt is not None:
+        return prompt
+    if sys.stdin is not None and not sys.stdin.isatty():
+        return sys.stdin.read()
+    raise InvalidParameter("prompt: none given (pass PROMPT, --prompt-file FILE, or pipe it on standard input)")
+
+
+def load_model(
+    console: Console, model: str | None, device: str, dtype: str, allow_pickle: bool, trust_remote_code: bool
+):
+    """lmtrace.load with a spinner on `console` (stderr) instead of transformers' progress bars."""
+    from transformers.utils import logging as hf_logging
+
+    from lmtrace.loading import load
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loader uses a plain tqdm bar
+    with console.status(f"Loading {model or 'the bundled SmolLM2-135M-Instruct'}…"):
+        return load(model, device=device, dtype=dtype, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+
+
+def consoles(json_path: str | None, no_color: bool) -> tuple[Console, Console]:
+    """(view, status): the view goes to stderr when JSON goes to stdout; status always to stderr."""
+    view = Console(stderr=json_path == "-", no_color=no_color, highlight=False)
+    return view, Console(stderr=True, no_color=no_color)
+
+
+def write_json(json_path: str | None, text: str) -> None:
+    if json_path is None:
+        return
+    if json_path == "-":
+        click.echo(text)
+    else:
+        write_atomic(json_path, text + "\n")

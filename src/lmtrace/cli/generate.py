@@ -1,0 +1,75 @@
+"""`lmtrace generate`: trace a generation and show it."""
+
+from __future__ import annotations
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
+from lmtrace.params import SamplingParams
+
+
+def sampling_options(f):
+    """The sampling options shared by the commands that decode."""
+    options = [
+        click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens to generate at most."),
+        click.option("--temperature", type=float, default=1.0, show_default=True, help="0 means greedy."),
+        click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k most likely tokens (0: off)."),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass (1: off)."),
+        click.option("--min-p", type=float, default=0.0, show_default=True, help="Drop tokens below min_p × the top."),
+        click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1: off."),
+        click.option("--seed", type=int, default=None, help="Seed for sampling (recorded in the trace)."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable); the text is cut before it."),
+        click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the chat template."),
+        click.option(
+            "--top-logprobs", type=int, default=5, show_default=True, help="Alternatives recorded per step (0-100)."
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def params_from(kw: dict) -> SamplingParams:
+    """SamplingParams from the sampling options (validated before the model loads)."""
+    return SamplingParams(
+        max_new_tokens=kw["max_new_tokens"],
+        temperature=kw["temperature"],
+        top_k=kw["top_k"],
+        top_p=kw["top_p"],
+        min_p=kw["min_p"],
+        repetition_penalty=kw["repetition_penalty"],
+        seed=kw["seed"],
+        stop=tuple(kw["stop"]),
+        top_logprobs=kw["top_logprobs"],
+    )
+
+
+def progress_bar(console, total: int) -> Progress:
+    columns = [TextColumn("Generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    return Progress(*columns, console=console, transient=True)
+
+
+@cli.command()
+@click.argument("prompt", required=False)
+@click.option("--prompt-file", type=str, default=None, help="Read the prompt from this file.")
+@model_options
+@sampling_options
+@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the trace as JSON ('-' for stdout).")
+@click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, json_path, no_color, **kw):
+    """Generate from PROMPT and show every token's probability, rank, entropy and alternatives."""
+    from lmtrace.render.terminal import print_trace
+    from lmtrace.tracing import generate as run
+
+    params = params_from(kw)
+    text = read_prompt(prompt, prompt_file)
+    view, status = consoles(json_path, no_color)
+    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
+    with progress_bar(status, params.max_new_tokens) as progress:
+        task = progress.add_task("generate", total=params.max_new_tokens)
+        trace = run(lm, text, params, chat=kw["chat"], on_step=lambda row, step: progress.advance(task))
+    write_json(json_path, trace.to_json(indent=2))
+    print_trace(trace, view)
+    if json_path and json_path != "-":
+        view.print(f"[dim]trace written to {json_path}[/dim]")
