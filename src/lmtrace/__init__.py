@@ -5,10 +5,12 @@ from lmtrace.loading import LM, load
 from lmtrace.params import SamplingParams
 from lmtrace.records import Alternative, Step, Trace
 from lmtrace.tracing import encode_prompt, generate, generate_steps, stream
+from lmtrace.watch import CacheMisuseWarning, watch
 
 __all__ = [
     "LM",
     "Alternative",
+    "CacheMisuseWarning",
     "GenerationError",
     "InvalidParameter",
     "LmtraceError",
@@ -21,5 +23,6 @@ __all__ = [
     "generate_steps",
     "load",
     "stream",
+    "watch",
 ]
 __version__ = "0.1.0"

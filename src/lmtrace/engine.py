@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lmtrace import kv, sampling
+from lmtrace import kv, kvsize, sampling
 from lmtrace.errors import InvalidParameter
 from lmtrace.params import SamplingParams
 
@@ -135,6 +135,7 @@ def generate_steps(
     next_pos = positions(mask)[:, -1:] + 1  # (batch, 1)
     active = [True] * batch
     cache = kv.new_cache(model)
+    expected = expected_bytes(model, batch)
     started = time.perf_counter()
     with torch.inference_mode():
         logits = prefill(model, input_ids, mask if padded else None, cache)
@@ -142,7 +143,7 @@ def generate_steps(
             processed = sampling.process_logits(logits, params, seen)
             tokens = sampling.choose(processed, params, rng)  # (batch,)
             floats, ints = measure(logits, processed, tokens, params.top_logprobs)
-            step = _assemble(index, floats, ints, active, params.top_logprobs, kv.state(cache))
+            step = _assemble(index, floats, ints, active, params.top_logprobs, kv.state(cache, expected))
             _finish_rows(step, eos_token_ids, params, on_token)
             step.time_ms = (time.perf_counter() - started) * 1000
             yield step
@@ -159,6 +160,15 @@ def generate_steps(
                 mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=-1)
             logits = decode_step(model, tokens, next_pos, mask if padded else None, cache)
             next_pos = next_pos + 1
+
+
+def expected_bytes(model, batch: int) -> Callable[[int], int] | None:
+    """The formula the measured cache is checked against at every step (None where unknown)."""
+    try:
+        dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+        return kvsize.anatomy(model.config, dtype, batch).bytes_at
+    except InvalidParameter:
+        return None
 
 
 def _assemble(index: int, floats: list, ints: list, active: list[bool], n: int, state: kv.KVState) -> BatchStep:

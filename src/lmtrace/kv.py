@@ -1,29 +1,59 @@
 """The only reader of transformers' cache internals (they change between versions).
 
 transformers 5.x: a DynamicCache holds `cache.layers[i].keys / .values`, each
-(batch, num_kv_heads, seq_len, head_dim). A sliding-window layer keeps fewer positions than
-`get_seq_length()` counts, so bytes are always measured from the tensors themselves."""
+(batch, num_kv_heads, seq_len, head_dim). A sliding-window layer keeps `sliding_window - 1`
+positions while `get_seq_length()` counts every token seen, so bytes are always measured from
+the tensors themselves and checked against the formula of kvsize.py."""
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
+FULL, SLIDING = "full_attention", "sliding_window"
+
 
 @dataclass(frozen=True)
+class LayerSpec:
+    """What one layer's cache looks like, from the config alone."""
+
+    kind: str  # "full_attention", "sliding_window", "none" (no KV cache), or an unsupported type's name
+    kv_heads: int
+    head_dim: int
+    window: int | None = None
+
+    def held(self, seen: int) -> int:
+        """Positions this layer keeps after `seen` tokens (transformers keeps window - 1)."""
+        if self.kind == "none":
+            return 0
+        return min(seen, self.window - 1) if self.window else seen
+
+
+@dataclass
 class KVState:
-    """The cache after one forward pass: positions seen and bytes held over all layers."""
+    """The cache after one forward pass: positions seen, bytes held, and per-layer detail."""
 
     seq_len: int
     bytes: int
+    expected_bytes: int | None = None
+    layers: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def matches(self) -> bool:
+        return self.expected_bytes is None or self.expected_bytes == self.bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seq_len": self.seq_len, "bytes": self.bytes}
+        d: dict[str, Any] = {"seq_len": self.seq_len, "bytes": self.bytes}
+        if self.expected_bytes is not None:
+            d["expected_bytes"] = self.expected_bytes
+        if self.layers:
+            d["layers"] = self.layers
+        return d
 
 
 def new_cache(model: Any) -> DynamicCache:
@@ -42,24 +72,80 @@ def cache_kwargs(model: Any, cache: DynamicCache) -> dict[str, Any]:
     return {_forward_kwarg(type(model)): cache, "use_cache": True}
 
 
-def _layer_tensors(layer: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    return getattr(layer, "keys", None), getattr(layer, "values", None)
+def find_cache(kwargs: dict[str, Any]) -> Any:
+    """The cache a forward call was given, under either name."""
+    found = kwargs.get("cache")
+    return found if found is not None else kwargs.get("past_key_values")
 
 
-def _nbytes(t: torch.Tensor | None) -> int:
-    if t is None or not isinstance(t, torch.Tensor):
-        return 0
-    return t.numel() * t.element_size()
+def layer_layout(config: Any) -> list[LayerSpec]:
+    """Per-layer cache specs as transformers' DynamicCache(config=...) would build them."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    types, kwargs = get_layer_types_and_kwargs(text)
+    per_layer = getattr(text, "per_layer_config", None)
+    specs = []
+    for i, (kind, kw) in enumerate(zip(types, kwargs)):
+        cfg = per_layer[i] if per_layer is not None else text
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        if kind == FULL:
+            specs.append(LayerSpec(FULL, kv_heads, head_dim))
+        elif kind in ("sliding_attention", "chunked_attention"):
+            specs.append(LayerSpec(SLIDING, kv_heads, head_dim, int(kw["sliding_window"])))
+        elif kind == "dummy":  # shares another layer's cache, or has no attention
+            specs.append(LayerSpec("none", kv_heads, head_dim))
+        else:
+            specs.append(LayerSpec(kind, kv_heads, head_dim))
+    return specs
 
 
-def seq_length(cache: DynamicCache) -> int:
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _shape(t: Any) -> list[int] | None:
+    return list(t.shape) if isinstance(t, torch.Tensor) and t.numel() else None
+
+
+def _layer_entry(index: int, layer: Any) -> dict[str, Any]:
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    held = keys.shape[-2] if isinstance(keys, torch.Tensor) and keys.dim() == 4 else 0
+    filled = min(int(layer.get_seq_length()), held) if held else 0
+    allocated = _nbytes(keys) + _nbytes(values)
+    return {
+        "layer": index,
+        "kind": SLIDING if getattr(layer, "is_sliding", False) else FULL,
+        "window": getattr(layer, "sliding_window", None),
+        "keys": _shape(keys),
+        "values": _shape(values),
+        "dtype": str(keys.dtype).replace("torch.", "") if isinstance(keys, torch.Tensor) else None,
+        "bytes": allocated,
+        # a static cache allocates its maximum length up front; only `filled` positions hold tokens
+        "bytes_used": allocated * filled // held if held else 0,
+    }
+
+
+def seq_length(cache: Any) -> int:
     """Positions seen by the cache (counts every token, also past a sliding window)."""
     return int(cache.get_seq_length())
 
 
-def state(cache: DynamicCache) -> KVState:
-    total = 0
-    for layer in cache.layers:
-        k, v = _layer_tensors(layer)
-        total += _nbytes(k) + _nbytes(v)
-    return KVState(seq_len=seq_length(cache), bytes=total)
+def state(cache: Any, expected: Any = None, layers: bool = True) -> KVState:
+    """Measures the cache; `expected(seq_len) -> bytes` is the formula to check against."""
+    entries = [_layer_entry(i, layer) for i, layer in enumerate(cache.layers)]
+    total = sum(e["bytes"] for e in entries)
+    seen = seq_length(cache)
+    return KVState(
+        seq_len=seen,
+        bytes=total,
+        expected_bytes=expected(seen) if expected is not None else None,
+        layers=entries if layers else [],
+    )
+
+
+def layer_shapes(cache: Any) -> list[list[int] | None]:
+    """Key shapes of every layer, for logs of people's own loops."""
+    return [_shape(getattr(layer, "keys", None)) for layer in cache.layers]

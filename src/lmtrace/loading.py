@@ -4,6 +4,7 @@ or a hub id (from the local Hugging Face cache; HF_HUB_OFFLINE is respected)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,30 @@ def load(
         raise ModelLoadError(f"{name}: cannot load model ({type(e).__name__}: {_one_line(e)})") from e
     model.to(torch_device)
     return LM.from_objects(model, tokenizer, name)
+
+
+def load_config(source: str | Path | None = None, *, trust_remote_code: bool = False) -> Any:
+    """A model's config without its weights: a config.json file, a folder holding one, a .gguf
+    file (its metadata), the bundled model (None), or a hub id from the local cache."""
+    from transformers import AutoConfig
+
+    if source is not None and Path(source).expanduser().is_file() and Path(source).suffix == ".json":
+        path = Path(source).expanduser()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            model_type = data.pop("model_type")
+            return AutoConfig.for_model(model_type, **data)
+        except (OSError, ValueError, KeyError) as e:
+            raise ModelLoadError(f"{path}: not a usable config.json ({type(e).__name__}: {_one_line(e)})") from e
+    if source is not None and Path(source).expanduser().is_dir():
+        path = Path(source).expanduser()
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path}: no config.json in this folder")
+        where, extra, name = str(path), {}, str(path)
+    else:
+        where, extra, name = _locate(source, allow_pickle=True)
+    try:
+        kwargs = {"gguf_file": extra["gguf_file"]} if "gguf_file" in extra else {}
+        return AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, **kwargs)
+    except Exception as e:
+        raise ModelLoadError(f"{name}: cannot read the config ({type(e).__name__}: {_one_line(e)})") from e

@@ -94,6 +94,9 @@ class Trace:
     versions: dict[str, str]
     steps: list[Step] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
+    # the KV cache's dimensions explained (kvsize.Anatomy.to_dict) and the steps, if any, where
+    # the measured bytes differ from the formula
+    kv_anatomy: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "steps"}
@@ -108,7 +111,7 @@ class Trace:
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {version!r}")
-        fields = {k: d[k] for k in cls.__dataclass_fields__ if k != "steps"}
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k != "steps" and k in d}
         return cls(**fields, steps=[Step.from_dict(s) for s in d["steps"]])
 
     @classmethod

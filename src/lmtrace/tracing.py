@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from lmtrace import engine
+from lmtrace import engine, kvsize
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.loading import LM
 from lmtrace.params import SamplingParams
@@ -147,7 +147,21 @@ def _trace(lm: LM, prompt: str, ids: list[int], params: SamplingParams, row: _Ro
         },
         versions=versions(),
         steps=row.steps,
+        kv_anatomy=_anatomy(lm, row.steps),
     )
+
+
+def _anatomy(lm: LM, steps: list[Step]) -> dict[str, Any] | None:
+    """The header's explanation of the cache, with the steps where measurement and formula differ."""
+    layers = steps[0].kv.get("layers") if steps else None
+    batch = layers[0]["keys"][0] if layers and layers[0]["keys"] else 1  # rows decoded together
+    try:
+        an = kvsize.anatomy(lm.model.config, lm.summary.dtype or "float32", batch)
+    except kvsize.InvalidParameter as e:
+        return {"unsupported": str(e)}
+    d = an.to_dict()
+    d["mismatches"] = [s.index for s in steps if s.kv.get("expected_bytes", s.kv["bytes"]) != s.kv["bytes"]]
+    return d
 
 
 def _seeded(params: SamplingParams) -> SamplingParams:

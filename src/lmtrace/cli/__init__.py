@@ -9,15 +9,16 @@ import sys
 import click
 
 # importing a command module registers its command on `cli`
-from lmtrace.cli import generate  # noqa: E402, F401, I001
+from lmtrace.cli import cache, generate, verify  # noqa: E402, F401, I001
 from lmtrace.cli.common import cli
 from lmtrace.errors import LmtraceError
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cli.main(args=argv, prog_name="lmtrace", standalone_mode=False)
-        return 0
+        # without standalone mode click returns a command's Exit code instead of raising it
+        code = cli.main(args=argv, prog_name="lmtrace", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.exceptions.Abort:

@@ -35,6 +35,12 @@ def header(trace: Trace) -> Text:
     out.append(f", finish: {trace.finish_reason}")
     if trace.stop_reason is not None:
         out.append(f" ({trace.stop_reason!r})")
+    last = trace.steps[-1].kv if trace.steps else None
+    if last:
+        out.append(f"\nKV cache: {last['seq_len']} positions, {last['bytes']:,} bytes", style="dim")
+    mismatches = (trace.kv_anatomy or {}).get("mismatches")
+    if mismatches:
+        out.append(f"\nerror: measured KV bytes differ from the formula at steps {mismatches}", style="bold red")
     return out
 
 

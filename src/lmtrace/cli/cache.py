@@ -1,0 +1,108 @@
+"""`lmtrace cache` and `lmtrace kv-size`: the KV cache explained, measured and predicted."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Group
+from rich.text import Text
+
+from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
+from lmtrace.cli.generate import params_from, progress_bar, sampling_options
+from lmtrace.errors import InvalidParameter
+
+
+@cli.command()
+@click.argument("prompt", required=False)
+@click.option("--prompt-file", type=str, default=None, help="Read the prompt from this file.")
+@model_options
+@sampling_options
+@click.option("--demo-misuse", is_flag=True, help="Run a right and a re-feeding hand-written loop side by side.")
+@click.option("--rounds", type=int, default=6, show_default=True, help="Rounds of each loop for --demo-misuse.")
+@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the ledger as JSON ('-' for stdout).")
+@click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+def cache(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, demo_misuse, rounds, json_path,
+          no_color, **kw):  # fmt: skip
+    """Generate from PROMPT and show the KV cache: its dimensions, its size per step, its growth."""
+    from lmtrace.render.kv_terminal import anatomy_view, chart, misuse_view, steps_view
+    from lmtrace.tracing import encode_prompt
+    from lmtrace.tracing import generate as run
+
+    params = params_from(kw)
+    if rounds < 1:
+        raise InvalidParameter(f"rounds must be >= 1, got {rounds}")
+    text = read_prompt(prompt, prompt_file)
+    view, status = consoles(json_path, no_color)
+    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
+    if demo_misuse:
+        from lmtrace.misuse import compare
+
+        with status.status("Running both loops…"):
+            result = compare(lm, encode_prompt(lm, text, kw["chat"]), rounds)
+        write_json(json_path, json.dumps(result, indent=2))
+        view.print(misuse_view(result))
+        return
+    with progress_bar(status, params.max_new_tokens) as progress:
+        task = progress.add_task("generate", total=params.max_new_tokens)
+        trace = run(lm, text, params, chat=kw["chat"], on_step=lambda row, step: progress.advance(task))
+    ledger = [s.kv for s in trace.steps]
+    write_json(json_path, json.dumps({"model": trace.model, "anatomy": trace.kv_anatomy, "steps": ledger}, indent=2))
+    an = trace.kv_anatomy or {}
+    if "unsupported" in an:
+        view.print(Text(an["unsupported"], style="yellow"))
+    else:
+        view.print(anatomy_view(an, trace.model["source"]))
+    view.print(Group(steps_view(ledger), Text(), Text("KV cache bytes per step", style="bold"),
+                     chart([k["bytes"] for k in ledger])))  # fmt: skip
+    if an.get("mismatches"):
+        raise click.exceptions.Exit(1)
+
+
+@cli.command("kv-size")
+@click.argument("model_or_config", required=False)
+@click.option("--context", type=int, required=True, help="Positions (prompt + generated tokens) per sequence.")
+@click.option("--batch", type=int, default=1, show_default=True, help="Sequences decoded together.")
+@click.option("--dtype", default="auto", show_default=True,
+              help="Cache dtype: auto (the config's, else float32), float32, float16, bfloat16, float8.")  # fmt: skip
+@click.option("--trust-remote-code", is_flag=True, help="Run the model repository's own Python code.")
+@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the result as JSON ('-' for stdout).")
+@click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+def kv_size(model_or_config, context, batch, dtype, trust_remote_code, json_path, no_color):
+    """KV-cache size of MODEL_OR_CONFIG (config.json, a folder, a .gguf, a hub id; default the
+    bundled model) at --context positions, from the config alone: no weights are loaded."""
+    from lmtrace.kvsize import anatomy, context_table
+    from lmtrace.loading import load_config
+    from lmtrace.render.kv_terminal import anatomy_view, size_view
+
+    if context < 1:
+        raise InvalidParameter(f"context must be >= 1, got {context}")
+    if batch < 1:
+        raise InvalidParameter(f"batch must be >= 1, got {batch}")
+    config = load_config(model_or_config, trust_remote_code=trust_remote_code)
+    an = anatomy(config, config_dtype(config) if dtype == "auto" else dtype, batch)
+    max_context = getattr(config.get_text_config(), "max_position_embeddings", None)
+    result = {
+        "model": model_or_config or "bundled SmolLM2-135M-Instruct",
+        "context": context,
+        "batch": batch,
+        "dtype": an.dtype,
+        "bytes_per_token": an.bytes_per_token,
+        "total_bytes": an.bytes_at(context),
+        "max_context": max_context,
+        "anatomy": an.to_dict(),
+        "table": [{"context": r["context"], "bytes": r["bytes"] // batch} for r in context_table(an, max_context)],
+    }
+    write_json(json_path, json.dumps(result, indent=2))
+    view, _ = consoles(json_path, no_color)
+    view.print(anatomy_view(an.to_dict(), result["model"]))
+    view.print(size_view(result))
+    if max_context and context > max_context:
+        view.print(f"[yellow]note: context {context} is beyond the model's maximum of {max_context} positions[/yellow]")
+
+
+def config_dtype(config) -> str:
+    """The dtype a config declares for its weights (the cache has the model's dtype), else float32."""
+    declared = str(getattr(config, "dtype", None) or "float32")
+    declared = declared.replace("torch.", "")
+    return declared if declared in ("float32", "float16", "bfloat16") else "float32"

@@ -1,0 +1,76 @@
+"""`lmtrace verify`: the cached loop against a recompute without cache and model.generate."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
+from lmtrace.errors import InvalidParameter
+
+
+@cli.command()
+@click.argument("prompt", required=False)
+@click.option("--prompt-file", type=str, default=None, help="Read the prompt from this file.")
+@model_options
+@click.option("--max-new-tokens", type=int, default=32, show_default=True, help="Greedy steps to check.")
+@click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Largest log-probability difference.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the chat template.")
+@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the report as JSON ('-' for stdout).")
+@click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, max_new_tokens, tolerance,
+           chat, json_path, no_color):  # fmt: skip
+    """Decode PROMPT greedily with the KV cache and check every step against a full recompute
+    without cache and against model.generate. Exit code 0 when they agree, 1 otherwise."""
+    import math
+
+    from lmtrace.tracing import encode_prompt
+    from lmtrace.verify import verify as run
+
+    if max_new_tokens < 1:
+        raise InvalidParameter(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not math.isfinite(tolerance) or tolerance < 0:
+        raise InvalidParameter(f"tolerance must be a finite number >= 0, got {tolerance}")
+    text = read_prompt(prompt, prompt_file)
+    view, status = consoles(json_path, no_color)
+    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
+    ids = encode_prompt(lm, text, chat)
+    with status.status("Decoding, recomputing without cache, and running model.generate…"):
+        report = run(lm, ids, max_new_tokens, tolerance)
+    write_json(json_path, json.dumps(report.to_dict(), indent=2))
+    view.print(report_view(report, lm.tokenizer))
+    if not report.ok:
+        raise click.exceptions.Exit(1)
+
+
+def report_view(report, tokenizer) -> Table | Text:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("step", "token", "max |Δlogit| no-cache", "max |Δlogprob| no-cache", "top-1", "generate",
+                 "max |Δlogprob| generate", "top1−top2"):  # fmt: skip
+        table.add_column(name, justify="right")
+    for s in report.steps:
+        same = s.generate_token_id == s.token_id
+        gen_diff = "" if s.generate_logprob_diff is None else f"{s.generate_logprob_diff:.2e}"
+        top1 = "agree" if s.top1_agrees else Text("DIFFER", style="red")
+        gen = "same" if same else Text(str(s.generate_token_id), style="red")
+        table.add_row(str(s.index), repr(tokenizer.decode([s.token_id])), f"{s.max_logit_diff:.2e}",
+                      f"{s.max_logprob_diff:.2e}", top1, gen, gen_diff, f"{s.margin:.3f}")  # fmt: skip
+    verdict = Text()
+    if report.ok:
+        verdict.append(f"OK: {len(report.steps)} steps agree; largest log-probability difference "
+                       f"{report.max_logprob_diff:.2e} ≤ {report.tolerance:g}", style="bold green")  # fmt: skip
+    else:
+        d = report.first_divergence
+        verdict.append("FAIL: ", style="bold red")
+        if d:
+            verdict.append(f"first divergence at step {d['step']}: {d['reason']}")
+            if "margin" in d:
+                verdict.append(f" (top-1/top-2 margin {d['margin']:.4f})")
+        else:
+            verdict.append(f"largest log-probability difference {report.max_logprob_diff:.2e} > {report.tolerance:g}")
+    from rich.console import Group
+
+    return Group(table, Text(), verdict)

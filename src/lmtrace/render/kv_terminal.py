@@ -1,0 +1,103 @@
+"""Terminal views of the KV cache: its anatomy, its size per step with a chart, the size
+calculator's table, and the two loops of the misuse demo."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from lmtrace.kvsize import human
+
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+def anatomy_view(an: dict[str, Any], model: str) -> Text:
+    out = Text()
+    out.append(f"KV cache of {model}\n", style="bold")
+    out.append(
+        f"  attention: {an['attention']} — {an['attention_heads']} query heads share {an['kv_heads']} KV heads\n"
+    )
+    for key in ("layers", "kv_heads", "head_dim"):
+        out.append(f"  {key:<9}", style="cyan")
+        out.append(f" {an['sources'][key]}\n")
+    if an.get("sliding_layers"):
+        out.append(
+            f"  sliding window {an['windows']} on layers {an['sliding_layers']}: they hold window - 1 positions\n"
+        )
+    out.append(f"  shape per layer: keys and values each (batch, kv_heads, seq_len, head_dim) = "
+               f"({an['batch']}, {an['kv_heads']}, seq_len, {an['head_dim']})\n")  # fmt: skip
+    out.append(f"  {an['formula']}\n", style="bold")
+    out.append(f"  = {human(an['bytes_per_token'])} per token per sequence\n")
+    if an.get("mismatches"):
+        out.append(f"  error: measured bytes differ from the formula at steps {an['mismatches']}\n", style="bold red")
+    return out
+
+
+def chart(values: list[int], width: int = 60, height: int = 6) -> Text:
+    """A small bar chart of `values` over steps, drawn with block characters."""
+    if not values:
+        return Text()
+    if len(values) > width:  # sample evenly so the chart fits
+        values = [values[i * len(values) // width] for i in range(width)]
+    top = max(values) or 1
+    rows = []
+    for level in range(height, 0, -1):
+        line = ""
+        for v in values:
+            filled = v / top * height - (level - 1)
+            line += BARS[max(0, min(8, round(filled * 8)))]
+        rows.append(line)
+    out = Text(f"{human(top)} ┤\n", style="dim")
+    for r in rows:
+        out.append("  │" + r + "\n", style="magenta")
+    out.append("  └" + "─" * len(values) + " step\n", style="dim")
+    return out
+
+
+def steps_view(steps: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("step", "seq_len", "bytes", "growth", "layers × (batch, kv_heads, seq_len, head_dim)"):
+        table.add_column(name, justify="right" if name != "layers × (batch, kv_heads, seq_len, head_dim)" else "left")
+    previous = None
+    for i, kv in enumerate(steps):
+        growth = "" if previous is None else f"+{human(kv['bytes'] - previous)}"
+        layers = kv.get("layers") or []
+        shapes = sorted({tuple(x["keys"]) for x in layers if x.get("keys")})
+        shape_text = ", ".join(f"{len(layers)} × {list(s)}" for s in shapes)
+        table.add_row(str(i), str(kv["seq_len"]), human(kv["bytes"]), growth, shape_text)
+        previous = kv["bytes"]
+    return table
+
+
+def size_view(d: dict[str, Any]) -> Group:
+    head = Text()
+    head.append(f"{d['model']}: ", style="bold")
+    head.append(f"{human(d['bytes_per_token'])} per token ({d['bytes_per_token']} bytes, {d['dtype']}); ")
+    head.append(f"{human(d['total_bytes'])} at context {d['context']} × batch {d['batch']}", style="bold")
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("context", justify="right")
+    table.add_column(f"batch {d['batch']}", justify="right")
+    for row in d["table"]:
+        table.add_row(f"{row['context']:,}", human(row["bytes"] * d["batch"]))
+    return Group(head, Text(), table)
+
+
+def misuse_view(d: dict[str, Any]) -> Group:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("round", "right: fed", "right: cache", "mistake: fed", "mistake: cache", "max |Δlogit|", "same token"):
+        table.add_column(name, justify="right")
+    for r in d["rounds"]:
+        table.add_row(str(r["round"]), str(r["correct_input_len"]), str(r["correct_cache_len"]),
+                      str(r["refeed_input_len"]), Text(str(r["refeed_cache_len"]), style="red" if r["round"] else ""),
+                      f"{r['max_logit_diff']:.3g}", "yes" if r["same_token"] else Text("no", style="red"))  # fmt: skip
+    n = d["prompt_len"]
+    note = Text(f"prompt of n = {n} tokens: the right loop's cache holds n + k positions after round k; the mistaken "
+                f"loop's holds (k+1)·n + k(k+1)/2.\n")  # fmt: skip
+    problems = Text()
+    for m in d["refeed_problems"][:1]:
+        problems.append("watch: " + m + "\n", style="yellow")
+    problems.append(f"watch on the right loop: {len(d['correct_problems'])} problems\n", style="green")
+    return Group(note, table, Text(), problems)
