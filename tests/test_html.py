@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import math
+import os
 import re
 from html.parser import HTMLParser
 
@@ -160,6 +161,9 @@ def test_traces_from_the_tiny_model(tiny_lm, tmp_path):
     out = tmp_path / "report.html"
     write_html(out, trace)
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # readable as a plain open() would make it
     html = out.read_text(encoding="utf-8")
     page = Page(html)
     assert_self_contained(html, page)

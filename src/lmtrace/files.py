@@ -7,6 +7,17 @@ import tempfile
 from pathlib import Path
 
 
+def _mode(target: Path) -> int:
+    """The mode a plain open() would give: the existing file's, else 0o666 less the umask
+    (mkstemp makes 0o600 files, which would hide a report from the people it is for)."""
+    try:
+        return target.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def write_atomic_bytes(path: str | Path, data: bytes) -> None:
     """Writes to a temporary file in the same folder, then renames it over the target."""
     target = Path(path)
@@ -16,6 +27,8 @@ def write_atomic_bytes(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+            if hasattr(os, "fchmod"):  # not on Windows before Python 3.13
+                os.fchmod(f.fileno(), _mode(target))
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
