@@ -15,7 +15,8 @@ _OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
 def value(v: Any, key: str = "") -> str:
-    """A record value as short text: floats to 4 significant digits, byte counts in KiB/MiB."""
+    """A record value as short text: floats to 4 significant digits (whole from 1000 on), byte
+    counts in KiB/MiB."""
     if v is None:
         return "–"
     if isinstance(v, bool):
@@ -23,7 +24,7 @@ def value(v: Any, key: str = "") -> str:
     if isinstance(v, int) and "bytes" in key:
         return f"{human_bytes(v)} ({v:,})"
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
     if isinstance(v, (list, dict)):
         return json.dumps(v, ensure_ascii=False)
     return str(v)

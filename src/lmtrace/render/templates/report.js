@@ -6,6 +6,7 @@
   var panel = document.getElementById("panel");
   var pinned = null; // [view, step] of the pinned token, or null
   var mode = "raw";
+  document.documentElement.classList.add("js"); // the raw/sampled switch only works with script
 
   function el(tag, cls, text) {
     var e = document.createElement(tag);
