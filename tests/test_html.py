@@ -216,3 +216,22 @@ def test_chart_helpers():
     assert nice_ticks(2.7)[-1] >= 2.7 and len(nice_ticks(2.7)) <= 7
     assert nice_ticks(3 * 1024**2, binary=True)[-1] % 1024**2 == 0
     assert human_bytes(512) == "512 B" and human_bytes(2048) == "2 KiB" and human_bytes(3 * 1024**2) == "3 MiB"
+
+
+def test_render_reads_records_only():
+    """No torch or transformers under render/: reports work from saved JSON alone."""
+    import ast
+    from pathlib import Path
+
+    import lmtrace.render
+
+    allowed = {"lmtrace.errors", "lmtrace.files", "lmtrace.records"}
+    for path in Path(lmtrace.render.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            for name in names:
+                assert name.split(".")[0] not in ("torch", "transformers"), (path.name, name)
+                if name.startswith("lmtrace") and not name.startswith("lmtrace.render"):
+                    assert name in allowed, (path.name, name)
