@@ -34,7 +34,11 @@ def render_html(obj: Any, title: str | None = None) -> str:
     `step["waterfall"]` (a list of dicts per sampling stage, in the token panel), and any other
     plain value on a step (in the panel). Raises InvalidParameter when `obj` is none of these.
 
-    A command adds `--html FILE` with `write_html(path, result)`.
+    For a command: `@report_options` (adds `--html FILE` and `--plot FILE.png`), then
+    `check_report_paths(html, plot)` before the work and `write_reports(result, html, plot,
+    console)` after it, all from `lmtrace.cli.reports`; or call `write_html(path, result)`
+    directly. A new kind of data is one small function in `sections.py` (it returns None when
+    its data is absent) added to the page of its kind.
     """
     try:
         kind, d = as_record(obj)
