@@ -110,7 +110,12 @@ def trace_dict(pieces: list[str] = PIECES, layers: bool = False, temperature: fl
         "steps": steps,
     }
     if layers:
-        d["kv_anatomy"] = {"formula": "2 × layers × kv_heads × head_dim × positions × bytes", "kv_heads": 2}
+        d["kv_anatomy"] = {
+            "formula": "2 × layers × kv_heads × head_dim × positions × bytes",
+            "kv_heads": 2,
+            "sources": {"kv_heads": "num_key_value_heads = 2"},
+            "mismatches": [3],
+        }
     return d
 
 

@@ -62,6 +62,8 @@ def kv_section(d: dict[str, Any]) -> Section | None:
     p = parts()
     body = Markup()
     if anatomy is not None:
+        if anatomy.get("mismatches"):  # the ledger found measured bytes that differ from the formula
+            body += p.error(f"measured KV bytes differ from the formula at steps {anatomy['mismatches']}")
         body += p.facts([("Anatomy", facts.flat(anatomy))])
     if layers:
         rows = [{k: facts.value(v, k) for k, v in layer.items()} for layer in layers]

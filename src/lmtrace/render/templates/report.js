@@ -104,6 +104,7 @@
       ["entropy", s.H === null || s.H === undefined ? undefined : num(s.H, 3) + " nats"],
       ["sampled entropy", data.sampled && s.sH !== null && s.sH !== undefined ? num(s.sH, 3) + " nats" : undefined],
       ["KV cache", s.kv ? s.kv.seq_len + " positions, " + bytes(s.kv.bytes) : undefined],
+      ["KV by formula", s.kv && s.kv.expected_bytes !== undefined ? bytes(s.kv.expected_bytes) : undefined],
       ["time", s.ms !== null && s.ms !== undefined ? num(s.ms, 3) + " ms" : undefined]
     ]);
     Object.keys(s.extra || {}).forEach(function (k) { rows(dl, [[k, num(s.extra[k])]]); });
