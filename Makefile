@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 run: install
-	$(BIN)/lmtrace generate "$(PROMPT)" --max-new-tokens 32 --temperature 0 --top-logprobs 5 --json trace.json
+	$(BIN)/lmtrace generate "$(PROMPT)" --max-new-tokens 32 --temperature 0 --top-logprobs 5 --json trace.json --html report.html
 
 test: install
 	$(BIN)/ruff check src tests bench
@@ -32,4 +32,4 @@ lint: install
 	$(BIN)/ruff check src tests bench
 
 clean:
-	rm -rf $(VENV) trace.json
+	rm -rf $(VENV) trace.json report.html

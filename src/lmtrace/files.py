@@ -7,15 +7,33 @@ import tempfile
 from pathlib import Path
 
 
-def write_atomic(path: str | Path, text: str) -> None:
+def _mode(target: Path) -> int:
+    """The mode a plain open() would give: the existing file's, else 0o666 less the umask
+    (mkstemp makes 0o600 files, which would hide a report from the people it is for)."""
+    try:
+        return target.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def write_atomic_bytes(path: str | Path, data: bytes) -> None:
+    """Writes to a temporary file in the same folder, then renames it over the target."""
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
+            if hasattr(os, "fchmod"):  # not on Windows before Python 3.13
+                os.fchmod(f.fileno(), _mode(target))
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    write_atomic_bytes(path, text.encode("utf-8"))

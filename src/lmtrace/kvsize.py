@@ -141,11 +141,3 @@ def context_table(an: Anatomy, max_context: int | None) -> list[dict[str, int]]:
         n *= 2
     sizes.append(top)
     return [{"context": s, "bytes": an.bytes_at(s)} for s in sizes]
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"

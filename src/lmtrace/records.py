@@ -134,5 +134,11 @@ class Trace:
             content.append(item)
         return {"content": content}
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the coloured tokens, each with a hover panel of its alternatives."""
+        from lmtrace.render.html import notebook_html
+
+        return notebook_html(self)
+
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(f"Trace({len(self.steps)} steps, finish_reason={self.finish_reason!r}, text={self.text!r})")

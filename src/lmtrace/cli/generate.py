@@ -6,6 +6,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
+from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.params import SamplingParams
 
 
@@ -56,6 +57,7 @@ def progress_bar(console, total: int) -> Progress:
 @model_options
 @sampling_options
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the trace as JSON ('-' for stdout).")
+@report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, json_path, no_color, **kw):
     """Generate from PROMPT and show every token's probability, rank, entropy and alternatives."""
@@ -63,6 +65,8 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     from lmtrace.tracing import generate as run
 
     params = params_from(kw)
+    html_path, plot_path = kw.pop("html_path"), kw.pop("plot_path")
+    check_report_paths(html_path, plot_path)
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
@@ -73,3 +77,4 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     print_trace(trace, view)
     if json_path and json_path != "-":
         view.print(f"[dim]trace written to {json_path}[/dim]")
+    write_reports(trace, html_path, plot_path, view)

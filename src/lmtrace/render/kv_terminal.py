@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from lmtrace.kvsize import human
+from lmtrace.render.tokens import human
 
 BARS = " ▁▂▃▄▅▆▇█"
 

@@ -54,3 +54,12 @@ def colour(p: float) -> str:
         if p >= threshold:
             return name
     return SCALE[-1][1]
+
+
+def human(n: float) -> str:
+    """Bytes in binary units: 45.00 KiB, 1.41 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"

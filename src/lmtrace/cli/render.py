@@ -1,0 +1,65 @@
+"""`lmtrace render TRACE.json`: a saved trace (or score result, or branches) shown again in the
+terminal, or written as an HTML report or a PNG plot. No model is loaded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.rule import Rule
+from rich.text import Text
+
+from lmtrace.cli.common import cli
+from lmtrace.cli.reports import check_report_paths, report_options, write_reports
+from lmtrace.errors import InvalidParameter
+from lmtrace.records import Trace
+from lmtrace.render.kinds import BRANCHES, SCORE, read_record
+
+
+def _trace(d: dict[str, Any], path: str) -> Trace:
+    try:
+        return Trace.from_dict(d)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InvalidParameter(f"trace: {path!r} is not a whole trace ({type(e).__name__}: {e})") from e
+
+
+def _print_score(d: dict[str, Any], console: Console) -> None:
+    from lmtrace.render.tokens import colour, prob
+
+    text = Text()
+    for t in d["tokens"]:
+        lp = t.get("logprob")
+        text.append(t.get("text", ""), style="dim" if lp is None else colour(prob(lp)))
+    console.print(text)
+    console.print(f"perplexity {d['perplexity']:.4g} over {len(d['tokens'])} tokens")
+
+
+def print_record(kind: str, d: dict[str, Any], path: str, console: Console) -> None:
+    """The terminal view: the same as `generate` showed for a trace; each branch in turn."""
+    from lmtrace.render.terminal import print_trace
+
+    if kind == SCORE:
+        _print_score(d, console)
+    elif kind == BRANCHES:
+        for k, t in enumerate(d["branches"]):
+            console.print(Rule(t.get("label") or ("original" if k == 0 else f"branch {k}")))
+            print_trace(_trace(t, path), console)
+    else:
+        print_trace(_trace(d, path), console)
+
+
+@cli.command()
+@click.argument("trace_path", metavar="TRACE.json")
+@report_options
+@click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+def render(trace_path, html_path, plot_path, no_color):
+    """Show a saved TRACE.json (from --json) again, or write it as an HTML report (--html) or a
+    PNG plot (--plot). Also reads score results and branches."""
+    check_report_paths(html_path, plot_path)
+    kind, d = read_record(trace_path)
+    console = Console(no_color=no_color, highlight=False)
+    if html_path is None and plot_path is None:
+        print_record(kind, d, trace_path, console)
+        return
+    write_reports(d, html_path, plot_path, console)

@@ -1,0 +1,59 @@
+"""`--html FILE` and `--plot FILE.png` for any command that produces a trace, a score result
+or branches: add `@report_options`, call `check_report_paths(html, plot)` before the model
+loads (bad paths fail fast, exit 2), then `write_reports(result, html, plot, console)`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from lmtrace.errors import InvalidParameter
+
+
+def report_options(f):
+    """Adds --html FILE and --plot FILE.png."""
+    f = click.option(
+        "--plot",
+        "plot_path",
+        default=None,
+        metavar="FILE.png",
+        help="Write a PNG plot: probability, entropy, KV bytes.",
+    )(f)
+    return click.option(
+        "--html", "html_path", default=None, metavar="FILE", help="Write a self-contained HTML report."
+    )(f)
+
+
+def _check_folder(parameter: str, path: str) -> None:
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise InvalidParameter(f"{parameter}: no such folder {str(folder)!r} for {path!r}")
+    if Path(path).is_dir():
+        raise InvalidParameter(f"{parameter}: {path!r} is a folder, not a file")
+
+
+def check_report_paths(html_path: str | None, plot_path: str | None) -> None:
+    """Fails before any work when a report could not be written where asked."""
+    if html_path is not None:
+        _check_folder("html", html_path)
+    if plot_path is not None:
+        if Path(plot_path).suffix.lower() != ".png":
+            raise InvalidParameter(f"plot: the file must end in .png, got {plot_path!r}")
+        _check_folder("plot", plot_path)
+
+
+def write_reports(result: Any, html_path: str | None, plot_path: str | None, console: Console) -> None:
+    """Writes the requested report files (atomically) and says where they went."""
+    if html_path is not None:
+        from lmtrace.render.html import write_html
+
+        write_html(html_path, result)
+        console.print(f"[dim]report written to {html_path}[/dim]", soft_wrap=True)
+    if plot_path is not None:
+        from lmtrace.render.plots import write_plot
+
+        write_plot(plot_path, result)
+        console.print(f"[dim]plot written to {plot_path}[/dim]", soft_wrap=True)

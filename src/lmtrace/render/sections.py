@@ -1,0 +1,141 @@
+"""The report's sections, one small function each, over the record dicts. A function returns
+None when its data is absent, so a new kind of data (a per-layer ledger, a waterfall, ...) is
+one more function here and one more line in the list of its page kind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+from markupsafe import Markup
+
+from lmtrace.render import facts, views
+from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
+from lmtrace.render.templating import parts
+from lmtrace.render.tokens import SCALE
+
+LEGEND = [f"≥ {t:g}" for t, _ in SCALE[:-1]] + [f"< {SCALE[-2][0]:g}"]
+# trace-level KV anatomy: the field names the KV ledger may use
+ANATOMY_KEYS = ("kv_anatomy", "kv")
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    body: Markup
+
+
+def text_section(tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False) -> Section:
+    p = parts()
+    body = (p.switch() if switch else Markup()) + p.tokens(tv, 0, prompt) + p.legend(LEGEND, unscored)
+    return Section("text", "Text", body)
+
+
+def step_charts(tv: list[dict[str, Any]], sampled: bool, what: str = "step") -> Section:
+    """Chosen-token probability and entropy per step, raw and (when different) sampled."""
+    prob = [Series("raw", [v["p"] for v in tv], "c0")]
+    entropy = [Series("raw", [v["H"] for v in tv], "c0")]
+    if sampled:
+        prob.append(Series("sampled", [v["sp"] for v in tv], "c1"))
+        entropy.append(Series("sampled", [v["sH"] for v in tv], "c1"))
+    items = [
+        ("probability of the chosen token", line_chart(prob, "probability per step", 1.0, x_label=what)),
+        ("entropy (nats)", line_chart(entropy, "entropy per step", x_label=what)),
+    ]
+    kv = [v["kv"].get("bytes") for v in tv if isinstance(v.get("kv"), dict)]
+    if kv and len(kv) == len(tv):
+        chart = line_chart([Series("KV cache", kv, "c2")], "KV cache bytes per step", fmt=human_bytes, binary=True)
+        items.append(("KV-cache bytes after each step's forward pass", chart))
+    return Section("charts", "Per step", parts().charts(items))
+
+
+def kv_section(d: dict[str, Any]) -> Section | None:
+    """The trace-level KV anatomy and the last step's per-layer ledger, when recorded."""
+    anatomy = next((d[k] for k in ANATOMY_KEYS if isinstance(d.get(k), dict)), None)
+    steps = d.get("steps") or []
+    last = steps[-1].get("kv") if steps and isinstance(steps[-1].get("kv"), dict) else {}
+    layers = [x for x in last.get("layers") or [] if isinstance(x, dict)]
+    if anatomy is None and not layers:
+        return None
+    p = parts()
+    body = Markup()
+    if anatomy is not None:
+        if anatomy.get("mismatches"):  # the ledger found measured bytes that differ from the formula
+            body += p.error(f"measured KV bytes differ from the formula at steps {anatomy['mismatches']}")
+        body += p.facts([("Anatomy", facts.flat(anatomy))])
+    if layers:
+        rows = [{k: facts.value(v, k) for k, v in layer.items()} for layer in layers]
+        columns = list(dict.fromkeys(k for layer in layers for k in layer))
+        body += Markup(f"<h3>By layer, after step {len(steps) - 1}</h3>") + p.table(rows, columns)
+        sizes = [layer.get("bytes") for layer in layers]
+        if all(isinstance(b, int | float) for b in sizes):
+            body += p.charts([("bytes per layer", bar_chart(sizes, "bytes per layer", human_bytes, "layer"))])
+    return Section("kv", "KV cache", body)
+
+
+def steps_table(tv: list[dict[str, Any]], sampled: bool) -> Section:
+    """Every step's numbers in one table, folded away by default."""
+    columns = ["#", "token", "prob", *(["sampled"] if sampled else []), "rank", "entropy", "KV positions", "ms"]
+    rows = []
+    for v in tv:
+        kv = v.get("kv") or {}
+        row = {"#": v["i"], "token": v["shown"], "prob": facts.value(v["p"]), "rank": facts.value(v["rank"])}
+        row |= {"sampled": facts.value(v["sp"]), "entropy": facts.value(v["H"])}
+        row |= {"KV positions": facts.value(kv.get("seq_len")), "ms": facts.value(v.get("ms"))}
+        rows.append(row)
+    body = Markup("<details><summary>show all steps</summary>") + parts().table(rows, columns) + Markup("</details>")
+    return Section("steps", "All steps", body)
+
+
+def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], bool]:
+    """(sections, the script's views, whether sampled differs from raw) for one trace."""
+    tv = views.token_views(d["steps"])
+    sampled = views.sampling_differs(tv)
+    found = [
+        text_section(tv, (d.get("prompt") or {}).get("text"), sampled),
+        step_charts(tv, sampled),
+        kv_section(d),
+        steps_table(tv, sampled),
+    ]
+    return [s for s in found if s], [{"label": "trace", "steps": views.for_script(tv)}], sampled
+
+
+def score_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], bool]:
+    tokens = d["tokens"]
+    tv = views.token_views(tokens)
+    found = [text_section(tv, None, False, unscored=True), step_charts(tv, False, "token"), steps_table(tv, False)]
+    return found, [{"label": "score", "steps": views.for_script(tv)}], False
+
+
+def branches_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], bool]:
+    """The branches side by side, marked from where each leaves the first, with charts."""
+    traces = d["branches"]
+    tvs = [views.token_views(t["steps"]) for t in traces]
+    prefixes = views.mark_divergence(tvs, [[s["token_id"] for s in t["steps"]] for t in traces])
+    sampled = any(views.sampling_differs(tv) for tv in tvs)
+    columns, script = [], []
+    for k, (t, tv, n) in enumerate(zip(traces, tvs, prefixes)):
+        label = t.get("label") or ("original" if k == 0 else f"branch {k}")
+        total = views.cumulative_logprob(t["steps"])
+        meta = f"{len(tv)} tokens, cumulative logprob {total:.3f}, finish {t.get('finish_reason', '–')}"
+        if k > 0:
+            meta = f"leaves the original at step {n}; " + meta
+        columns.append({"label": label, "meta": meta, "views": tv})
+        script.append({"label": label, "steps": views.for_script(tv)})
+    prompt = (traces[0].get("prompt") or {}).get("text", "")
+    body = (parts().switch() if sampled else Markup()) + parts().branch_columns(columns, prompt)
+    body += parts().legend(LEGEND)
+    css = [f"c{k % 6}" for k in range(len(traces))]
+    prob = [Series(c["label"], [v["p"] for v in tv], s, k) for k, (c, tv, s) in enumerate(zip(columns, tvs, css))]
+    cumulative = []
+    for k, (c, tv, s) in enumerate(zip(columns, tvs, css)):
+        run = list(accumulate(-(v["lp"] or 0.0) for v in tv))
+        cumulative.append(Series(c["label"], run, s, k))
+    items = [
+        ("probability of the chosen token", line_chart(prob, "probability per step", 1.0)),
+        ("cumulative negative logprob", line_chart(cumulative, "cumulative negative logprob")),
+    ]
+    sections = [Section("branches", "Branches", body), Section("charts", "Per step", parts().charts(items))]
+    return sections, script, sampled

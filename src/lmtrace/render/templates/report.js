@@ -1,0 +1,178 @@
+// The report's only script. It reads the embedded JSON and builds the token panel with DOM
+// calls and textContent only: model text is never parsed as HTML here.
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("lmtrace-data").textContent);
+  var panel = document.getElementById("panel");
+  var pinned = null; // [view, step] of the pinned token, or null
+  var mode = "raw";
+  document.documentElement.classList.add("js"); // the raw/sampled switch only works with script
+
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function num(x, digits) {
+    if (x === null || x === undefined) return "–";
+    if (typeof x !== "number") return String(x);
+    return Number.isInteger(x) ? String(x) : x.toPrecision(digits || 4);
+  }
+  function bytes(n) {
+    if (typeof n !== "number") return num(n);
+    var units = ["B", "KiB", "MiB", "GiB"], i = 0;
+    while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+    return (i ? n.toPrecision(3) : String(n)) + " " + units[i];
+  }
+  function bucketColour(p) {
+    var scale = [[0.9, "--b0"], [0.5, "--b1"], [0.2, "--b2"], [0.05, "--b3"], [0, "--b4"]];
+    if (p === null || p === undefined) return "var(--bn)";
+    for (var k = 0; k < scale.length; k++) if (p >= scale[k][0]) return "var(" + scale[k][1] + ")";
+    return "var(--b4)";
+  }
+  function rows(dl, pairs) {
+    pairs.forEach(function (kv) {
+      if (kv[1] === undefined) return;
+      dl.appendChild(el("dt", null, kv[0]));
+      dl.appendChild(el("dd", null, kv[1]));
+    });
+  }
+  function bar(p, cls) {
+    var fill = el("div", "bar-fill" + (cls ? " " + cls : ""));
+    fill.style.width = (Math.max(0, Math.min(1, p || 0)) * 100).toFixed(1) + "%";
+    if (!cls) fill.style.background = bucketColour(p);
+    return fill;
+  }
+  function alternatives(s) {
+    var table = el("table", "alts"), showSampled = data.sampled, head = el("tr");
+    ["token", showSampled ? "bar: raw, sampled" : "", "raw"].forEach(function (h) { head.appendChild(el("th", null, h)); });
+    if (showSampled) head.appendChild(el("th", null, "sampled"));
+    head.firstChild.style.textAlign = "left";
+    table.appendChild(head);
+    s.top.forEach(function (a) {
+      var tr = el("tr", a.chosen ? "chosen" : null), track = el("div", "bar-track");
+      track.appendChild(bar(a.p));
+      if (showSampled) track.appendChild(bar(a.sp, "sampled"));
+      var td = el("td");
+      td.appendChild(track);
+      tr.appendChild(el("td", "t", a.shown));
+      tr.appendChild(td);
+      tr.appendChild(el("td", "n", num(a.p, 3)));
+      // a null sampled probability is a token the processors filtered out
+      if (showSampled) tr.appendChild(el("td", "n", a.sp === null ? "cut" : num(a.sp, 3)));
+      tr.title = "token id " + a.id;
+      table.appendChild(tr);
+    });
+    return table;
+  }
+  function grid(list) {
+    // a table of records with whatever keys they have (waterfall stages, KV layers)
+    var cols = [];
+    list.forEach(function (r) { Object.keys(r).forEach(function (k) { if (cols.indexOf(k) < 0) cols.push(k); }); });
+    var table = el("table", "data"), head = el("tr");
+    cols.forEach(function (c) { head.appendChild(el("th", null, c)); });
+    table.appendChild(head);
+    list.forEach(function (r) {
+      var tr = el("tr");
+      cols.forEach(function (c) {
+        var v = r[c];
+        tr.appendChild(el("td", null, v !== null && typeof v === "object" ? JSON.stringify(v) : num(v)));
+      });
+      table.appendChild(tr);
+    });
+    var box = el("div", "scroll");
+    box.appendChild(table);
+    return box;
+  }
+  function show(v, i) {
+    var view = data.views[v], s = view && view.steps[i];
+    if (!s) return;
+    panel.replaceChildren();
+    var title = (data.views.length > 1 ? view.label + " · " : "") + (data.kind === "score" ? "token " : "step ") + s.i;
+    panel.appendChild(el("h3", null, title));
+    var tok = el("span", "panel-token", s.shown);
+    tok.style.background = bucketColour(mode === "sampled" && s.sp !== null ? s.sp : s.p);
+    panel.appendChild(tok);
+    var dl = el("dl", "panel-nums");
+    rows(dl, [
+      ["token id", num(s.id)],
+      ["bytes", s.own !== s.shown ? s.own : undefined],
+      ["probability", num(s.p) + "  (logprob " + num(s.lp) + ")"],
+      ["sampled prob.", data.sampled ? num(s.sp) : undefined],
+      ["rank", num(s.rank)],
+      ["entropy", s.H === null || s.H === undefined ? undefined : num(s.H, 3) + " nats"],
+      ["sampled entropy", data.sampled && s.sH !== null && s.sH !== undefined ? num(s.sH, 3) + " nats" : undefined],
+      ["KV cache", s.kv ? s.kv.seq_len + " positions, " + bytes(s.kv.bytes) : undefined],
+      ["KV by formula", s.kv && s.kv.expected_bytes !== undefined ? bytes(s.kv.expected_bytes) : undefined],
+      ["time", s.ms !== null && s.ms !== undefined ? num(s.ms, 3) + " ms" : undefined]
+    ]);
+    Object.keys(s.extra || {}).forEach(function (k) { rows(dl, [[k, num(s.extra[k])]]); });
+    panel.appendChild(dl);
+    if (s.top && s.top.length) {
+      panel.appendChild(el("h4", null, "alternatives"));
+      panel.appendChild(alternatives(s));
+    }
+    if (s.waterfall && s.waterfall.length) {
+      panel.appendChild(el("h4", null, "sampling waterfall"));
+      panel.appendChild(grid(s.waterfall));
+    }
+    if (s.kv && s.kv.layers && s.kv.layers.length) {
+      var details = el("details");
+      details.appendChild(el("summary", null, "KV cache by layer (" + s.kv.layers.length + ")"));
+      details.appendChild(grid(s.kv.layers));
+      panel.appendChild(details);
+    }
+    mark(v, i);
+  }
+  function mark(v, i) {
+    document.querySelectorAll(".tok.sel").forEach(function (t) { t.classList.remove("sel"); });
+    var box = document.querySelector('.text[data-v="' + v + '"] .tok[data-i="' + i + '"]');
+    if (box) box.classList.add("sel");
+    document.querySelectorAll("svg.chart").forEach(function (svg) {
+      var c = svg.querySelector(".cursor"), x = +svg.dataset.x0 + i * +svg.dataset.dx;
+      if (!c || svg.closest(".no-cursor")) return;
+      c.setAttribute("x1", x); c.setAttribute("x2", x); c.setAttribute("visibility", "visible");
+    });
+  }
+  function target(e) {
+    var t = e.target.closest ? e.target.closest(".tok[data-i], circle[data-i]") : null;
+    if (!t) return null;
+    var text = t.closest(".text");
+    return [text ? +text.dataset.v : +t.dataset.v, +t.dataset.i];
+  }
+  document.addEventListener("mouseover", function (e) {
+    var at = target(e);
+    if (at && !pinned) show(at[0], at[1]);
+  });
+  document.addEventListener("focusin", function (e) {
+    var at = target(e);
+    if (at && !pinned) show(at[0], at[1]);
+  });
+  document.addEventListener("click", function (e) {
+    var at = target(e);
+    if (!at) return;
+    pinned = pinned && pinned[0] === at[0] && pinned[1] === at[1] ? null : at;
+    panel.classList.toggle("pinned", !!pinned);
+    show(at[0], at[1]);
+  });
+  document.addEventListener("keydown", function (e) {
+    if (!pinned) return;
+    if (e.key === "Escape") { pinned = null; panel.classList.remove("pinned"); return; }
+    var d = e.key === "ArrowRight" ? 1 : e.key === "ArrowLeft" ? -1 : 0;
+    var next = pinned[1] + d;
+    if (d && next >= 0 && next < data.views[pinned[0]].steps.length) {
+      pinned = [pinned[0], next];
+      show(pinned[0], next);
+      e.preventDefault();
+    }
+  });
+  document.querySelectorAll('input[name="dist"]').forEach(function (input) {
+    input.addEventListener("change", function () {
+      mode = input.value;
+      document.body.classList.toggle("mode-raw", mode === "raw");
+      document.body.classList.toggle("mode-sampled", mode === "sampled");
+      if (pinned) show(pinned[0], pinned[1]);
+    });
+  });
+})();
