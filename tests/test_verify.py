@@ -49,7 +49,8 @@ def test_verify_cli_exit_codes(tiny_dir, tmp_path, monkeypatch, capsys):
 def test_cache_command_writes_the_ledger(tiny_dir, tmp_path, capsys):
     out = tmp_path / "ledger.json"
     assert main(["cache", "Hello world", "--model", str(tiny_dir), "--max-new-tokens", "5", "--temperature", "0",
-                 "--json", str(out), "--no-color"]) == 0  # fmt: skip
+                 "--json", str(out), "--html", str(tmp_path / "r.html"), "--no-color"]) == 0  # fmt: skip
+    assert "KV cache" in (tmp_path / "r.html").read_text()
     d = json.loads(out.read_text())
     assert len(d["steps"]) == 5 and d["anatomy"]["kv_heads"] == 2 and d["anatomy"]["mismatches"] == []
     assert d["steps"][1]["bytes"] - d["steps"][0]["bytes"] == d["anatomy"]["bytes_per_token"]

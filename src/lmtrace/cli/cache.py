@@ -10,6 +10,7 @@ from rich.text import Text
 
 from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
 from lmtrace.cli.generate import params_from, progress_bar, sampling_options
+from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 
 
@@ -21,9 +22,10 @@ from lmtrace.errors import InvalidParameter
 @click.option("--demo-misuse", is_flag=True, help="Run a right and a re-feeding hand-written loop side by side.")
 @click.option("--rounds", type=int, default=6, show_default=True, help="Rounds of each loop for --demo-misuse.")
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the ledger as JSON ('-' for stdout).")
+@report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 def cache(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, demo_misuse, rounds, json_path,
-          no_color, **kw):  # fmt: skip
+          html_path, plot_path, no_color, **kw):  # fmt: skip
     """Generate from PROMPT and show the KV cache: its dimensions, its size per step, its growth."""
     from lmtrace.render.kv_terminal import anatomy_view, chart, misuse_view, steps_view
     from lmtrace.tracing import encode_prompt
@@ -32,6 +34,7 @@ def cache(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_
     params = params_from(kw)
     if rounds < 1:
         raise InvalidParameter(f"rounds must be >= 1, got {rounds}")
+    check_report_paths(html_path, plot_path)
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
@@ -55,6 +58,7 @@ def cache(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_
         view.print(anatomy_view(an, trace.model["source"]))
     view.print(Group(steps_view(ledger), Text(), Text("KV cache bytes per step", style="bold"),
                      chart([k["bytes"] for k in ledger])))  # fmt: skip
+    write_reports(trace, html_path, plot_path, view)
     if an.get("mismatches"):
         raise click.exceptions.Exit(1)
 
