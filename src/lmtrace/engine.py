@@ -87,11 +87,14 @@ def decode_step(
 def measure(logits: torch.Tensor, processed: torch.Tensor, token_ids: torch.Tensor, top_n: int) -> tuple[list, list]:
     """Per-row numbers for the chosen tokens, moved to the host in two transfers."""
     raw = torch.log_softmax(logits, dim=-1)  # (batch, vocab)
-    used = torch.log_softmax(processed, dim=-1)
+    same = processed is logits  # greedy without penalty: one distribution, computed once
+    used = raw if same else torch.log_softmax(processed, dim=-1)
     chosen = token_ids[:, None]  # (batch, 1)
     lp = raw.gather(-1, chosen)
     rank = (raw > lp).sum(-1, keepdim=True) + 1
-    floats = [lp, used.gather(-1, chosen), sampling.entropy(raw)[:, None], sampling.entropy(used)[:, None]]
+    raw_entropy = sampling.entropy(raw)[:, None]
+    used_entropy = raw_entropy if same else sampling.entropy(used)[:, None]
+    floats = [lp, lp if same else used.gather(-1, chosen), raw_entropy, used_entropy]
     ints = [chosen, rank]
     if top_n:
         top_lp, top_ids = torch.topk(raw, top_n, dim=-1)  # (batch, top_n)
