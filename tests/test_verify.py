@@ -74,3 +74,11 @@ def test_cache_demo_misuse(tiny_dir, capsys):
 def test_verify_agrees_on_the_bundled_model(bundled_lm):
     report = verify(bundled_lm, lmtrace.encode_prompt(bundled_lm, "The capital of France is"), 16)
     assert report.ok, report.to_dict()["first_divergence"]
+
+
+def test_verify_in_bfloat16_reports_the_difference_against_float32(tiny_dir):
+    lm = lmtrace.load(tiny_dir, dtype="bfloat16")
+    report = verify(lm, lmtrace.encode_prompt(lm, "Hello world"), 6)
+    d = report.to_dict()
+    assert d["dtype"] == "bfloat16" and d["tolerance"] == 0.1
+    assert 0 < d["float32_max_logprob_diff"] < 1.0

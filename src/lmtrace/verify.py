@@ -31,6 +31,10 @@ class VerifyReport:
     tolerance: float
     steps: list[StepCheck] = field(default_factory=list)
     first_divergence: dict[str, Any] | None = None
+    dtype: str = "float32"
+    # for a model in another dtype: the largest log-probability difference of the generated
+    # tokens against a float32 copy of the same weights (teacher-forced)
+    float32_max_logprob_diff: float | None = None
 
     @property
     def max_logprob_diff(self) -> float:
@@ -49,6 +53,8 @@ class VerifyReport:
             "max_logprob_diff": self.max_logprob_diff,
             "max_logit_diff": max((s.max_logit_diff for s in self.steps), default=0.0),
             "first_divergence": self.first_divergence,
+            "dtype": self.dtype,
+            "float32_max_logprob_diff": self.float32_max_logprob_diff,
             "steps": [asdict(s) for s in self.steps],
         }
 
@@ -90,13 +96,35 @@ def generate_oracle(lm: LM, prompt_ids: list[int], max_new_tokens: int) -> tuple
     return out.sequences[0, len(prompt_ids) :].tolist(), torch.cat([x.float() for x in out.logits])
 
 
-def verify(lm: LM, prompt_ids: list[int], max_new_tokens: int = 32, tolerance: float = 1e-4) -> VerifyReport:
+def default_tolerance(dtype: str) -> float:
+    """1e-4 in log-probability for float32; half precision rounds far more coarsely."""
+    return 1e-4 if dtype == "float32" else 0.1
+
+
+def against_float32(lm: LM, prompt_ids: list[int], tokens: list[int], lp: torch.Tensor) -> float:
+    """Largest |Δ log-probability| over the vocabulary of every step against a float32 copy."""
+    import copy
+
+    reference = copy.deepcopy(lm.model).float()
+    seq = torch.tensor([prompt_ids + tokens], device=reference.device)
+    with torch.inference_mode():
+        full = reference(seq, use_cache=False).logits[0].float()
+    del reference
+    ref = torch.log_softmax(full[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(tokens)], -1)
+    return float((ref - lp).abs().max())
+
+
+def verify(lm: LM, prompt_ids: list[int], max_new_tokens: int = 32, tolerance: float | None = None) -> VerifyReport:
+    dtype = str(next(lm.model.parameters()).dtype).replace("torch.", "")
+    tolerance = default_tolerance(dtype) if tolerance is None else tolerance
     tokens, cached = cached_greedy(lm, prompt_ids, max_new_tokens)
     full = uncached_logits(lm, prompt_ids, tokens)
     hf_ids, hf_logits = generate_oracle(lm, prompt_ids, max_new_tokens)
     lp_cached, lp_full = torch.log_softmax(cached, -1), torch.log_softmax(full, -1)
     lp_hf = torch.log_softmax(hf_logits, -1)
-    report = VerifyReport(tolerance=tolerance)
+    report = VerifyReport(tolerance=tolerance, dtype=dtype)
+    if dtype != "float32":
+        report.float32_max_logprob_diff = against_float32(lm, prompt_ids, tokens, lp_cached)
     for i, token in enumerate(tokens):
         top2 = torch.topk(cached[i], 2).values
         check = StepCheck(

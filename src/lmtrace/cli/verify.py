@@ -17,7 +17,8 @@ from lmtrace.errors import InvalidParameter
 @click.option("--prompt-file", type=str, default=None, help="Read the prompt from this file.")
 @model_options
 @click.option("--max-new-tokens", type=int, default=32, show_default=True, help="Greedy steps to check.")
-@click.option("--tolerance", type=float, default=1e-4, show_default=True, help="Largest log-probability difference.")
+@click.option("--tolerance", type=float, default=None,
+              help="Largest log-probability difference (default 1e-4 in float32, 0.1 in 16-bit dtypes).")  # fmt: skip
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the chat template.")
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the report as JSON ('-' for stdout).")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
@@ -32,7 +33,7 @@ def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote
 
     if max_new_tokens < 1:
         raise InvalidParameter(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if not math.isfinite(tolerance) or tolerance < 0:
+    if tolerance is not None and (not math.isfinite(tolerance) or tolerance < 0):
         raise InvalidParameter(f"tolerance must be a finite number >= 0, got {tolerance}")
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)
@@ -59,6 +60,9 @@ def report_view(report, tokenizer) -> Table | Text:
         table.add_row(str(s.index), repr(tokenizer.decode([s.token_id])), f"{s.max_logit_diff:.2e}",
                       f"{s.max_logprob_diff:.2e}", top1, gen, gen_diff, f"{s.margin:.3f}")  # fmt: skip
     verdict = Text()
+    if report.float32_max_logprob_diff is not None:
+        verdict.append(f"{report.dtype}: largest log-probability difference against a float32 copy of the weights "
+                       f"{report.float32_max_logprob_diff:.3g}\n")  # fmt: skip
     if report.ok:
         verdict.append(f"OK: {len(report.steps)} steps agree; largest log-probability difference "
                        f"{report.max_logprob_diff:.2e} ≤ {report.tolerance:g}", style="bold green")  # fmt: skip
