@@ -4,33 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    MinPLogitsWarper,
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
 from lmtrace import sampling
 from lmtrace.params import SamplingParams
+from tests.oracle import hf_processors
 
 
 def oracle(params: SamplingParams, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    procs = LogitsProcessorList()
-    if params.repetition_penalty != 1.0:
-        procs.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
-    if not params.greedy:
-        if params.temperature != 1.0:
-            procs.append(TemperatureLogitsWarper(params.temperature))
-        if params.top_k:
-            procs.append(TopKLogitsWarper(params.top_k))
-        if params.top_p < 1.0:
-            procs.append(TopPLogitsWarper(params.top_p))
-        if params.min_p > 0:
-            procs.append(MinPLogitsWarper(params.min_p))
-    return procs(input_ids, logits.clone())
+    return hf_processors(params)(input_ids, logits.clone())
 
 
 CASES = [
