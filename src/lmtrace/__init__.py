@@ -1,5 +1,6 @@
 """lmtrace: see inside a language model's decoding, token by token."""
 
+from lmtrace.comparison import compare
 from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError
 from lmtrace.loading import LM, load
 from lmtrace.params import SamplingParams
@@ -16,6 +17,7 @@ __all__ = [
     "LmtraceError",
     "ModelLoadError",
     "SamplingParams",
+    "compare",
     "Step",
     "Trace",
     "encode_prompt",
