@@ -95,23 +95,26 @@ def _one_line(e: BaseException) -> str:
 
 
 def _check_gguf(path: Path) -> None:
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ModelLoadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-    try:
-        import gguf
+    from lmtrace.gguf_check import check_gguf
 
-        gguf.GGUFReader(str(path), "r")
-    except ImportError as e:
-        raise ModelLoadError("gguf: loading a .gguf file needs the gguf package: pip install gguf") from e
-    except Exception as e:
-        raise ModelLoadError(f"{path}: corrupt or truncated GGUF file ({_one_line(e)})") from e
+    check_gguf(path)
 
 
-def _check_folder(path: Path, allow_pickle: bool) -> dict[str, Any]:
-    if not (path / "config.json").is_file():
+def _check_folder(path: Path, allow_pickle: bool, trust_remote_code: bool = False) -> dict[str, Any]:
+    config = path / "config.json"
+    if not config.is_file():
         raise ModelLoadError(f"{path}: no config.json in this folder, so it is not a Hugging Face model folder")
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{config}: not valid JSON ({_one_line(e)})") from e
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{config}: expected a JSON object, got {type(data).__name__}")
+    if data.get("auto_map") and not trust_remote_code:
+        raise ModelLoadError(
+            f"{path}: this model ships its own Python code (auto_map in config.json), which lmtrace does not run "
+            "unless asked: pass trust_remote_code=True (CLI: --trust-remote-code) only if you trust it"
+        )
     if any(path.glob("*.safetensors")):
         return {"use_safetensors": True}
     pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
@@ -132,7 +135,9 @@ def _check_causal(config: Any, where: str) -> None:
         raise ModelLoadError(f"{where}: architecture {config.model_type!r} is not a causal language model")
 
 
-def _locate(source: str | Path | None, allow_pickle: bool) -> tuple[str, dict[str, Any], str]:
+def _locate(
+    source: str | Path | None, allow_pickle: bool, trust_remote_code: bool = False
+) -> tuple[str, dict[str, Any], str]:
     """(what from_pretrained gets, its extra kwargs, a human name of the source)."""
     if source is None:
         path = bundled_gguf()
@@ -144,7 +149,7 @@ def _locate(source: str | Path | None, allow_pickle: bool) -> tuple[str, dict[st
         _check_gguf(path)
         return str(path.parent), {"gguf_file": path.name}, str(path)
     if path.is_dir():
-        return str(path), _check_folder(path, allow_pickle), str(path)
+        return str(path), _check_folder(path, allow_pickle, trust_remote_code), str(path)
     text = str(source)
     if text.endswith(".gguf") or text.startswith((".", "/", "~")) or text.count("/") > 1:
         raise ModelLoadError(f"model: no such file or folder: {text}")
@@ -164,7 +169,7 @@ def load(
 
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    where, extra, name = _locate(source, allow_pickle)
+    where, extra, name = _locate(source, allow_pickle, trust_remote_code)
     common = {"trust_remote_code": trust_remote_code, **{k: v for k, v in extra.items() if k == "gguf_file"}}
     try:
         config = AutoConfig.from_pretrained(where, **common)
