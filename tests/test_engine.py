@@ -161,3 +161,16 @@ def test_generate_steps_gives_numbers_only(tiny_lm):
     steps = list(lmtrace.generate_steps(tiny_lm, ids, max_new_tokens=5, temperature=0, top_logprobs=2))
     assert len(steps) == 5
     assert all(len(s.token_ids) == 2 and len(s.top_ids[0]) == 2 for s in steps)
+
+
+def test_compiled_static_cache_gives_the_same_tokens(tiny_lm):
+    """--compile: a StaticCache and a torch.compile'd decode step (a one-off compile here)."""
+    prompts = ["Hello world", "Once upon a time there was"]
+    plain = lmtrace.generate(tiny_lm, prompts, max_new_tokens=6, temperature=0, stop_on_eos=False)
+    compiled = lmtrace.generate(tiny_lm, prompts, max_new_tokens=6, temperature=0, stop_on_eos=False, compile=True)
+    for a, b in zip(plain, compiled):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x.logprob - y.logprob) for x, y in zip(a.steps, b.steps)) < 1e-5
+        assert b.params["compile"] is True and b.kv_anatomy["mismatches"] == []
+        last = b.steps[-1].kv
+        assert last["bytes"] > last["bytes_used"] == a.steps[-1].kv["bytes"]  # preallocated, fewer in use

@@ -123,8 +123,10 @@ def generate_steps(
     eos_token_ids: Sequence[int] = (),
     pad_token_id: int = 0,
     on_token: TokenHook | None = None,
+    compile: bool = False,
 ) -> Iterator[BatchStep]:
-    """Decodes every prompt of the batch together and yields one BatchStep per step."""
+    """Decodes every prompt of the batch together and yields one BatchStep per step.
+    `compile`: a static cache and a torch.compile'd decode step (a one-off compile, same tokens)."""
     _check_context(model, prompt_ids, params)
     device = model.device
     batch = len(prompt_ids)
@@ -137,11 +139,15 @@ def generate_steps(
         seen.scatter_(1, input_ids, mask.bool())
     next_pos = positions(mask)[:, -1:] + 1  # (batch, 1)
     active = [True] * batch
-    cache = kv.new_cache(model)
+    static = input_ids.shape[1] + params.max_new_tokens if compile else None
+    cache = kv.new_cache(model, static)
+    decode = compiled_decode(model) if compile else decode_step
+    if compile and padded:  # one mask of the final length keeps the compiled graph's shapes fixed
+        mask = torch.cat([mask, mask.new_ones((batch, params.max_new_tokens))], dim=-1)
     expected = expected_bytes(model, batch)
     started = time.perf_counter()
     with torch.inference_mode():
-        logits = prefill(model, input_ids, mask if padded else None, cache)
+        logits = prefill(model, input_ids, mask[:, : input_ids.shape[1]] if padded else None, cache)
         for index in range(params.max_new_tokens):
             processed = sampling.process_logits(logits, params, seen)
             tokens = sampling.choose(processed, params, rng)  # (batch,)
@@ -159,10 +165,25 @@ def generate_steps(
             if len(eos) and not all(active):  # finished rows keep being fed an end token
                 done = torch.tensor([not a for a in active], device=device)
                 tokens = torch.where(done, eos[0], tokens)
-            if padded:
+            if padded and not compile:
                 mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=-1)
-            logits = decode_step(model, tokens, next_pos, mask if padded else None, cache)
+            logits = decode(model, tokens, next_pos, mask if padded else None, cache)
             next_pos = next_pos + 1
+
+
+def compiled_decode(model) -> Callable[..., torch.Tensor]:
+    """decode_step over a torch.compile'd forward, compiled once per model and kept on it."""
+    forward = getattr(model, "_lmtrace_compiled_forward", None)
+    if forward is None:
+        forward = torch.compile(model.forward, dynamic=False)
+        model._lmtrace_compiled_forward = forward
+
+    def decode(model, token_ids, position_ids, attention_mask, cache) -> torch.Tensor:
+        out = forward(input_ids=token_ids[:, None], attention_mask=attention_mask, position_ids=position_ids,
+                      logits_to_keep=1, **kv.cache_kwargs(model, cache))  # fmt: skip
+        return out.logits[:, -1, :].float()
+
+    return decode
 
 
 def expected_bytes(model, batch: int) -> Callable[[int], int] | None:

@@ -36,19 +36,24 @@ class LayerSpec:
 
 @dataclass
 class KVState:
-    """The cache after one forward pass: positions seen, bytes held, and per-layer detail."""
+    """The cache after one forward pass: positions seen, bytes allocated and holding tokens
+    (they differ for a preallocated static cache), and per-layer detail."""
 
     seq_len: int
     bytes: int
     expected_bytes: int | None = None
     layers: list[dict[str, Any]] = field(default_factory=list)
+    bytes_used: int | None = None
 
     @property
     def matches(self) -> bool:
-        return self.expected_bytes is None or self.expected_bytes == self.bytes
+        used = self.bytes if self.bytes_used is None else self.bytes_used
+        return self.expected_bytes is None or self.expected_bytes == used
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"seq_len": self.seq_len, "bytes": self.bytes}
+        if self.bytes_used is not None and self.bytes_used != self.bytes:
+            d["bytes_used"] = self.bytes_used
         if self.expected_bytes is not None:
             d["expected_bytes"] = self.expected_bytes
         if self.layers:
@@ -56,7 +61,12 @@ class KVState:
         return d
 
 
-def new_cache(model: Any) -> DynamicCache:
+def new_cache(model: Any, static_len: int | None = None) -> Any:
+    """A DynamicCache, or a StaticCache of `static_len` positions (preallocated, for compiling)."""
+    if static_len is not None:
+        from transformers import StaticCache
+
+        return StaticCache(config=model.config, max_cache_len=static_len)
     return DynamicCache(config=model.config)
 
 
@@ -143,6 +153,7 @@ def state(cache: Any, expected: Any = None, layers: bool = True) -> KVState:
         bytes=total,
         expected_bytes=expected(seen) if expected is not None else None,
         layers=entries if layers else [],
+        bytes_used=sum(e["bytes_used"] for e in entries),
     )
 
 

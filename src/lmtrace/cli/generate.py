@@ -58,6 +58,8 @@ def progress_bar(console, total: int) -> Progress:
 @sampling_options
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the trace as JSON ('-' for stdout).")
 @report_options
+@click.option("--compile", "compile_", is_flag=True,
+              help="Static cache + torch.compile'd decode step: a one-off compile, the same tokens.")  # fmt: skip
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, json_path, no_color, **kw):
     """Generate from PROMPT and show every token's probability, rank, entropy and alternatives."""
@@ -72,7 +74,8 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
     with progress_bar(status, params.max_new_tokens) as progress:
         task = progress.add_task("generate", total=params.max_new_tokens)
-        trace = run(lm, text, params, chat=kw["chat"], on_step=lambda row, step: progress.advance(task))
+        trace = run(lm, text, params, chat=kw["chat"], compile=kw["compile_"],
+                    on_step=lambda row, step: progress.advance(task))  # fmt: skip
     write_json(json_path, trace.to_json(indent=2))
     print_trace(trace, view)
     if json_path and json_path != "-":
