@@ -68,7 +68,9 @@ def test_429_with_retry_after_when_the_queue_is_full(slow_lm):
     async def main():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as c:
-            long = asyncio.create_task(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 40}))
+            long = asyncio.create_task(
+                c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 40, "ignore_eos": True})
+            )
             while worker.admitted == 0:
                 await asyncio.sleep(0.01)
             busy = await c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1})
@@ -88,7 +90,7 @@ def test_429_with_retry_after_when_the_queue_is_full(slow_lm):
 def test_a_client_that_disconnects_frees_the_model(slow_lm):
     with RunningServer(create_app(slow_lm, name="tiny", max_concurrency=2)) as server:
         worker = server.app.state.lmtrace.worker
-        body = {"prompt": "Hi", "max_tokens": 250, "stream": True}
+        body = {"prompt": "Hi", "max_tokens": 250, "ignore_eos": True, "stream": True}
         with httpx.Client(base_url=server.url, timeout=30) as c:
             with c.stream("POST", "/v1/completions", json=body) as r:
                 assert r.status_code == 200
@@ -101,7 +103,7 @@ def test_a_client_that_disconnects_frees_the_model(slow_lm):
             assert ok.status_code == 200 and time.monotonic() - started < 2.0
 
         # a non-streaming client that leaves while its answer is generated
-        request = json.dumps({"prompt": "Hi", "max_tokens": 250}).encode()
+        request = json.dumps({"prompt": "Hi", "max_tokens": 250, "ignore_eos": True}).encode()
         head = (
             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(request)}\r\n\r\n"

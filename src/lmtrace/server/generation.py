@@ -3,6 +3,8 @@ a stream, or all at once. The one place where the server calls the tracing libra
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,12 +24,22 @@ from lmtrace.tracing import generate_ids
 
 @dataclass
 class ServerState:
-    """What the routes share: the model, the name it is served under, the worker."""
+    """What the routes share: the model, the name it is served under, the worker, and `front`:
+    the same model with its own tokenizer copy, for encoding requests on the event loop while
+    the model thread decodes (a fast tokenizer used from two threads can fail "Already
+    borrowed")."""
 
     lm: LM
     name: str
     worker: ModelWorker
     created: int = field(default_factory=lambda: int(time.time()))
+    front: LM = field(init=False)
+
+    def __post_init__(self) -> None:
+        try:
+            self.front = dataclasses.replace(self.lm, tokenizer=copy.deepcopy(self.lm.tokenizer))
+        except Exception:  # a tokenizer that cannot be copied is shared
+            self.front = self.lm
 
     def is_eos(self, job: Job, step: Step) -> bool:
         return job.params.stop_on_eos and step.token_id in self.lm.eos_token_ids

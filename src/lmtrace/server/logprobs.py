@@ -31,8 +31,8 @@ def token_str(raw: list[int]) -> str:
 
 def completion_token(raw: list[int]) -> str:
     """A token as /v1/completions names it. That shape has no `bytes` field and uses tokens as
-    dictionary keys, so a token that is not whole UTF-8 is written as OpenAI writes it there,
-    "bytes:\\xe5\\x8f", rather than as U+FFFD (which would merge different tokens)."""
+    dictionary keys, so a token that is not whole UTF-8 is written "bytes:\\xe5\\x8f" rather
+    than as U+FFFD, which would merge different tokens into one key."""
     data = bytes(raw)
     try:
         return data.decode("utf-8")

@@ -66,13 +66,19 @@ class Handle:
     async def events(self, request: Request | None = None) -> AsyncIterator[Event]:
         """Events until the work ends; an error raised by the work is raised here. Polls the
         client while waiting, and cancels the work if it has gone."""
+        checked = time.monotonic()
         while True:
             try:
-                event = await asyncio.wait_for(self._queue.get(), DISCONNECT_POLL_S)
+                event: Event | None = await asyncio.wait_for(self._queue.get(), DISCONNECT_POLL_S)
             except TimeoutError:
-                if request is not None and await request.is_disconnected():
+                event = None
+            # every so often, also while steps keep arriving
+            if request is not None and time.monotonic() - checked >= DISCONNECT_POLL_S:
+                checked = time.monotonic()
+                if await request.is_disconnected():
                     self.cancel()
                     return
+            if event is None:
                 continue
             if event is _END:
                 return
@@ -92,6 +98,7 @@ class ModelWorker:
         self.finished = 0
         self.cancelled = 0
         self._durations: deque[float] = deque(maxlen=16)
+        self._live: set[Handle] = set()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmtrace-model")
 
     def submit(self, work: Work) -> Handle:
@@ -101,12 +108,14 @@ class ModelWorker:
         loop = asyncio.get_running_loop()
         handle = Handle(loop)
         self.admitted += 1
+        self._live.add(handle)
         future = self._pool.submit(self._run, handle, work)
         future.add_done_callback(lambda f: self._done(loop, handle, f))
         return handle
 
     def _done(self, loop: asyncio.AbstractEventLoop, handle: Handle, future: Future) -> None:
         # the slot frees when the model thread is done with the work, not when the client leaves
+        self._live.discard(handle)
         if future.cancelled():  # dropped at shutdown before it ran
             handle.emit(_END)
         try:
@@ -137,4 +146,7 @@ class ModelWorker:
         return max(1, math.ceil(typical * max(1, self.admitted)))
 
     def shutdown(self) -> None:
+        """Drops the waiting work and stops the running generation at its next step."""
+        for handle in list(self._live):
+            handle.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
