@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 
 from lmtrace.loading import load
 from lmtrace.server import create_app
+from tests.server.conftest import sse_events
 
 
 def envelope(r, status: int) -> dict:
@@ -142,3 +143,19 @@ def test_no_server_paths_in_answers(tiny_dir):
         err = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 500}).text
         for text in (trace, err, c.get("/v1/models").text):
             assert str(tiny_dir.parent) not in text
+
+
+def test_a_failure_while_generating_says_what_without_internals(chat_lm, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory in /home/someone/secret/model.py")
+
+    monkeypatch.setattr("lmtrace.server.generation.generate_ids", broken)
+    with TestClient(create_app(chat_lm, name="tiny"), raise_server_exceptions=False) as c:
+        err = envelope(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}), 500)
+        assert err == {"message": "internal error (RuntimeError)", "type": "server_error", "param": None, "code": None}
+        streamed = c.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "stream": True}
+        )
+        events = sse_events(streamed.text)  # the stream had started: the error is its last event
+        assert events[-1]["error"]["type"] == "server_error" and "secret" not in streamed.text
+        assert c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 0}).status_code == 400  # still serving
