@@ -27,6 +27,7 @@ BAD = [
     ({"repetition_penalty": 0}, "repetition_penalty", "repetition_penalty must be > 0, got 0.0"),
     ({"max_tokens": 0, "echo": False}, "max_tokens", "max_tokens must be >= 1, got 0"),
     ({"seed": -1}, "seed", "seed must be >= 0, got -1"),
+    ({"seed": 2**70}, "seed", "seed must be < 2**64, got 1180591620717411303424"),
     ({"logprobs": 21}, "logprobs", "logprobs must be in [0, 20], got 21"),
     ({"logprobs": -1}, "logprobs", "logprobs must be in [0, 20], got -1"),
     ({"n": 0}, "n", "n must be in [1, 16], got 0"),
