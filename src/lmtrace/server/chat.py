@@ -16,6 +16,7 @@ from lmtrace.server.logprobs import chat_entry
 from lmtrace.server.prepare import Job, chat_job, check_model
 from lmtrace.server.schemas import ChatRequest
 from lmtrace.server.streaming import DONE, SSEResponse, sse
+from lmtrace.server.worker import Handle
 
 router = APIRouter()
 
@@ -43,7 +44,9 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Any:
     return {**head, "object": "chat.completion", "choices": choices, "usage": usage(job, traces)}
 
 
-async def _chunks(state, job: Job, handle, request: Request, head: dict, with_usage: bool) -> AsyncIterator[str]:
+async def _chunks(
+    state: ServerState, job: Job, handle: Handle, request: Request, head: dict, with_usage: bool
+) -> AsyncIterator[str]:
     head = {**head, "object": "chat.completion.chunk"}
     started = [False] * job.n
     try:

@@ -17,6 +17,7 @@ from lmtrace.server.logprobs import CompletionLogprobs, PromptToken
 from lmtrace.server.prepare import Job, check_model, completion_job
 from lmtrace.server.schemas import CompletionRequest
 from lmtrace.server.streaming import DONE, SSEResponse, answer_pieces, sse
+from lmtrace.server.worker import Handle
 
 router = APIRouter()
 
@@ -56,7 +57,9 @@ def _choice(job: Job, index: int, trace: Trace | None, prompt: list[PromptToken]
     }
 
 
-async def _chunks(state, job: Job, handle, request: Request, head: dict, with_usage: bool) -> AsyncIterator[str]:
+async def _chunks(
+    state: ServerState, job: Job, handle: Handle, request: Request, head: dict, with_usage: bool
+) -> AsyncIterator[str]:
     offsets = [len(job.prompt_text)] * job.n  # where each choice's next token starts
     try:
         async for part in stream_parts(state, job, handle, request):

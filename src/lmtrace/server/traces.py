@@ -13,9 +13,10 @@ from fastapi import APIRouter, Request
 from lmtrace.records import Trace
 from lmtrace.server.errors import failure
 from lmtrace.server.generation import ServerState, collect, start
-from lmtrace.server.prepare import Job, check_model, trace_job
+from lmtrace.server.prepare import check_model, trace_job
 from lmtrace.server.schemas import TraceRequest
 from lmtrace.server.streaming import DONE, SSEResponse, sse
+from lmtrace.server.worker import Handle
 
 router = APIRouter()
 
@@ -34,12 +35,12 @@ async def create_trace(body: TraceRequest, request: Request) -> Any:
     job = trace_job(state.front, body)
     handle = start(state, job)
     if body.stream:
-        return SSEResponse(_events(state, job, handle, request), handle.cancel)
+        return SSEResponse(_events(state, handle, request), handle.cancel)
     _, traces = await collect(handle, request)
     return served(traces[0], state.name)
 
 
-async def _events(state: ServerState, job: Job, handle, request: Request) -> AsyncIterator[str]:
+async def _events(state: ServerState, handle: Handle, request: Request) -> AsyncIterator[str]:
     try:
         async for event in handle.events(request):
             if event[0] == "step":
