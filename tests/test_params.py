@@ -21,6 +21,7 @@ BAD = [
     ("top_logprobs", 101, "top_logprobs must be in [0, 100], got 101"),
     ("top_logprobs", -1, "top_logprobs must be in [0, 100], got -1"),
     ("seed", -3, "seed must be >= 0, got -3"),
+    ("seed", 2**64, "seed must be < 2**64, got 18446744073709551616"),
     ("max_new_tokens", 2.5, "max_new_tokens must be an integer, got 2.5"),
 ]
 

@@ -54,6 +54,8 @@ class SamplingParams:
         _integer("top_logprobs", self.top_logprobs, low=0, high=MAX_TOP_LOGPROBS)
         if self.seed is not None:
             _integer("seed", self.seed, low=0)
+            if self.seed >= 2**64:  # torch.Generator takes 64 bits
+                raise InvalidParameter(f"seed must be < 2**64, got {self.seed}")
         t = _number("temperature", self.temperature)
         if t < 0:
             raise InvalidParameter(f"temperature must be >= 0, got {t}")

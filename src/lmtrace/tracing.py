@@ -219,3 +219,26 @@ def generate_steps(
     p = _seeded(make_params(params, **kwargs))
     eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
     yield from engine.generate_steps(lm.model, prompt_ids, p, _rng(lm, p), eos, lm.pad_token_id)
+
+
+def generate_ids(
+    lm: LM,
+    prompt_ids: Sequence[Sequence[int]],
+    params: SamplingParams | None = None,
+    *,
+    prompt_texts: Sequence[str] | None = None,
+    chat: bool = False,
+    on_step: Callable[[int, Step], None] | None = None,
+    **kwargs: Any,
+) -> list[Trace]:
+    """Like `generate` for prompts already tokenized (a server's token-id prompts, a chat
+    template applied by the caller): one left-padded batch, one Trace per prompt. An exception
+    raised by `on_step` stops the generation (a server uses this when its client goes away)."""
+    p = _seeded(make_params(params, **kwargs))
+    ids = [list(i) for i in prompt_ids]
+    texts = list(prompt_texts) if prompt_texts is not None else [lm.tokenizer.decode(i) for i in ids]
+    rows = [_Row(lm, p.stop) for _ in ids]
+    for r, step in _iter_rows(lm, ids, p, rows):
+        if on_step is not None:
+            on_step(r, step)
+    return [_trace(lm, text, i, p, row, chat) for text, i, row in zip(texts, ids, rows)]

@@ -1,0 +1,73 @@
+"""`lmtrace serve`: the OpenAI-compatible server with traces and the viewer page, on uvicorn.
+Loopback only unless another --host is asked for (with a warning when no --api-key is set)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import click
+
+from lmtrace.cli.common import cli, load_model, model_options
+from lmtrace.errors import InvalidParameter
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_options(host: str, port: int, max_concurrency: int, api_key: str | None) -> None:
+    """Refuses bad values before the model loads; warns when the server would be open to others."""
+    if not 1 <= port <= 65535:
+        raise InvalidParameter(f"port must be in [1, 65535], got {port}")
+    if max_concurrency < 1:
+        raise InvalidParameter(f"max_concurrency must be >= 1, got {max_concurrency}")
+    if api_key is not None and not api_key.strip():
+        raise InvalidParameter("api_key must not be empty")
+    if not is_loopback(host) and not api_key:
+        click.echo(
+            f"lmtrace: warning: serving on {host} without --api-key: anyone who can reach this port can use the model",
+            err=True,
+        )
+
+
+@cli.command()
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
+@click.option(
+    "--api-key",
+    default=None,
+    envvar="LMTRACE_API_KEY",
+    help="Require 'Authorization: Bearer KEY' on /v1/ routes (or set LMTRACE_API_KEY).",
+)
+@click.option(
+    "--max-concurrency",
+    type=int,
+    default=16,
+    show_default=True,
+    help="Requests admitted at once (one generates, the others wait); more get 429 with Retry-After.",
+)
+@click.option("--served-model-name", default=None, help="Model id clients send (default: the model file's name).")
+def serve(
+    model, device, dtype, allow_pickle, trust_remote_code, host, port, api_key, max_concurrency, served_model_name
+):
+    """Serve the model: OpenAI's /v1/completions and /v1/chat/completions with exact logprobs,
+    /v1/traces with the full trace, and a viewer page at /."""
+    import uvicorn
+    from rich.console import Console
+
+    from lmtrace.server import create_app
+
+    check_options(host, port, max_concurrency, api_key)
+    status = Console(stderr=True)
+    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
+    app = create_app(lm, name=served_model_name, api_key=api_key, max_concurrency=max_concurrency)
+    name = app.state.lmtrace.name
+    shown = f"[{host}]" if ":" in host else host
+    status.print(f"serving [bold]{name}[/bold] at http://{shown}:{port}/ (viewer) and http://{shown}:{port}/v1")
+    uvicorn.run(app, host=host, port=port, log_level="info")

@@ -1,0 +1,89 @@
+"""POST /v1/completions, as OpenAI's legacy completions: `prompt` a string or token ids,
+`logprobs` N gives {tokens, token_logprobs, top_logprobs, text_offset}, `echo` puts the prompt
+(and its tokens, the first with a null logprob) before the completion."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from lmtrace.records import Trace
+from lmtrace.server.errors import failure
+from lmtrace.server.generation import ServerState, collect, new_id, start, stream_parts, usage
+from lmtrace.server.logprobs import CompletionLogprobs, PromptToken
+from lmtrace.server.prepare import Job, check_model, completion_job
+from lmtrace.server.schemas import CompletionRequest
+from lmtrace.server.streaming import DONE, SSEResponse, answer_pieces, sse
+from lmtrace.server.worker import Handle
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request) -> Any:
+    state: ServerState = request.app.state.lmtrace
+    check_model(body, state.name)
+    job = completion_job(state.front, body)
+    handle = start(state, job)
+    head = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": state.name}
+    if body.stream:
+        with_usage = body.stream_options is not None and body.stream_options.include_usage
+        return SSEResponse(_chunks(state, job, handle, request, head, with_usage), handle.cancel)
+    prompt, traces = await collect(handle, request)
+    choices = [_choice(job, i, t, prompt) for i, t in enumerate(traces or [None] * job.n)]
+    return {**head, "choices": choices, "usage": usage(job, traces)}
+
+
+def _choice(job: Job, index: int, trace: Trace | None, prompt: list[PromptToken] | None) -> dict[str, Any]:
+    text = trace.text if trace else ""
+    logprobs = None
+    if job.logprobs:
+        lp = CompletionLogprobs(0 if job.echo else len(job.prompt_text))
+        if job.echo:
+            lp.add_prompt(prompt or [])
+            lp.offset = len(job.prompt_text)
+        steps = trace.steps if trace else []
+        for step, piece in zip(steps, answer_pieces(steps, text)):
+            lp.add_step(step, piece, job.sampled)
+        logprobs = lp.to_dict()
+    return {
+        "index": index,
+        "text": (job.prompt_text if job.echo else "") + text,
+        "logprobs": logprobs,
+        "finish_reason": trace.finish_reason if trace else "length",
+    }
+
+
+async def _chunks(
+    state: ServerState, job: Job, handle: Handle, request: Request, head: dict, with_usage: bool
+) -> AsyncIterator[str]:
+    offsets = [len(job.prompt_text)] * job.n  # where each choice's next token starts
+    try:
+        async for part in stream_parts(state, job, handle, request):
+            if part.usage is not None:
+                if with_usage:
+                    yield sse({**head, "choices": [], "usage": part.usage})
+                continue
+            logprobs = None
+            if job.logprobs and (part.steps or part.prompt is not None):
+                lp = CompletionLogprobs(0 if part.prompt is not None else offsets[part.choice])
+                if part.prompt is not None:
+                    lp.add_prompt(part.prompt)
+                else:
+                    for step, piece in part.steps:
+                        lp.add_step(step, piece, job.sampled)
+                    offsets[part.choice] = lp.offset
+                logprobs = lp.to_dict()
+            choice = {
+                "index": part.choice,
+                "text": part.text,
+                "logprobs": logprobs,
+                "finish_reason": part.finish_reason,
+            }
+            yield sse({**head, "choices": [choice]})
+    except Exception as e:  # the stream has started: the error goes in an event
+        yield sse(failure(e).body())
+    yield DONE

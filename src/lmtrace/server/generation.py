@@ -1,0 +1,146 @@
+"""What a job does on the model thread, and how a route gets the results back: as events for
+a stream, or all at once. The one place where the server calls the tracing library."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from lmtrace.loading import LM
+from lmtrace.records import Step, Trace
+from lmtrace.server.errors import APIError
+from lmtrace.server.logprobs import PromptToken, prompt_logprobs
+from lmtrace.server.prepare import Job
+from lmtrace.server.streaming import ChoiceStream
+from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, Work
+from lmtrace.tracing import generate_ids
+
+
+@dataclass
+class ServerState:
+    """What the routes share: the model, the name it is served under, the worker, and `front`:
+    the same model with its own tokenizer copy, for encoding requests on the event loop while
+    the model thread decodes (a fast tokenizer used from two threads can fail "Already
+    borrowed")."""
+
+    lm: LM
+    name: str
+    worker: ModelWorker
+    created: int = field(default_factory=lambda: int(time.time()))
+    front: LM = field(init=False)
+
+    def __post_init__(self) -> None:
+        try:
+            self.front = dataclasses.replace(self.lm, tokenizer=copy.deepcopy(self.lm.tokenizer))
+        except Exception:  # a tokenizer that cannot be copied is shared
+            self.front = self.lm
+
+    def is_eos(self, job: Job, step: Step) -> bool:
+        return job.params.stop_on_eos and step.token_id in self.lm.eos_token_ids
+
+
+def work(lm: LM, job: Job) -> Work:
+    """Events: ("prompt", [PromptToken]) for echo, ("step", choice, Step) per token,
+    ("done", [Trace]) at the end (one Trace per choice)."""
+
+    def run(emit: Emit, check) -> None:
+        if job.echo:
+            emit(("prompt", prompt_logprobs(lm, job.ids, job.top_n if job.logprobs else 0)))
+        if not job.generate:
+            emit(("done", []))
+            return
+
+        def on_step(row: int, step: Step) -> None:
+            check()  # raises Cancelled when the client has gone: the generation stops here
+            emit(("step", row, step))
+
+        traces = generate_ids(
+            lm,
+            [job.ids] * job.n,
+            job.params,
+            prompt_texts=[job.prompt_text] * job.n,
+            chat=job.chat,
+            on_step=on_step,
+        )
+        emit(("done", traces))
+
+    return run
+
+
+def start(state: ServerState, job: Job) -> Handle:
+    try:
+        return state.worker.submit(work(state.lm, job))
+    except Busy as e:
+        raise APIError(
+            429,
+            f"{e}; retry after {e.retry_after} s",
+            type="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(e.retry_after)},
+        ) from e
+
+
+async def collect(handle: Handle, request: Request) -> tuple[list[PromptToken] | None, list[Trace]]:
+    """Waits for the whole answer; cancels the work if the client goes away meanwhile."""
+    prompt, traces = None, None
+    try:
+        async for event in handle.events(request):
+            if event[0] == "prompt":
+                prompt = event[1]
+            elif event[0] == "done":
+                traces = event[1]
+    finally:
+        if traces is None:
+            handle.cancel()
+    if traces is None:  # the client left; nobody reads this answer
+        raise APIError(499, "client closed the request", code="client_closed_request")
+    return prompt, traces
+
+
+@dataclass
+class Part:
+    """A piece of a streamed answer for one choice: text to send, the tokens that text
+    releases, and at the end the finish reason."""
+
+    choice: int
+    text: str
+    steps: list[tuple[Step, str]] = field(default_factory=list)
+    prompt: list[PromptToken] | None = None
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None  # only on the last Part, whose choice is -1
+
+
+async def stream_parts(state: ServerState, job: Job, handle: Handle, request: Request) -> AsyncIterator[Part]:
+    """The answer as Parts, holding back text (and its tokens) until it is final; ends with
+    one Part per choice carrying its finish reason, then one carrying the usage."""
+    streams = [ChoiceStream(job.params.stop) for _ in range(job.n)]
+    async for event in handle.events(request):
+        if event[0] == "prompt":
+            for i in range(job.n):
+                yield Part(i, job.prompt_text, prompt=event[1])
+        elif event[0] == "step":
+            _, i, step = event
+            text, ready = streams[i].add(step, state.is_eos(job, step))
+            if text or (ready and job.logprobs):
+                yield Part(i, text, ready)
+        elif event[0] == "done":
+            traces = event[1] or [None] * job.n  # echo with max_tokens 0 generates nothing
+            for i, trace in enumerate(traces):
+                text, ready = streams[i].finish(trace.text) if trace else ("", [])
+                yield Part(i, text, ready, finish_reason=trace.finish_reason if trace else "length")
+            yield Part(-1, "", usage=usage(job, event[1]))
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(job: Job, traces: list[Trace]) -> dict[str, int]:
+    completion = sum(len(t.steps) for t in traces)
+    return {"prompt_tokens": len(job.ids), "completion_tokens": completion, "total_tokens": len(job.ids) + completion}

@@ -1,0 +1,131 @@
+"""Logprobs in OpenAI's shapes, from lmtrace's Steps, and the prompt's own logprobs for `echo`.
+
+Raw by default: a token's `logprob` is under the model's own distribution (float32
+log-softmax, temperature 1, nothing filtered), as `Step.logprob`; `sampled=True` gives
+`Step.sampled_logprob`, under the processed distribution the token was drawn from. The
+alternatives are the raw top-N either way. -inf (a filtered token) becomes OpenAI's -9999.0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
+from lmtrace.loading import LM
+from lmtrace.records import Alternative, Step
+
+FLOOR = -9999.0  # OpenAI's stand-in for a token too unlikely to have a number
+
+
+def _lp(x: float) -> float:
+    return max(x, FLOOR)
+
+
+def token_str(raw: list[int]) -> str:
+    """A token's own text; bytes that are not a whole UTF-8 character become U+FFFD (the
+    exact bytes are in `bytes`)."""
+    return bytes(raw).decode("utf-8", errors="replace")
+
+
+def completion_token(raw: list[int]) -> str:
+    """A token as /v1/completions names it. That shape has no `bytes` field and uses tokens as
+    dictionary keys, so a token that is not whole UTF-8 is written "bytes:\\xe5\\x8f" rather
+    than as U+FFFD, which would merge different tokens into one key."""
+    data = bytes(raw)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+
+
+@dataclass
+class PromptToken:
+    """A prompt token for `echo`: its text piece and, from the second on, its logprob."""
+
+    token_id: int
+    piece: str
+    bytes: list[int]
+    logprob: float | None
+    top: list[Alternative] = field(default_factory=list)
+
+
+def prompt_logprobs(lm: LM, ids: list[int], top_n: int) -> list[PromptToken]:
+    """One teacher-forced forward over the prompt: token i's logprob is read from the
+    distribution after tokens 0..i-1; the first token has none (null), as OpenAI."""
+    tb = TokenBytes(lm.tokenizer)
+    detok = IncrementalDetokenizer(lm.tokenizer)
+    pieces = [detok.add(t) for t in ids]
+    pieces[-1] += detok.flush()
+    with torch.inference_mode():
+        x = torch.tensor([ids], device=lm.model.device)
+        logits = lm.model(input_ids=x, use_cache=False).logits[0, :-1]  # (len - 1, vocab)
+    out = [PromptToken(ids[0], pieces[0], list(tb(ids[0])), None)]
+    for start in range(0, logits.shape[0], 256):  # float32 log-softmax a block of rows at a time
+        lp = torch.log_softmax(logits[start : start + 256].float(), dim=-1)
+        targets = torch.tensor(ids[start + 1 : start + 1 + lp.shape[0]], device=lp.device)
+        chosen = lp.gather(-1, targets[:, None])[:, 0].tolist()
+        top_lp, top_ids = torch.topk(lp, top_n, dim=-1) if top_n else (lp[:, :0], lp[:, :0].long())
+        for row, (value, alts, alt_ids) in enumerate(zip(chosen, top_lp.tolist(), top_ids.tolist())):
+            i = start + row + 1
+            top = [Alternative(t, tb.text(t), list(tb(t)), a, a) for t, a in zip(alt_ids, alts)]
+            out.append(PromptToken(ids[i], pieces[i], list(tb(ids[i])), value, top))
+    return out
+
+
+def chat_entry(step: Step, sampled: bool) -> dict[str, Any]:
+    """One `choices[].logprobs.content[]` item: {token, logprob, bytes, top_logprobs}."""
+    key = "sampled_logprob" if sampled else "logprob"
+    return {
+        "token": token_str(step.bytes),
+        "logprob": _lp(getattr(step, key)),
+        "bytes": list(step.bytes),
+        "top_logprobs": [{"token": a.text, "logprob": _lp(getattr(a, key)), "bytes": list(a.bytes)} for a in step.top],
+    }
+
+
+class CompletionLogprobs:
+    """`choices[].logprobs` of /v1/completions: {tokens, token_logprobs, top_logprobs,
+    text_offset}. Offsets count characters from the start of the prompt, also without echo
+    (as OpenAI), so `(prompt + text)[text_offset[i]:]` starts with what token i added."""
+
+    def __init__(self, offset: int):
+        self.offset = offset
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float | None] = []
+        self.top_logprobs: list[dict[str, float] | None] = []
+        self.text_offset: list[int] = []
+
+    def _add(self, raw: list[int], piece: str, lp: float | None, top: dict[str, float] | None) -> None:
+        self.tokens.append(completion_token(raw))
+        self.token_logprobs.append(None if lp is None else _lp(lp))
+        self.top_logprobs.append(top)
+        self.text_offset.append(self.offset)
+        self.offset += len(piece)
+
+    def add_prompt(self, tokens: list[PromptToken]) -> None:
+        for t in tokens:
+            top = None if t.logprob is None else _top_dict(t.top, t.bytes, t.logprob, "logprob")
+            self._add(t.bytes, t.piece, t.logprob, top)
+
+    def add_step(self, step: Step, piece: str, sampled: bool) -> None:
+        """`piece` is the text the step adds to the answer ("" past a stop string or at EOS)."""
+        key = "sampled_logprob" if sampled else "logprob"
+        self._add(step.bytes, piece, getattr(step, key), _top_dict(step.top, step.bytes, getattr(step, key), key))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs,
+            "text_offset": self.text_offset,
+        }
+
+
+def _top_dict(top: list[Alternative], own: list[int], own_lp: float, key: str) -> dict[str, float]:
+    """The alternatives by text, most likely first, plus the chosen token when it is not among
+    them (so up to N+1 entries, as OpenAI)."""
+    d = {completion_token(a.bytes): _lp(getattr(a, key)) for a in top}
+    d.setdefault(completion_token(own), _lp(own_lp))
+    return d

@@ -1,0 +1,175 @@
+"""Turns a validated request body into a Job: the prompt's token ids, SamplingParams (checked
+with the CLI's rules), and what the answer must contain. Everything here runs before the
+request takes a place in the queue, so a bad request never waits for the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmtrace.errors import InvalidParameter
+from lmtrace.loading import LM
+from lmtrace.params import SamplingParams
+from lmtrace.server.errors import APIError, bad_request, from_invalid
+from lmtrace.server.schemas import ChatRequest, CompletionRequest, Message, Sampling, TraceRequest
+from lmtrace.tracing import encode_prompt
+
+MAX_LOGPROBS = 20  # OpenAI's cap on alternatives per token, for both routes
+MAX_N = 16
+MAX_STOP = 4
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+TRACE_MAX_TOKENS = 64  # the CLI's default
+
+
+@dataclass
+class Job:
+    """One request's work: `n` choices for one prompt."""
+
+    ids: list[int]
+    prompt_text: str
+    params: SamplingParams
+    n: int = 1
+    chat: bool = False
+    logprobs: bool = False  # whether the answer carries logprobs
+    sampled: bool = False  # logprobs of the processed distribution instead of the raw one
+    echo: bool = False  # the prompt's tokens and their logprobs come first
+    generate: bool = True  # False for echo with max_tokens 0: only the prompt is scored
+
+    @property
+    def top_n(self) -> int:
+        return self.params.top_logprobs
+
+
+def check_model(body: Sampling, served: str) -> None:
+    if body.model is not None and body.model != served:
+        raise APIError(
+            404,
+            f"The model `{body.model}` does not exist; this server serves `{served}`",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _range(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise bad_request(f"{name} must be in [{low}, {high}], got {value}", name)
+
+
+def _common(body: Sampling) -> None:
+    _range("n", body.n, 1, MAX_N)
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name) != 0:
+            raise bad_request(f"{name} is not supported by lmtrace serve (only 0), got {getattr(body, name)}", name)
+    if body.stop is not None and len(body.stop) > MAX_STOP:
+        raise bad_request(f"stop takes at most {MAX_STOP} strings, got {len(body.stop)}", "stop")
+
+
+def params_for(body: Sampling, max_tokens: int, top_logprobs: int, top_name: str) -> SamplingParams:
+    """SamplingParams with the CLI's validation; errors name the request's fields."""
+    try:
+        return SamplingParams(
+            max_new_tokens=max_tokens,
+            temperature=body.temperature,
+            top_k=0 if body.top_k == -1 else body.top_k,
+            top_p=body.top_p,
+            min_p=body.min_p,
+            repetition_penalty=body.repetition_penalty,
+            seed=body.seed,
+            stop=tuple(body.stop or ()),
+            top_logprobs=top_logprobs,
+            stop_on_eos=not body.ignore_eos,
+        )
+    except InvalidParameter as e:
+        raise from_invalid(e, {"top_logprobs": top_name}) from e
+
+
+def context_size(lm: LM) -> int | None:
+    return getattr(lm.model.config, "max_position_embeddings", None)
+
+
+def check_fits(lm: LM, ids: list[int], max_tokens: int) -> None:
+    limit = context_size(lm)
+    if limit and len(ids) + max_tokens > limit:
+        raise bad_request(
+            f"max_tokens is too large: the prompt has {len(ids)} tokens and max_tokens is {max_tokens}, "
+            f"{len(ids) + max_tokens} in all, but the model's context holds {limit} tokens",
+            "max_tokens",
+        )
+
+
+def encode(lm: LM, prompt: object) -> tuple[list[int], str]:
+    """(token ids, prompt text) of a completion prompt: a string or a list of token ids."""
+    if isinstance(prompt, str):
+        if prompt == "":
+            raise bad_request("prompt must not be empty", "prompt")
+        ids = encode_prompt(lm, prompt)
+        if not ids:
+            raise bad_request("prompt must contain at least one token", "prompt")
+        return ids, prompt
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not prompt:
+            raise bad_request("prompt must not be empty", "prompt")
+        vocab = lm.model.config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise bad_request(f"prompt token ids must be in [0, {vocab - 1}], got {bad[0]}", "prompt")
+        return list(prompt), lm.tokenizer.decode(prompt)
+    raise bad_request("prompt must be a string or a list of token ids (integers)", "prompt")
+
+
+def encode_chat(lm: LM, messages: list[Message]) -> tuple[list[int], str]:
+    """The conversation through the chat template, as `lmtrace generate --chat` does."""
+    if not messages:
+        raise bad_request("messages must hold at least one message", "messages")
+    tok = lm.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise bad_request("messages: this model has no chat template; use /v1/completions", "messages")
+    turns = [{"role": m.role, "content": m.text()} for m in messages]
+    text = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+    return list(tok(text, add_special_tokens=False)["input_ids"]), text
+
+
+def completion_job(lm: LM, body: CompletionRequest) -> Job:
+    _common(body)
+    if body.best_of not in (None, 1) or body.suffix is not None:
+        name = "best_of" if body.best_of not in (None, 1) else "suffix"
+        raise bad_request(f"{name} is not supported by lmtrace serve", name)
+    if body.logprobs is not None:
+        _range("logprobs", body.logprobs, 0, MAX_LOGPROBS)
+    ids, text = encode(lm, body.prompt)
+    max_tokens = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    score_only = body.echo and max_tokens == 0  # as OpenAI and vLLM: echo the prompt, generate nothing
+    params = params_for(body, 1 if score_only else max_tokens, body.logprobs or 0, "logprobs")
+    check_fits(lm, ids, max_tokens)
+    mode = body.logprobs_mode == "sampled"
+    return Job(ids, text, params, body.n, False, body.logprobs is not None, mode, body.echo, not score_only)
+
+
+def chat_job(lm: LM, body: ChatRequest) -> Job:
+    _common(body)
+    if body.top_logprobs is not None:
+        _range("top_logprobs", body.top_logprobs, 0, MAX_LOGPROBS)
+        if not body.logprobs:
+            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+    ids, text = encode_chat(lm, body.messages)
+    limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    if limit is None:  # as OpenAI: up to the end of the context
+        limit = max(1, (context_size(lm) or len(ids) + 512) - len(ids))
+    params = params_for(body, limit, (body.top_logprobs or 0) if body.logprobs else 0, "top_logprobs")
+    check_fits(lm, ids, limit)
+    return Job(ids, text, params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
+
+
+def trace_job(lm: LM, body: TraceRequest) -> Job:
+    _common(body)
+    if body.n != 1:
+        raise bad_request(f"n must be 1 for /v1/traces, got {body.n}", "n")
+    if (body.prompt is None) == (body.messages is None):
+        raise bad_request("give either prompt or messages", "prompt")
+    if body.messages is not None:
+        ids, text = encode_chat(lm, body.messages)
+    else:
+        ids, text = encode(lm, body.prompt)
+    max_tokens = TRACE_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    params = params_for(body, max_tokens, body.top_logprobs, "top_logprobs")
+    check_fits(lm, ids, max_tokens)
+    return Job(ids, text, params, 1, body.messages is not None, True, body.logprobs_mode == "sampled")

@@ -1,0 +1,109 @@
+"""Request bodies, as OpenAI names them. Pydantic checks types only (strictly: no "0.5"
+strings for numbers); value ranges are checked by SamplingParams and prepare.py, with the
+same rules and messages as the CLI. Unknown fields are refused, as OpenAI refuses them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    # Send a last chunk with `usage` (and no choices) before [DONE].
+    include_usage: bool = False
+
+
+class Sampling(BaseModel):
+    """Fields every generating route shares."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    # The served model's id (GET /v1/models); optional, any other value is a 404.
+    model: str | None = None
+    # Tokens to generate at most; the prompt plus this must fit the model's context.
+    max_tokens: int | None = None
+    # 0 means greedy; otherwise logits are divided by it before sampling.
+    temperature: float = 1.0
+    # Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p.
+    top_p: float = 1.0
+    # Extension: keep only the k most likely tokens; 0 (or -1, vLLM's spelling) disables.
+    top_k: int = 0
+    # Extension: drop tokens whose probability is below min_p times the top token's.
+    min_p: float = 0.0
+    # Extension: divide positive logits (multiply negative ones) of tokens already seen.
+    repetition_penalty: float = 1.0
+    # Seed of the sampler; the same seed and request give the same output.
+    seed: int | None = None
+    # Up to 4 strings that end the generation; the text is cut before the first one.
+    stop: str | list[str] | None = None
+    # Choices to generate for the prompt (decoded together as one batch).
+    n: int = 1
+    # Answer with server-sent events, ending with `data: [DONE]`.
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # Extension: "raw" logprobs are the model's own distribution (temperature 1, nothing
+    # filtered); "sampled" ones are of the processed distribution the token was drawn from.
+    logprobs_mode: Literal["raw", "sampled"] = "raw"
+    # Extension (as vLLM): keep generating past the end-of-sequence token.
+    ignore_eos: bool = False
+    # Accepted for compatibility and ignored.
+    user: str | None = None
+    # Accepted only at their neutral value 0: lmtrace does not implement them.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+class CompletionRequest(Sampling):
+    # A string, or a list of token ids.
+    prompt: Any = Field(...)
+    # Return the logprob of each token and of this many alternatives (0-20).
+    logprobs: int | None = None
+    # Answer with the prompt before the completion (and its tokens first in logprobs).
+    echo: bool = False
+    # Accepted only at OpenAI's neutral values.
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatRequest(Sampling):
+    # The conversation, rendered with the model's chat template.
+    messages: list[Message]
+    # Return each generated token's logprob (and `top_logprobs` alternatives, 0-20).
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    # OpenAI's newer name for max_tokens.
+    max_completion_tokens: int | None = None
+
+
+class TraceRequest(Sampling):
+    # One of: a prompt (string or token ids) or chat messages.
+    prompt: Any = None
+    messages: list[Message] | None = None
+    # Alternatives recorded per step (0-100, as the CLI's --top-logprobs).
+    top_logprobs: int = 5

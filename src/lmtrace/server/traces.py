@@ -1,0 +1,52 @@
+"""POST /v1/traces (an lmtrace extension): the request fields of the OpenAI routes (`prompt`
+or `messages`), answered with the full lmtrace trace: every step's raw and sampled logprobs,
+rank, entropy, alternatives and KV-cache ledger. With `stream`, one event per step
+({"object": "trace.step", "step": ...}) and then {"object": "trace", "trace": ...}."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from lmtrace.records import Trace
+from lmtrace.server.errors import failure
+from lmtrace.server.generation import ServerState, collect, start
+from lmtrace.server.prepare import check_model, trace_job
+from lmtrace.server.schemas import TraceRequest
+from lmtrace.server.streaming import DONE, SSEResponse, sse
+from lmtrace.server.worker import Handle
+
+router = APIRouter()
+
+
+def served(trace: Trace, name: str) -> dict[str, Any]:
+    """The trace as JSON, its model source given as the served name (never a server path)."""
+    d = trace.to_dict()
+    d["model"] = {**d["model"], "source": name}
+    return d
+
+
+@router.post("/v1/traces")
+async def create_trace(body: TraceRequest, request: Request) -> Any:
+    state: ServerState = request.app.state.lmtrace
+    check_model(body, state.name)
+    job = trace_job(state.front, body)
+    handle = start(state, job)
+    if body.stream:
+        return SSEResponse(_events(state, handle, request), handle.cancel)
+    _, traces = await collect(handle, request)
+    return served(traces[0], state.name)
+
+
+async def _events(state: ServerState, handle: Handle, request: Request) -> AsyncIterator[str]:
+    try:
+        async for event in handle.events(request):
+            if event[0] == "step":
+                yield sse({"object": "trace.step", "step": event[2].to_dict()})
+            elif event[0] == "done":
+                yield sse({"object": "trace", "trace": served(event[1][0], state.name)})
+    except Exception as e:  # the stream has started: the error goes in an event
+        yield sse(failure(e).body())
+    yield DONE

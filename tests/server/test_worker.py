@@ -1,0 +1,115 @@
+"""One generation at a time on the model thread; a bounded queue answered with 429 and
+Retry-After beyond it; a client that goes away stops its generation and frees the model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from lmtrace.server import create_app
+from lmtrace.server.worker import Busy, ModelWorker
+from tests.server.conftest import RunningServer
+
+
+def wait_until(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_worker_admits_up_to_its_limit_then_frees_the_slot():
+    async def main():
+        worker = ModelWorker(limit=1)
+        gate = threading.Event()
+        first = worker.submit(lambda emit, check: gate.wait(5))
+        with pytest.raises(Busy) as busy:
+            worker.submit(lambda emit, check: None)
+        assert busy.value.retry_after >= 1
+        gate.set()
+        assert [e async for e in first.events()] == []
+        second = worker.submit(lambda emit, check: emit(("step", 1)))
+        assert [e async for e in second.events()] == [("step", 1)]
+        worker.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_work_stops_and_the_next_runs():
+    def endless(emit, check):
+        for i in range(10_000):
+            check()
+            emit(("step", i))
+            time.sleep(0.005)
+
+    async def main():
+        worker = ModelWorker(limit=2)
+        first = worker.submit(endless)
+        second = worker.submit(lambda emit, check: emit(("step", "next")))
+        async for _ in first.events():
+            first.cancel()
+        assert [e async for e in second.events()] == [("step", "next")]
+        assert (worker.cancelled, worker.finished) == (1, 1)
+        worker.shutdown()
+
+    asyncio.run(main())
+
+
+def test_429_with_retry_after_when_the_queue_is_full(slow_lm):
+    app = create_app(slow_lm, name="tiny", max_concurrency=1)
+    worker = app.state.lmtrace.worker
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as c:
+            long = asyncio.create_task(
+                c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 40, "ignore_eos": True})
+            )
+            while worker.admitted == 0:
+                await asyncio.sleep(0.01)
+            busy = await c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1})
+            assert busy.status_code == 429
+            assert int(busy.headers["Retry-After"]) >= 1
+            err = busy.json()["error"]
+            assert err["type"] == "rate_limit_error" and err["code"] == "rate_limit_exceeded"
+            assert (await long).status_code == 200
+            while worker.admitted:
+                await asyncio.sleep(0.01)
+            assert (await c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1})).status_code == 200
+
+    asyncio.run(main())
+    worker.shutdown()
+
+
+def test_a_client_that_disconnects_frees_the_model(slow_lm):
+    with RunningServer(create_app(slow_lm, name="tiny", max_concurrency=2)) as server:
+        worker = server.app.state.lmtrace.worker
+        body = {"prompt": "Hi", "max_tokens": 250, "ignore_eos": True, "stream": True}
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                first = next(r.iter_lines())
+                assert json.loads(first.removeprefix("data: "))["object"] == "text_completion"
+            # the streaming client has gone: its generation stops at the next step
+            wait_until(lambda: worker.cancelled == 1 and worker.admitted == 0)
+            started = time.monotonic()
+            ok = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})
+            assert ok.status_code == 200 and time.monotonic() - started < 2.0
+
+        # a non-streaming client that leaves while its answer is generated
+        request = json.dumps({"prompt": "Hi", "max_tokens": 250, "ignore_eos": True}).encode()
+        head = (
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(request)}\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(head.encode() + request)
+            wait_until(lambda: worker.admitted == 1)
+        wait_until(lambda: worker.cancelled == 2 and worker.admitted == 0)
+        assert worker.finished == 1
