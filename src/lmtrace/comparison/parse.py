@@ -122,7 +122,8 @@ def parse_response(data: dict[str, Any]) -> Reported:
         if "tokens" in lp:
             tokens = _openai_completion(choices[0])
             echo = bool(tokens) and tokens[0].logprob is None
-            return Reported("openai-completions", tokens, prompt, echo=echo, settings=settings)
+            # with echo the tokens already start with the prompt: it must not be fed twice
+            return Reported("openai-completions", tokens, None if echo else prompt, echo=echo, settings=settings)
     raise InvalidParameter(
         "response: no logprobs found (expected OpenAI completions or chat logprobs, llama.cpp "
         "completion_probabilities, or an lmtrace trace)"
