@@ -3,23 +3,29 @@
 from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError
 from lmtrace.loading import LM, load
 from lmtrace.params import SamplingParams
-from lmtrace.records import Alternative, Step, Trace
+from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace
+from lmtrace.score import ScoreResult, score, score_batch
 from lmtrace.tracing import encode_prompt, generate, generate_steps, stream
 
 __all__ = [
     "LM",
     "Alternative",
+    "Candidate",
     "GenerationError",
     "InvalidParameter",
     "LmtraceError",
     "ModelLoadError",
     "SamplingParams",
+    "ScoreResult",
     "Step",
+    "TokenScore",
     "Trace",
     "encode_prompt",
     "generate",
     "generate_steps",
     "load",
+    "score",
+    "score_batch",
     "stream",
 ]
 __version__ = "0.1.0"
