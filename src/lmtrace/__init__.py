@@ -4,6 +4,7 @@ from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, Mode
 from lmtrace.loading import LM, load
 from lmtrace.params import SamplingParams
 from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace
+from lmtrace.rescore import rescore
 from lmtrace.score import ScoreResult, score, score_batch
 from lmtrace.tracing import encode_prompt, generate, generate_steps, stream
 
@@ -24,6 +25,7 @@ __all__ = [
     "generate",
     "generate_steps",
     "load",
+    "rescore",
     "score",
     "score_batch",
     "stream",
