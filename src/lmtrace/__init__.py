@@ -1,5 +1,6 @@
 """lmtrace: see inside a language model's decoding, token by token."""
 
+from lmtrace.branch import Branches, branch
 from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError
 from lmtrace.loading import LM, load
 from lmtrace.params import SamplingParams
@@ -11,6 +12,7 @@ from lmtrace.tracing import encode_prompt, generate, generate_steps, stream
 __all__ = [
     "LM",
     "Alternative",
+    "Branches",
     "Candidate",
     "GenerationError",
     "InvalidParameter",
@@ -21,6 +23,7 @@ __all__ = [
     "Step",
     "TokenScore",
     "Trace",
+    "branch",
     "encode_prompt",
     "generate",
     "generate_steps",
