@@ -156,3 +156,15 @@ def test_bad_input_names_the_parameter(tiny_lm, kwargs, message):
     with pytest.raises(InvalidParameter) as e:
         lmtrace.score(tiny_lm, **kwargs)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_batches_are_bounded_by_size_and_padded_tokens():
+    from lmtrace.score import _groups
+
+    lengths = [5, 300, 40, 6, 100, 7, 90, 8]
+    groups = _groups(lengths, batch_size=3, window=256)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        longest = max(lengths[i] for i in g)
+        assert len(g) <= 3 and (len(g) * longest <= 256 or g == [1])
+    assert [1] in groups  # longer than the window: alone (sliding window)

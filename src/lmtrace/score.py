@@ -191,6 +191,20 @@ def _batched(lm: LM, batch: list[tuple[list[int], int]], top_n: int) -> list[for
 Item = str | tuple[str, str]
 
 
+def _groups(lengths: list[int], batch_size: int, window: int) -> list[list[int]]:
+    """Indices in batches: shortest first (a batch pads to its longest member, so similar
+    lengths waste less), at most `batch_size` and `window` padded tokens each (the logits of
+    one full window bound the memory); a text longer than the window goes alone."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        fits = groups and lengths[i] <= window and len(groups[-1]) < batch_size
+        if fits and (len(groups[-1]) + 1) * lengths[i] <= window:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 def score_batch(
     lm: LM,
     items: Sequence[Item],
@@ -211,11 +225,7 @@ def score_batch(
     encoded = [encode_pair(lm, *t) for t in triples]  # every item is checked before any forward
     tb = TokenBytes(lm.tokenizer)
     results: list[ScoreResult | None] = [None] * len(items)
-    # shortest first: a batch pads to its longest member, so similar lengths waste less
-    order = sorted(range(len(items)), key=lambda i: len(encoded[i][0]))
-    short = [i for i in order if len(encoded[i][0]) <= ws[0]]
-    groups = [short[k : k + batch_size] for k in range(0, len(short), batch_size)]
-    groups += [[i] for i in order if len(encoded[i][0]) > ws[0]]
+    groups = _groups([len(ids) for ids, _ in encoded], batch_size, ws[0])
     for group in groups:
         started = time.perf_counter()
         with torch.inference_mode():
