@@ -168,3 +168,8 @@ def test_batches_are_bounded_by_size_and_padded_tokens():
         longest = max(lengths[i] for i in g)
         assert len(g) <= 3 and (len(g) * longest <= 256 or g == [1])
     assert [1] in groups  # longer than the window: alone (sliding window)
+
+
+def test_batch_item_must_be_a_text_or_a_pair(tiny_lm):
+    with pytest.raises(InvalidParameter, match=r"items\[1\] must be a text or a \(prompt, continuation\) pair, got 3"):
+        lmtrace.score_batch(tiny_lm, ["ok", 3])

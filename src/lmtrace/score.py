@@ -191,6 +191,15 @@ def _batched(lm: LM, batch: list[tuple[list[int], int]], top_n: int) -> list[for
 Item = str | tuple[str, str]
 
 
+def _triple(index: int, item: Item) -> tuple[str | None, str | None, str | None]:
+    """(text, prompt, continuation) of one item of score_batch."""
+    if isinstance(item, str):
+        return item, None, None
+    if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(x, str) for x in item):
+        return None, item[0], item[1]
+    raise InvalidParameter(f"items[{index}] must be a text or a (prompt, continuation) pair, got {item!r}")
+
+
 def _groups(lengths: list[int], batch_size: int, window: int) -> list[list[int]]:
     """Indices in batches: shortest first (a batch pads to its longest member, so similar
     lengths waste less), at most `batch_size` and `window` padded tokens each (the logits of
@@ -221,7 +230,7 @@ def score_batch(
     _integer("batch_size", batch_size, low=1)
     _integer("top_logprobs", top_logprobs, low=0, high=MAX_TOP_LOGPROBS)
     ws = resolve_window(lm.model, window, stride)
-    triples = [(it, None, None) if isinstance(it, str) else (None, *it) for it in items]
+    triples = [_triple(i, it) for i, it in enumerate(items)]
     encoded = [encode_pair(lm, *t) for t in triples]  # every item is checked before any forward
     tb = TokenBytes(lm.tokenizer)
     results: list[ScoreResult | None] = [None] * len(items)
