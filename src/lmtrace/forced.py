@@ -14,8 +14,9 @@ from lmtrace import sampling
 from lmtrace.detokenize import REPLACEMENT, TokenBytes
 from lmtrace.records import Candidate, TokenScore
 
-# rows per log-softmax: bounds the (rows, vocab) float32 temporaries on long texts
-CHUNK = 512
+# rows per log-softmax: the (rows, vocab) float32 temporaries of a chunk stay in the CPU's
+# last-level cache (32 x 49152 x 4 B = 6 MB); 512-row chunks measured up to 2x slower here
+CHUNK = 32
 
 
 @dataclass
