@@ -76,6 +76,7 @@ def test_json_shape_and_round_trip(tiny_lm):
     result = lmtrace.branch(tiny_lm, "Hello", 1, [2], max_new_tokens=4, temperature=0)
     d = result.to_dict()
     assert set(d) == {"at", "alternatives", "branches"} and len(d["branches"]) == 2
+    assert [b["label"] for b in d["branches"]] == ["original", "alternative 2 at step 1"]
     assert Branches.from_dict(d) == result
 
 

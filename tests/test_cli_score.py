@@ -116,7 +116,7 @@ def test_generate_echo_and_waterfall(capsys, tiny_dir, tmp_path):
     d = json.loads(path.read_text())
     assert d["prompt_tokens"][0]["logprob"] is None and len(d["prompt_tokens"]) == len(d["prompt"]["token_ids"])
     assert [("waterfall" in s) for s in d["steps"]] == [False, True, False, False]
-    assert [s["stage"] for s in d["steps"][1]["waterfall"]["stages"]][-2:] == ["top_p", "min_p"]
+    assert [s["stage"] for s in d["steps"][1]["waterfall"]][-2:] == ["top_p", "min_p"]
     for word in ("prompt tokens", "the distribution after each stage", "top p", "removed", "raw rank"):
         assert word in out
 

@@ -34,8 +34,13 @@ class Branches:
     alternatives: list[int | None]
     traces: list[Trace]
 
+    def labels(self) -> list[str]:
+        return ["original" if k is None else f"alternative {k} at step {self.at}" for k in self.alternatives]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"at": self.at, "alternatives": self.alternatives, "branches": [t.to_dict() for t in self.traces]}
+        # a trace's `label` names its column in reports (Trace.from_dict ignores it)
+        branches = [{**t.to_dict(), "label": label} for t, label in zip(self.traces, self.labels())]
+        return {"at": self.at, "alternatives": self.alternatives, "branches": branches}
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False, indent=indent, allow_nan=False)

@@ -58,8 +58,9 @@ class Step:
     top: list[Alternative]
     kv: dict[str, Any]
     time_ms: float
-    # the distribution after each sampling stage (lmtrace.waterfall); only where asked for
-    waterfall: dict[str, Any] | None = None
+    # the distribution after each sampling stage, one dict per stage (lmtrace.waterfall); only
+    # where asked for
+    waterfall: list[dict[str, Any]] | None = None
 
     @property
     def prob(self) -> float:

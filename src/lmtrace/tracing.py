@@ -85,7 +85,7 @@ def _step(lm: LM, bs: engine.BatchStep, row: int, piece: str, tb: TokenBytes) ->
         top=top,
         kv=bs.kv.to_dict(),
         time_ms=bs.time_ms,
-        waterfall=waterfall_mod.with_texts(bs.waterfall[row], tb) if bs.waterfall else None,
+        waterfall=waterfall_mod.with_texts(bs.waterfall[row], tb.text) if bs.waterfall else None,
     )
 
 

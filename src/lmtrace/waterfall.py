@@ -51,9 +51,9 @@ def stages(
 ) -> list[dict[str, Any]]:
     """One waterfall per row of `logits` (batch, vocab) for the chosen tokens (batch,):
     {"token_ids": raw top tokens, "stages": [{stage, setting, applied, allowed, removed_mass,
-    entropy, chosen_prob, chosen_rank, probs}]}. `removed_mass` is the probability, under the
-    distribution entering the stage, of the tokens the stage removed; `probs` are the
-    probabilities of the `token_ids` after the stage (0 where removed)."""
+    entropy, chosen_prob, chosen_rank, probs}]}; with_texts gives the recorded form.
+    `removed_mass` is the probability, under the distribution entering the stage, of the tokens
+    the stage removed; `probs` are those of the `token_ids` after the stage (0 where removed)."""
     n = top_n or DEFAULT_TOKENS
     follow = torch.topk(logits, n, dim=-1).indices  # (batch, n)
     rows: list[dict[str, Any]] = [{"token_ids": follow[r].tolist(), "stages": []} for r in range(logits.shape[0])]
@@ -85,12 +85,17 @@ def stages(
     return rows
 
 
-def with_texts(waterfall: dict[str, Any], tb: Callable[[int], bytes]) -> dict[str, Any]:
-    """Adds the followed tokens' texts and raw bytes (the engine knows ids only); `tb` is a
-    detokenize.TokenBytes."""
+def with_texts(waterfall: dict[str, Any], text_of: Callable[[int], str]) -> list[dict[str, Any]]:
+    """The recorded form, a list of stages: each stage's `probs` become `tokens`, [{token_id,
+    text, prob}] in the raw model's order, so every stage reads on its own (the engine knows
+    ids only; `text_of` gives a token's text)."""
     ids = waterfall["token_ids"]
-    texts = [tb(t).decode("utf-8", errors="replace") for t in ids]
-    return {"token_ids": ids, "texts": texts, "bytes": [list(tb(t)) for t in ids], "stages": waterfall["stages"]}
+    texts = [text_of(t) for t in ids]
+    out = []
+    for stage in waterfall["stages"]:
+        tokens = [{"token_id": t, "text": x, "prob": p} for t, x, p in zip(ids, texts, stage["probs"])]
+        out.append({**{k: v for k, v in stage.items() if k != "probs"}, "tokens": tokens})
+    return out
 
 
 def step_selector(waterfall: int | str | None, max_new_tokens: int) -> Callable[[int], bool] | None:

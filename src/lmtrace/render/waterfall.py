@@ -30,7 +30,7 @@ def stages_table(step: Step) -> Table:
     table.add_column("stage", no_wrap=True)
     for name in ("setting", "allowed", "removed", "entropy", "p(chosen)", "rank"):
         table.add_column(name, **fixed)
-    for stage in (step.waterfall or {}).get("stages", []):
+    for stage in step.waterfall or []:
         table.add_row(
             Text(stage["stage"].replace("_", " "), style="" if stage["applied"] else "dim"),
             _setting(stage),
@@ -45,21 +45,21 @@ def stages_table(step: Step) -> Table:
 
 def tokens_table(step: Step) -> Table:
     """The raw model's most likely tokens followed through the stages: a dash where one was removed."""
-    wf = step.waterfall or {}
-    stages = wf.get("stages", [])
+    stages = step.waterfall or []
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("raw rank", justify="right", no_wrap=True)
     table.add_column("token", no_wrap=True, overflow="ellipsis", max_width=16)
     for stage in stages:
         short = {"repetition_penalty": "penalty", "temperature": "temp"}.get(stage["stage"], stage["stage"])
         table.add_column(short.replace("_", "-"), justify="right", no_wrap=True)
-    ids = wf.get("token_ids", [])
-    shown = [show_bytes(b) for b in wf["bytes"]] if "bytes" in wf else [str(t) for t in ids]
-    for i, (text, token_id) in enumerate(zip(shown, ids), start=1):
-        mark = " ◀" if token_id == step.token_id else ""
+    own_bytes = {a.token_id: a.bytes for a in step.top}  # byte pieces show as <0xNN> where known
+    for i, token in enumerate(stages[0]["tokens"] if stages else [], start=1):
+        raw = own_bytes.get(token["token_id"])
+        text = show_bytes(raw) if raw is not None else escape(token["text"])
+        mark = " ◀" if token["token_id"] == step.token_id else ""
         row = [str(i), Text(f"{text or '…'}{mark}", style="bold" if mark else "")]
         for stage in stages:
-            p = stage["probs"][i - 1]
+            p = stage["tokens"][i - 1]["prob"]
             row.append(Text("—", style="red") if p == 0.0 else Text(f"{p:.3f}", style=colour(p)))
         table.add_row(*row)
     return table
