@@ -71,7 +71,7 @@ def test_echo_and_rescore(bundled_lm):
     trace = lmtrace.generate(bundled_lm, "The capital of France is", max_new_tokens=10, temperature=0, echo=True)
     ids = trace.prompt["token_ids"]
     lp = log_probs(bundled_lm, ids)
-    assert max(abs(t.logprob - lp[i - 1, ids[i]].item()) for i, t in enumerate(trace.prompt_tokens) if i) < 1e-5
+    assert max(abs(t.logprob - lp[i - 1, ids[i]].item()) for i, t in enumerate(trace.prompt_logprobs) if i) < 1e-5
     r = lmtrace.rescore(bundled_lm, trace)
     assert r["max_abs_diff"] < 1e-4 and r["max_abs_diff_prompt"] < 1e-5 and r["rank_mismatches"] == 0
 

@@ -114,7 +114,7 @@ def test_generate_echo_and_waterfall(capsys, tiny_dir, tmp_path):
     code, out, _ = run(capsys, *args)
     assert code == 0
     d = json.loads(path.read_text())
-    assert d["prompt_tokens"][0]["logprob"] is None and len(d["prompt_tokens"]) == len(d["prompt"]["token_ids"])
+    assert d["prompt_logprobs"][0]["logprob"] is None and len(d["prompt_logprobs"]) == len(d["prompt"]["token_ids"])
     assert [("waterfall" in s) for s in d["steps"]] == [False, True, False, False]
     assert [s["stage"] for s in d["steps"][1]["waterfall"]][-2:] == ["top_p", "min_p"]
     for word in ("prompt tokens", "the distribution after each stage", "top p", "removed", "raw rank"):

@@ -39,7 +39,7 @@ def test_echo_matches_a_forward_pass_and_costs_no_second_pass(tiny_lm):
         trace = lmtrace.generate(tiny_lm, PROMPT, max_new_tokens=6, temperature=0, echo=True, top_logprobs=3)
     ids = trace.prompt["token_ids"]
     assert calls == [len(ids)] + [1] * (len(trace.steps) - 1)  # prefill, then one token per step
-    tokens = trace.prompt_tokens
+    tokens = trace.prompt_logprobs
     assert [t.token_id for t in tokens] == ids
     assert tokens[0].logprob is None and tokens[0].rank is None and tokens[0].top == []
     expected = prompt_oracle(tiny_lm, ids)
@@ -47,7 +47,7 @@ def test_echo_matches_a_forward_pass_and_costs_no_second_pass(tiny_lm):
     assert all(len(t.top) == 3 for t in tokens[1:])
     assert "".join(t.text for t in tokens) == tiny_lm.tokenizer.decode(ids)
     plain = lmtrace.generate(tiny_lm, PROMPT, max_new_tokens=6, temperature=0)
-    assert plain.prompt_tokens is None and plain.token_ids == trace.token_ids
+    assert plain.prompt_logprobs is None and plain.token_ids == trace.token_ids
     assert max(abs(a.logprob - b.logprob) for a, b in zip(plain.steps, trace.steps)) < 1e-5
 
 
@@ -56,19 +56,19 @@ def test_echo_in_a_left_padded_batch(tiny_lm):
     traces = lmtrace.generate(tiny_lm, prompts, max_new_tokens=3, temperature=0, echo=True)
     for trace in traces:
         ids = trace.prompt["token_ids"]
-        assert len(trace.prompt_tokens) == len(ids)
-        got = [t.logprob for t in trace.prompt_tokens[1:]]
+        assert len(trace.prompt_logprobs) == len(ids)
+        got = [t.logprob for t in trace.prompt_logprobs[1:]]
         assert max((abs(a - b) for a, b in zip(got, prompt_oracle(tiny_lm, ids))), default=0.0) < 1e-5
 
 
 def test_echo_json_round_trip_and_old_json_still_loads(tiny_lm):
     trace = lmtrace.generate(tiny_lm, "Hello world", max_new_tokens=3, temperature=0.8, seed=1, echo=True)
     d = json.loads(trace.to_json())
-    assert d["prompt_tokens"][0]["logprob"] is None and d["prompt_tokens"][1]["logprob"] < 0
+    assert d["prompt_logprobs"][0]["logprob"] is None and d["prompt_logprobs"][1]["logprob"] < 0
     assert Trace.from_json(trace.to_json()) == trace
     plain = lmtrace.generate(tiny_lm, "Hello world", max_new_tokens=3, temperature=0)
     old = json.loads(plain.to_json())
-    assert "prompt_tokens" not in old and "waterfall" not in old["steps"][0]  # absent unless asked for
+    assert "prompt_logprobs" not in old and "waterfall" not in old["steps"][0]  # absent unless asked for
     assert Trace.from_dict(old) == plain
 
 

@@ -88,7 +88,7 @@ class Step:
 
 
 # fields added after schema 1 was first written: absent from older JSON, omitted when unset
-_OPTIONAL = ("waterfall", "prompt_tokens")
+_OPTIONAL = ("waterfall", "prompt_logprobs")
 
 
 @dataclass
@@ -148,13 +148,13 @@ class Trace:
     steps: list[Step] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
     # the prompt's own tokens, teacher-forced in the prefill pass (generate with echo=True)
-    prompt_tokens: list[TokenScore] | None = None
+    prompt_logprobs: list[TokenScore] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("steps", *_OPTIONAL)}
         d["steps"] = [s.to_dict() for s in self.steps]
-        if self.prompt_tokens is not None:
-            d["prompt_tokens"] = [t.to_dict() for t in self.prompt_tokens]
+        if self.prompt_logprobs is not None:
+            d["prompt_logprobs"] = [t.to_dict() for t in self.prompt_logprobs]
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -166,10 +166,10 @@ class Trace:
         if version != SCHEMA_VERSION:
             raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {version!r}")
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k not in ("steps", *_OPTIONAL)}
-        prompt_tokens = d.get("prompt_tokens")
-        if prompt_tokens is not None:
-            prompt_tokens = [TokenScore.from_dict(t) for t in prompt_tokens]
-        return cls(**fields, steps=[Step.from_dict(s) for s in d["steps"]], prompt_tokens=prompt_tokens)
+        prompt_logprobs = d.get("prompt_logprobs")
+        if prompt_logprobs is not None:
+            prompt_logprobs = [TokenScore.from_dict(t) for t in prompt_logprobs]
+        return cls(**fields, steps=[Step.from_dict(s) for s in d["steps"]], prompt_logprobs=prompt_logprobs)
 
     @classmethod
     def from_json(cls, s: str) -> Trace:

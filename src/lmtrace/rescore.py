@@ -77,7 +77,7 @@ def rescore(lm: LM, trace: Trace) -> dict[str, Any]:
         "logprobs": lp,
         "sampled_logprobs": [None if math.isinf(x) else x for x in slp],
     }
-    if trace.prompt_tokens is not None:
-        recorded = [t.logprob for t in trace.prompt_tokens[1:]]
+    if trace.prompt_logprobs is not None:
+        recorded = [t.logprob for t in trace.prompt_logprobs[1:]]
         out["max_abs_diff_prompt"] = _worst([abs(a - b) for a, b in zip(recorded, prompt_lp)])[0]
     return out

@@ -47,7 +47,7 @@ class _Row:
         self.cut: int | None = None
         self.stop_reason: str | int | None = None
         self.text_before_eos: str | None = None
-        self.prompt_tokens: list | None = None  # with echo: the prompt's TokenScores
+        self.prompt_logprobs: list | None = None  # with echo: the prompt's TokenScores
 
     def add(self, token_id: int, is_eos: bool) -> bool:
         """Feeds a token; True when a stop string is now complete."""
@@ -124,7 +124,7 @@ def _records(
     for bs in steps:
         if bs.prompt is not None:
             for ids, state, numbers in zip(prompts, rows, bs.prompt):
-                state.prompt_tokens = forced.token_scores(lm.tokenizer, ids, 0, numbers, tb)
+                state.prompt_logprobs = forced.token_scores(lm.tokenizer, ids, 0, numbers, tb)
         for r, state in enumerate(rows):
             if not bs.active[r]:
                 continue
@@ -168,7 +168,7 @@ def _trace(lm: LM, prompt: str, ids: list[int], params: SamplingParams, row: _Ro
         },
         versions=versions(),
         steps=row.steps,
-        prompt_tokens=row.prompt_tokens,
+        prompt_logprobs=row.prompt_logprobs,
     )
 
 
@@ -191,7 +191,7 @@ def generate(
 ) -> Trace | list[Trace]:
     """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
     list of Traces; `on_step(row, step)` is called as each step is produced. `echo` also
-    records the prompt's own tokens (`trace.prompt_tokens`, from the prefill pass);
+    records the prompt's own tokens (`trace.prompt_logprobs`, from the prefill pass);
     `waterfall` (a step index or "all") records the distribution after each sampling stage."""
     p = _seeded(make_params(params, **kwargs))
     selector = waterfall_mod.step_selector(waterfall, p.max_new_tokens)

@@ -53,9 +53,9 @@ def print_extras(trace, waterfall: str | None, view) -> None:
     from lmtrace.render.score import tokens_table
     from lmtrace.render.waterfall import waterfall_view
 
-    if trace.prompt_tokens is not None:
+    if trace.prompt_logprobs is not None:
         view.print(Text("\nprompt tokens (teacher-forced in the prefill pass)", style="bold"))
-        view.print(tokens_table(trace.prompt_tokens, view.width))
+        view.print(tokens_table(trace.prompt_logprobs, view.width))
     if waterfall is None:
         return
     if waterfall == "all":
