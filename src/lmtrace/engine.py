@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lmtrace import kv, kvsize, sampling
+from lmtrace import forced, kv, kvsize, sampling, waterfall
 from lmtrace.errors import InvalidParameter
 from lmtrace.params import SamplingParams
 
@@ -35,6 +35,10 @@ class BatchStep:
     top_sampled_logprobs: list[list[float]]
     kv: kv.KVState
     time_ms: float
+    # step 0 with echo: the prompt's own tokens, teacher-forced in the prefill pass (per row)
+    prompt: list[forced.Forced] | None = None
+    # where a waterfall was asked for at this step: one per row (lmtrace.waterfall.stages)
+    waterfall: list[dict] | None = None
 
 
 def left_pad(
@@ -57,17 +61,33 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return pos.masked_fill(attention_mask == 0, 0)
 
 
-def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, cache) -> torch.Tensor:
-    """Runs the whole prompt once; returns float32 logits of the last position (batch, vocab)."""
+def prefill(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, cache, all_positions: bool = False
+) -> torch.Tensor:
+    """Runs the whole prompt once; returns float32 logits of the last position (batch, vocab),
+    or with `all_positions` of every position (batch, prompt_len, vocab): the prompt's own
+    logprobs come from the same pass (echo)."""
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     out = model(
         input_ids=input_ids,  # (batch, prompt_len)
         attention_mask=attention_mask,
         position_ids=positions(mask),
-        logits_to_keep=1,
+        logits_to_keep=0 if all_positions else 1,  # 0 keeps them all
         **kv.cache_kwargs(model, cache),
     )
+    if all_positions:
+        return out.logits.float()
     return out.logits[:, -1, :].float()  # (batch, 1, vocab) -> (batch, vocab)
+
+
+def prompt_numbers(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, top_n: int) -> list:
+    """Teacher-forced numbers of each row's prompt tokens from the prefill logits (batch, len,
+    vocab); left padding is skipped, and a row's first token has no prediction."""
+    out = []
+    for row in range(input_ids.shape[0]):
+        start = int((mask[row] == 0).sum())  # left padding
+        out.append(forced.measure_targets(logits[row, start:-1], input_ids[row, start + 1 :], top_n))
+    return out
 
 
 def decode_step(
@@ -123,10 +143,14 @@ def generate_steps(
     eos_token_ids: Sequence[int] = (),
     pad_token_id: int = 0,
     on_token: TokenHook | None = None,
+    echo: bool = False,
+    waterfall_at: Callable[[int], bool] | None = None,
     compile: bool = False,
 ) -> Iterator[BatchStep]:
-    """Decodes every prompt of the batch together and yields one BatchStep per step.
-    `compile`: a static cache and a torch.compile'd decode step (a one-off compile, same tokens)."""
+    """Decodes every prompt of the batch together and yields one BatchStep per step. `echo`
+    adds the prompt tokens' numbers to step 0; `waterfall_at(index)` selects the steps that
+    record the distribution after each sampling stage; `compile` uses a static cache and a
+    torch.compile'd decode step (a one-off compile, the same tokens)."""
     _check_context(model, prompt_ids, params)
     device = model.device
     batch = len(prompt_ids)
@@ -147,12 +171,18 @@ def generate_steps(
     expected = expected_bytes(model, batch)
     started = time.perf_counter()
     with torch.inference_mode():
-        logits = prefill(model, input_ids, mask[:, : input_ids.shape[1]] if padded else None, cache)
+        prompt_mask = mask[:, : input_ids.shape[1]]
+        logits = prefill(model, input_ids, prompt_mask if padded else None, cache, all_positions=echo)
+        echoed = prompt_numbers(logits, input_ids, prompt_mask, params.top_logprobs) if echo else None
+        logits = logits[:, -1, :] if echo else logits  # (batch, len, vocab) -> (batch, vocab)
         for index in range(params.max_new_tokens):
             processed = sampling.process_logits(logits, params, seen)
             tokens = sampling.choose(processed, params, rng)  # (batch,)
             floats, ints = measure(logits, processed, tokens, params.top_logprobs)
             step = _assemble(index, floats, ints, active, params.top_logprobs, kv.state(cache, expected))
+            step.prompt = echoed if index == 0 else None
+            if waterfall_at is not None and waterfall_at(index):
+                step.waterfall = waterfall.stages(logits, params, seen, tokens, params.top_logprobs)
             _finish_rows(step, eos_token_ids, params, on_token)
             step.time_ms = (time.perf_counter() - started) * 1000
             yield step

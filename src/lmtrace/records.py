@@ -1,5 +1,6 @@
 """Step, Alternative and Trace: what a traced generation records, with a lossless JSON round
-trip (-inf is written as null) and the OpenAI chat `logprobs.content` export."""
+trip (-inf is written as null) and the OpenAI chat `logprobs.content` export. TokenScore and
+Candidate: a teacher-forced token (scoring, and a prompt's own tokens)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ class Step:
     top: list[Alternative]
     kv: dict[str, Any]
     time_ms: float
+    # the distribution after each sampling stage, one dict per stage (lmtrace.waterfall); only
+    # where asked for
+    waterfall: list[dict[str, Any]] | None = None
 
     @property
     def prob(self) -> float:
@@ -66,17 +70,66 @@ class Step:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
         d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
         d["top"] = [a.to_dict() for a in self.top]
+        if self.waterfall is None:  # optional fields are written only when present
+            del d["waterfall"]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Step:
-        fields = {k: d[k] for k in cls.__dataclass_fields__ if k not in ("top", "logprob", "sampled_logprob")}
+        skip = ("top", "logprob", "sampled_logprob", *_OPTIONAL)
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k not in skip}
         return cls(
             **fields,
             logprob=_inf(d["logprob"]),
             sampled_logprob=_inf(d["sampled_logprob"]),
             top=[Alternative.from_dict(a) for a in d["top"]],
+            waterfall=d.get("waterfall"),
         )
+
+
+# fields added after schema 1 was first written: absent from older JSON, omitted when unset
+_OPTIONAL = ("waterfall", "prompt_logprobs")
+
+
+@dataclass
+class Candidate:
+    """One of the most likely tokens at a teacher-forced position (raw distribution)."""
+
+    token_id: int
+    text: str
+    bytes: list[int]
+    logprob: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Candidate:
+        return cls(d["token_id"], d["text"], list(d["bytes"]), float(d["logprob"]))
+
+
+@dataclass
+class TokenScore:
+    """A token of a given text, teacher-forced: its logprob, rank and entropy under the raw
+    distribution at its position. The first token of a sequence has no context: all null."""
+
+    token_id: int
+    text: str
+    bytes: list[int]
+    logprob: float | None
+    rank: int | None
+    entropy: float | None
+    top: list[Candidate]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
+        d["top"] = [c.to_dict() for c in self.top]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TokenScore:
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k != "top"}
+        return cls(**fields, top=[Candidate.from_dict(c) for c in d["top"]])
 
 
 @dataclass
@@ -97,10 +150,14 @@ class Trace:
     # the KV cache's dimensions explained (kvsize.Anatomy.to_dict) and the steps, if any, where
     # the measured bytes differ from the formula
     kv_anatomy: dict[str, Any] | None = None
+    # the prompt's own tokens, teacher-forced in the prefill pass (generate with echo=True)
+    prompt_logprobs: list[TokenScore] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "steps"}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("steps", *_OPTIONAL)}
         d["steps"] = [s.to_dict() for s in self.steps]
+        if self.prompt_logprobs is not None:
+            d["prompt_logprobs"] = [t.to_dict() for t in self.prompt_logprobs]
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -111,8 +168,11 @@ class Trace:
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {version!r}")
-        fields = {k: d[k] for k in cls.__dataclass_fields__ if k != "steps" and k in d}
-        return cls(**fields, steps=[Step.from_dict(s) for s in d["steps"]])
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k not in ("steps", *_OPTIONAL) and k in d}
+        prompt_logprobs = d.get("prompt_logprobs")
+        if prompt_logprobs is not None:
+            prompt_logprobs = [TokenScore.from_dict(t) for t in prompt_logprobs]
+        return cls(**fields, steps=[Step.from_dict(s) for s in d["steps"]], prompt_logprobs=prompt_logprobs)
 
     @classmethod
     def from_json(cls, s: str) -> Trace:

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from lmtrace import engine, kvsize
+from lmtrace import engine, forced, kvsize
+from lmtrace import waterfall as waterfall_mod
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.loading import LM
 from lmtrace.params import SamplingParams
@@ -46,6 +47,7 @@ class _Row:
         self.cut: int | None = None
         self.stop_reason: str | int | None = None
         self.text_before_eos: str | None = None
+        self.prompt_logprobs: list | None = None  # with echo: the prompt's TokenScores
 
     def add(self, token_id: int, is_eos: bool) -> bool:
         """Feeds a token; True when a stop string is now complete."""
@@ -83,6 +85,7 @@ def _step(lm: LM, bs: engine.BatchStep, row: int, piece: str, tb: TokenBytes) ->
         top=top,
         kv=bs.kv.to_dict(),
         time_ms=bs.time_ms,
+        waterfall=waterfall_mod.with_texts(bs.waterfall[row], tb.text) if bs.waterfall else None,
     )
 
 
@@ -93,18 +96,45 @@ def _rng(lm: LM, params: SamplingParams) -> torch.Generator | None:
 
 
 def _iter_rows(
-    lm: LM, prompts: Sequence[list[int]], params: SamplingParams, rows: list[_Row], compile: bool = False
+    lm: LM,
+    prompts: Sequence[list[int]],
+    params: SamplingParams,
+    rows: list[_Row],
+    echo: bool = False,
+    waterfall_at: Callable[[int], bool] | None = None,
+    compile: bool = False,
 ) -> Iterator[tuple[int, Step]]:
     """Runs the engine and yields (row, Step) for every row still generating at each step."""
     eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
-    tb = TokenBytes(lm.tokenizer)
 
     def hook(row: int, token: int) -> bool:
         return rows[row].add(token, token in eos)
 
     rng = _rng(lm, params)
-    steps = engine.generate_steps(lm.model, prompts, params, rng, sorted(eos), lm.pad_token_id, hook, compile)
+    steps = engine.generate_steps(
+        lm.model,
+        prompts,
+        params,
+        rng,
+        sorted(eos),
+        lm.pad_token_id,
+        hook,
+        echo=echo,
+        waterfall_at=waterfall_at,
+        compile=compile,
+    )
+    yield from _records(lm, prompts, steps, rows)
+
+
+def _records(
+    lm: LM, prompts: Sequence[list[int]], steps: Iterator[engine.BatchStep], rows: list[_Row]
+) -> Iterator[tuple[int, Step]]:
+    """The engine's BatchSteps as (row, Step) records; `rows` were fed each token by the hook."""
+    tb = TokenBytes(lm.tokenizer)
     for bs in steps:
+        if bs.prompt is not None:
+            for ids, state, numbers in zip(prompts, rows, bs.prompt):
+                state.prompt_logprobs = forced.token_scores(lm.tokenizer, ids, 0, numbers, tb)
         for r, state in enumerate(rows):
             if not bs.active[r]:
                 continue
@@ -151,6 +181,7 @@ def _trace(
         versions=versions(),
         steps=row.steps,
         kv_anatomy=_anatomy(lm, row.steps),
+        prompt_logprobs=row.prompt_logprobs,
     )
 
 
@@ -185,17 +216,22 @@ def generate(
     *,
     chat: bool = False,
     on_step: Callable[[int, Step], None] | None = None,
+    echo: bool = False,
+    waterfall: int | str | None = None,
     compile: bool = False,
     **kwargs: Any,
 ) -> Trace | list[Trace]:
     """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
-    list of Traces; `on_step(row, step)` is called as each step is produced. `compile` uses a
-    static cache and a torch.compile'd decode step (a one-off compile; the same tokens)."""
+    list of Traces; `on_step(row, step)` is called as each step is produced. `echo` also
+    records the prompt's own tokens (`trace.prompt_logprobs`, from the prefill pass);
+    `waterfall` (a step index or "all") records the distribution after each sampling stage;
+    `compile` uses a static cache and a torch.compile'd decode step (a one-off compile)."""
     p = _seeded(make_params(params, **kwargs))
+    selector = waterfall_mod.step_selector(waterfall, p.max_new_tokens)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     ids = [encode_prompt(lm, text, chat) for text in prompts]
     rows = [_Row(lm, p.stop) for _ in ids]
-    for r, step in _iter_rows(lm, ids, p, rows, compile):
+    for r, step in _iter_rows(lm, ids, p, rows, echo, selector, compile):
         if on_step is not None:
             on_step(r, step)
     traces = [_trace(lm, text, i, p, row, chat, compile) for text, i, row in zip(prompts, ids, rows)]
@@ -203,12 +239,19 @@ def generate(
 
 
 def stream(
-    lm: LM, prompt: str, params: SamplingParams | None = None, *, chat: bool = False, **kwargs: Any
+    lm: LM,
+    prompt: str,
+    params: SamplingParams | None = None,
+    *,
+    chat: bool = False,
+    waterfall: int | str | None = None,
+    **kwargs: Any,
 ) -> Iterator[Step]:
     """Steps with text and timing, as they are produced."""
     p = _seeded(make_params(params, **kwargs))
+    selector = waterfall_mod.step_selector(waterfall, p.max_new_tokens)
     ids = encode_prompt(lm, prompt, chat)
-    for _, step in _iter_rows(lm, [ids], p, [_Row(lm, p.stop)]):
+    for _, step in _iter_rows(lm, [ids], p, [_Row(lm, p.stop)], waterfall_at=selector):
         yield step
 
 

@@ -8,6 +8,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.params import SamplingParams
+from lmtrace.waterfall import step_selector
 
 
 def sampling_options(f):
@@ -46,6 +47,29 @@ def params_from(kw: dict) -> SamplingParams:
     )
 
 
+def print_extras(trace, waterfall: str | None, view) -> None:
+    """The echoed prompt tokens and the chosen step's waterfall, below the trace."""
+    from rich.text import Text
+
+    from lmtrace.render.score import tokens_table
+    from lmtrace.render.waterfall import waterfall_view
+
+    if trace.prompt_logprobs is not None:
+        view.print(Text("\nprompt tokens (teacher-forced in the prefill pass)", style="bold"))
+        view.print(tokens_table(trace.prompt_logprobs, view.width))
+    if waterfall is None:
+        return
+    if waterfall == "all":
+        view.print("[dim]\nwaterfall recorded at every step (in the JSON)[/dim]")
+        return
+    step = next((s for s in trace.steps if s.index == int(waterfall)), None)
+    if step is None:
+        view.print(f"[dim]\nwaterfall: the decoding stopped before step {waterfall}[/dim]")
+    else:
+        view.print(Text())
+        view.print(waterfall_view(step))
+
+
 def progress_bar(console, total: int) -> Progress:
     columns = [TextColumn("Generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     return Progress(*columns, console=console, transient=True)
@@ -61,6 +85,10 @@ def progress_bar(console, total: int) -> Progress:
 @click.option("--compile", "compile_", is_flag=True,
               help="Static cache + torch.compile'd decode step: a one-off compile, the same tokens.")  # fmt: skip
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+@click.option("--echo", is_flag=True, help="Also record the prompt tokens' logprobs (from the prefill pass).")
+@click.option(
+    "--waterfall", default=None, metavar="STEP|all", help="Record the distribution after each sampling stage."
+)
 def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, json_path, no_color, **kw):
     """Generate from PROMPT and show every token's probability, rank, entropy and alternatives."""
     from lmtrace.render.terminal import print_trace
@@ -69,15 +97,18 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     params = params_from(kw)
     html_path, plot_path = kw.pop("html_path"), kw.pop("plot_path")
     check_report_paths(html_path, plot_path)
+    step_selector(kw["waterfall"], params.max_new_tokens)  # checked before the model loads
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
     with progress_bar(status, params.max_new_tokens) as progress:
         task = progress.add_task("generate", total=params.max_new_tokens)
-        trace = run(lm, text, params, chat=kw["chat"], compile=kw["compile_"],
-                    on_step=lambda row, step: progress.advance(task))  # fmt: skip
+        advance = lambda row, step: progress.advance(task)  # noqa: E731
+        trace = run(lm, text, params, chat=kw["chat"], on_step=advance, echo=kw["echo"], waterfall=kw["waterfall"],
+                    compile=kw["compile_"])  # fmt: skip
     write_json(json_path, trace.to_json(indent=2))
     print_trace(trace, view)
+    print_extras(trace, kw["waterfall"], view)
     if json_path and json_path != "-":
         view.print(f"[dim]trace written to {json_path}[/dim]")
     write_reports(trace, html_path, plot_path, view)

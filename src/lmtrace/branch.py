@@ -1,0 +1,199 @@
+"""Branching: decode once, then again with the token at step `at` replaced by the K-th most
+likely token under the raw distribution (K = 2 is the runner-up), continuing with the same
+settings.
+
+Every branch reuses the original's KV cache for the shared prefix: the cache is cropped back to
+the prompt and the steps before `at`, and only the new tokens are fed. The raw distribution at
+`at` is kept from the original run, so not even that position is recomputed. A sampled branch
+continues with the random stream as it stood after the original's draw at `at`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lmtrace import engine, kv, sampling, tracing
+from lmtrace.errors import GenerationError, InvalidParameter
+from lmtrace.loading import LM
+from lmtrace.params import SamplingParams, _integer
+from lmtrace.records import Trace
+
+
+@dataclass
+class Branches:
+    """The original decoding first, then one trace per branch; `alternatives[i]` is the rank
+    forced at step `at` in trace i (None for the original)."""
+
+    at: int
+    alternatives: list[int | None]
+    traces: list[Trace]
+
+    def labels(self) -> list[str]:
+        return ["original" if k is None else f"alternative {k} at step {self.at}" for k in self.alternatives]
+
+    def to_dict(self) -> dict[str, Any]:
+        # a trace's `label` names its column in reports (Trace.from_dict ignores it)
+        branches = [{**t.to_dict(), "label": label} for t, label in zip(self.traces, self.labels())]
+        return {"at": self.at, "alternatives": self.alternatives, "branches": branches}
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Branches:
+        return cls(d["at"], list(d["alternatives"]), [Trace.from_dict(t) for t in d["branches"]])
+
+
+@dataclass
+class _Fork:
+    """What the original run leaves at step `at` for the branches to start from."""
+
+    logits: torch.Tensor | None = None  # (1, vocab) raw
+    seen: torch.Tensor | None = None  # (1, vocab) tokens before `at` (repetition penalty)
+    rng_state: torch.Tensor | None = None  # after the original's draw at `at`
+
+
+def _decode(
+    lm: LM,
+    cache,
+    logits: torch.Tensor,
+    seen: torch.Tensor | None,
+    rng: torch.Generator | None,
+    p: SamplingParams,
+    hook: Callable[[int, int], bool],
+    start: int,
+    prompt_len: int,
+    forced: int | None = None,
+    fork: tuple[int, _Fork] | None = None,
+) -> Iterator[engine.BatchStep]:
+    """The decoding loop for one sequence from step `start`, whose distribution is `logits`
+    (1, vocab) and whose cache holds prompt_len + start positions. The same steps as
+    engine.generate_steps for a batch of one; `forced` replaces the token chosen at `start`."""
+    eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
+    started = time.perf_counter()
+    for index in range(start, p.max_new_tokens):
+        processed = sampling.process_logits(logits, p, seen)
+        if forced is not None and index == start:
+            tokens = torch.tensor([forced], device=logits.device)
+        else:
+            tokens = sampling.choose(processed, p, rng)  # (1,)
+        if fork is not None and index == fork[0]:
+            saved = fork[1]
+            saved.logits, saved.seen = logits.clone(), None if seen is None else seen.clone()
+            saved.rng_state = None if rng is None else rng.get_state()
+        floats, ints = engine.measure(logits, processed, tokens, p.top_logprobs)
+        step = engine._assemble(index, floats, ints, [True], p.top_logprobs, kv.state(cache))
+        engine._finish_rows(step, eos, p, hook)
+        step.time_ms = (time.perf_counter() - started) * 1000
+        yield step
+        if step.finish[0] is not None:
+            return
+        started = time.perf_counter()
+        if seen is not None:
+            seen.scatter_(1, tokens[:, None], True)
+        position = torch.tensor([[prompt_len + index]], device=logits.device)
+        logits = engine.decode_step(lm.model, tokens, position, None, cache)
+
+
+def _crop(cache, length: int) -> None:
+    """Cuts the cache back to its first `length` positions (public DynamicCache API; a negative
+    count removes that many, which old and new 5.x releases both read the same way)."""
+    extra = kv.seq_length(cache) - length
+    if extra > 0:
+        try:
+            cache.crop(-extra)
+        except (RuntimeError, ValueError) as e:  # e.g. a sliding-window layer past its window
+            raise GenerationError(f"branch: this model's cache cannot be cut back to {length} positions ({e})") from e
+
+
+def _ranks(alternatives: Sequence[int] | None, fan: int | None, vocab: int) -> list[int]:
+    if alternatives and fan is not None:
+        raise InvalidParameter("alternative: give alternative ranks or fan, not both")
+    if fan is not None:
+        return list(range(1, _integer("fan", fan, low=1, high=vocab) + 1))
+    ranks = list(alternatives) if alternatives else [2]
+    for k in ranks:
+        _integer("alternative", k, low=1, high=vocab)
+    return list(dict.fromkeys(ranks))
+
+
+class _Session:
+    """One prompt's original decoding and its branches, sharing one KV cache."""
+
+    def __init__(self, lm: LM, prompt: str, p: SamplingParams, chat: bool):
+        self.lm, self.prompt, self.p, self.chat = lm, prompt, p, chat
+        self.ids = tracing.encode_prompt(lm, prompt, chat)
+        engine._check_context(lm.model, [self.ids], p)
+        self.cache = kv.new_cache(lm.model)
+        self.eos = set(lm.eos_token_ids) if p.stop_on_eos else set()
+
+    def _trace(self, make_steps: Callable, prefix: Sequence = ()) -> Trace:
+        """A Trace from a _decode run; `prefix` holds the original's Steps before the branch point."""
+        row = tracing._Row(self.lm, self.p.stop)
+        for s in prefix:  # replays the detokenizer; the original stopped at none of these tokens
+            row.add(s.token_id, False)
+        row.steps = [dataclasses.replace(s) for s in prefix]
+        hook = lambda r, t: row.add(t, t in self.eos)  # noqa: E731
+        for _ in tracing._records(self.lm, [self.ids], make_steps(hook), [row]):
+            pass
+        return tracing._trace(self.lm, self.prompt, self.ids, self.p, row, self.chat)
+
+    def original(self, at: int) -> tuple[Trace, _Fork]:
+        lm, p, fork = self.lm, self.p, _Fork()
+        seen = None
+        if p.repetition_penalty != 1.0:
+            seen = torch.zeros((1, lm.model.config.vocab_size), dtype=torch.bool, device=lm.model.device)
+            seen[0, self.ids] = True
+        logits = engine.prefill(lm.model, torch.tensor([self.ids], device=lm.model.device), None, self.cache)
+        rng, n = tracing._rng(lm, p), len(self.ids)
+        trace = self._trace(lambda hook: _decode(lm, self.cache, logits, seen, rng, p, hook, 0, n, fork=(at, fork)))
+        return trace, fork
+
+    def branch(self, original: Trace, fork: _Fork, at: int, token: int) -> Trace:
+        _crop(self.cache, len(self.ids) + at)
+        rng = None
+        if fork.rng_state is not None:
+            rng = torch.Generator(device=self.lm.model.device)
+            rng.set_state(fork.rng_state)
+        seen = None if fork.seen is None else fork.seen.clone()
+        n = len(self.ids)
+
+        def make_steps(hook):
+            return _decode(self.lm, self.cache, fork.logits, seen, rng, self.p, hook, at, n, forced=token)
+
+        return self._trace(make_steps, prefix=original.steps[:at])
+
+
+def branch(
+    lm: LM,
+    prompt: str,
+    at: int,
+    alternatives: Sequence[int] | None = None,
+    *,
+    fan: int | None = None,
+    params: SamplingParams | None = None,
+    chat: bool = False,
+    **kwargs: Any,
+) -> Branches:
+    """Decodes `prompt`, then once more per alternative rank K with the token at step `at`
+    replaced by the K-th most likely raw token (default K = 2). `fan=K` branches on each of the
+    K most likely tokens other than the one the original chose."""
+    p = tracing._seeded(tracing.make_params(params, **kwargs))
+    _integer("at", at, low=0, high=p.max_new_tokens - 1)
+    ranks = _ranks(alternatives, fan, int(lm.model.config.vocab_size))
+    session = _Session(lm, prompt, p, chat)
+    with torch.inference_mode():
+        original, fork = session.original(at)
+        if fork.logits is None:
+            raise InvalidParameter(f"at must be a step the decoding reached (0..{len(original.steps) - 1}), got {at}")
+        order = torch.topk(fork.logits[0], max(ranks)).indices.tolist()
+        if fan is not None:  # the original's own token is the original, not a branch
+            ranks = [k for k in ranks if order[k - 1] != original.steps[at].token_id]
+        traces = [original] + [session.branch(original, fork, at, order[k - 1]) for k in ranks]
+    return Branches(at, [None, *ranks], traces)

@@ -1,0 +1,49 @@
+"""`lmtrace branch`: decode once, then again with the token at one step replaced by an
+alternative, and show the decodings side by side."""
+
+from __future__ import annotations
+
+import click
+
+from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
+from lmtrace.cli.generate import params_from, sampling_options
+from lmtrace.errors import InvalidParameter
+from lmtrace.params import _integer
+
+
+@cli.command()
+@click.argument("prompt", required=False)
+@click.option("--prompt-file", type=str, default=None, help="Read the prompt from this file.")
+@click.option("--at", "at", type=int, required=True, help="The step (0-based) whose token is replaced.")
+@click.option(
+    "--alternative",
+    "alternatives",
+    type=int,
+    multiple=True,
+    help="Rank of the replacing token under the raw distribution (2 = the runner-up; repeatable). Default 2.",
+)
+@click.option("--fan", type=int, default=None, help="Branch on each of the K most likely tokens instead.")
+@model_options
+@sampling_options
+@click.option("--json", "json_path", default=None, metavar="FILE", help='Write {"branches": [trace, ...]} as JSON.')
+@click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+def branch(prompt, prompt_file, at, alternatives, fan, json_path, no_color, **kw):
+    """Decode PROMPT, then again with the token at step --at replaced by the K-th most likely
+    token, continuing with the same settings (the shared prefix's cache is reused)."""
+    from lmtrace.branch import branch as run
+    from lmtrace.render.branch import print_branches
+
+    loading = [kw.pop(k) for k in ("model", "device", "dtype", "allow_pickle", "trust_remote_code")]
+    params = params_from(kw)
+    _integer("at", at, low=0, high=params.max_new_tokens - 1)
+    if alternatives and fan is not None:
+        raise InvalidParameter("alternative: give --alternative or --fan, not both")
+    text = read_prompt(prompt, prompt_file)
+    view, status = consoles(json_path, no_color)
+    lm = load_model(status, *loading)
+    with status.status("Decoding and branching…"):
+        result = run(lm, text, at, list(alternatives) or None, fan=fan, params=params, chat=kw["chat"])
+    write_json(json_path, result.to_json(indent=2))
+    print_branches(result, view)
+    if json_path and json_path != "-":
+        view.print(f"[dim]branches written to {json_path}[/dim]")

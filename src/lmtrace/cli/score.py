@@ -1,0 +1,154 @@
+"""`lmtrace score`: how likely a given text is under the model, token by token (teacher forcing);
+`--jsonl IN OUT` scores one record per line, batched."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from lmtrace.cli.common import cli, consoles, load_model, model_options
+from lmtrace.errors import InvalidParameter
+from lmtrace.files import write_atomic
+from lmtrace.params import MAX_TOP_LOGPROBS, _integer
+
+
+def _text(text: str | None, file: str | None, prompt: str | None, continuation: str | None) -> str | None:
+    """The text to score, or None when --prompt/--continuation give it."""
+    if prompt is not None or continuation is not None:
+        if text is not None or file is not None:
+            raise InvalidParameter("text: give TEXT (or --file), or --prompt with --continuation, not both")
+        if prompt is None or continuation is None:
+            missing = "--prompt" if prompt is None else "--continuation"
+            raise InvalidParameter(f"{missing}: none given (--prompt and --continuation go together)")
+        return None
+    if file is not None:
+        if text is not None:
+            raise InvalidParameter("text: give TEXT or --file, not both")
+        try:
+            return Path(file).read_text(encoding="utf-8")
+        except OSError as e:
+            raise InvalidParameter(f"file: cannot read {file!r} ({e.strerror})") from e
+    if text is not None:
+        return text
+    if sys.stdin is not None and not sys.stdin.isatty():
+        return sys.stdin.read()
+    raise InvalidParameter("text: none given (pass TEXT, --file, --prompt with --continuation, or standard input)")
+
+
+def _check(options: dict) -> None:
+    """The checks that need no model, before it loads (window's upper bound needs the model)."""
+    _integer("top_logprobs", options["top_logprobs"], low=0, high=MAX_TOP_LOGPROBS)
+    _integer("batch_size", options["batch_size"], low=1)
+    if options["window"] is not None:
+        _integer("window", options["window"], low=2)
+    if options["stride"] is not None:
+        _integer("stride", options["stride"], low=1)
+
+
+def read_jsonl(path: str) -> list[tuple[object, str | tuple[str, str]]]:
+    """[(id, text or (prompt, continuation))], every line checked before the model loads."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise InvalidParameter(f"jsonl: cannot read {path!r} ({e.strerror})") from e
+    records = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InvalidParameter(f"jsonl: line {n} of {path} is not JSON ({e.msg})") from e
+        if not isinstance(d, dict):
+            raise InvalidParameter(f"jsonl: line {n} of {path} must be an object, got {type(d).__name__}")
+        key = d.get("id", n)
+        if isinstance(d.get("text"), str) and "prompt" not in d and "continuation" not in d:
+            records.append((key, d["text"]))
+        elif isinstance(d.get("prompt"), str) and isinstance(d.get("continuation"), str) and "text" not in d:
+            records.append((key, (d["prompt"], d["continuation"])))
+        else:
+            raise InvalidParameter(
+                f"jsonl: line {n} of {path} needs a string 'text', or strings 'prompt' and 'continuation'"
+            )
+    if not records:
+        raise InvalidParameter(f"jsonl: no records in {path}")
+    return records
+
+
+def _progress(console, total: int) -> Progress:
+    columns = [TextColumn("Scoring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    return Progress(*columns, console=console, transient=True)
+
+
+def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
+    from lmtrace.render.score import summary_table
+    from lmtrace.score import score_batch
+
+    with _progress(status, len(records)) as progress:
+        task = progress.add_task("score", total=len(records))
+        results = score_batch(
+            lm, [item for _, item in records], on_result=lambda i, r: progress.advance(task), **options
+        )
+    keyed = [(key, r) for (key, _), r in zip(records, results)]
+    lines = [json.dumps({"id": key, **r.to_dict()}, ensure_ascii=False, allow_nan=False) for key, r in keyed]
+    if out_path == "-":
+        click.echo("\n".join(lines))
+    else:
+        write_atomic(out_path, "\n".join(lines) + "\n")
+    view.print(summary_table(keyed))
+    if len(records) > 20:
+        view.print(f"[dim]… and {len(records) - 20} more[/dim]")
+    if out_path != "-":
+        view.print(f"[dim]{len(records)} scores written to {out_path}[/dim]")
+
+
+@cli.command()
+@click.argument("text", required=False)
+@click.option("--file", "file", default=None, help="Read the text to score from this file.")
+@click.option("--prompt", default=None, help="Condition on this prompt and score only --continuation.")
+@click.option("--continuation", default=None, help="The text scored after --prompt.")
+@click.option(
+    "--jsonl",
+    nargs=2,
+    default=None,
+    metavar="IN OUT",
+    help="Score each line of IN ({id, text} or {id, prompt, continuation}); one result per line to OUT.",
+)
+@click.option("--window", type=int, default=None, help="Tokens per forward pass. Default: the model's context.")
+@click.option("--stride", type=int, default=None, help="Tokens between sliding windows. Default: window / 2.")
+@click.option("--batch-size", type=int, default=8, show_default=True, help="Records per forward pass (--jsonl).")
+@click.option("--top-logprobs", type=int, default=5, show_default=True, help="Alternatives per token (0-100).")
+@model_options
+@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the scores as JSON ('-' for stdout).")
+@click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+def score(text, file, prompt, continuation, jsonl, json_path, no_color, **options):
+    """Score TEXT teacher-forced: every token's probability, rank, entropy and alternatives,
+    the total logprob, perplexity and bits per byte."""
+    from lmtrace.cli.common import write_json
+    from lmtrace.render.score import print_score
+    from lmtrace.score import score as run
+
+    loading = [options.pop(k) for k in ("model", "device", "dtype", "allow_pickle", "trust_remote_code")]
+    _check(options)
+    if jsonl:
+        if any(x is not None for x in (text, file, prompt, continuation, json_path)):
+            raise InvalidParameter("jsonl: --jsonl IN OUT reads IN and writes OUT; drop TEXT, --file, --prompt, --json")
+        records = read_jsonl(jsonl[0])
+        view, status = consoles(jsonl[1], no_color)
+        lm = load_model(status, *loading)
+        _score_jsonl(lm, records, jsonl[1], view, status, **options)
+        return
+    source = _text(text, file, prompt, continuation)
+    view, status = consoles(json_path, no_color)
+    lm = load_model(status, *loading)
+    kwargs = {k: options[k] for k in ("window", "stride", "top_logprobs")}
+    with status.status("Scoring…"):
+        result = run(lm, source, prompt=prompt, continuation=continuation, **kwargs)
+    write_json(json_path, result.to_json(indent=2))
+    print_score(result, view)
+    if json_path and json_path != "-":
+        view.print(f"[dim]scores written to {json_path}[/dim]")
