@@ -91,3 +91,12 @@ def test_plot_png_of_each_kind():
     for record in (handmade.trace_dict(), handmade.score_dict(), handmade.branches_dict()):
         width, height = png_size(plot_png(record))
         assert width > 400 and height > 300
+
+
+def test_render_a_score_without_perplexity(tmp_path, capsys):
+    from lmtrace.cli import main
+
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"tokens": [{"token_id": 5, "text": "Hi", "logprob": None}], "perplexity": None}))
+    assert main(["render", str(f)]) == 0
+    assert "perplexity – over 1 tokens" in capsys.readouterr().out

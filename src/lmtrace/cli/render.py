@@ -32,7 +32,9 @@ def _print_score(d: dict[str, Any], console: Console) -> None:
         lp = t.get("logprob")
         text.append(t.get("text", ""), style="dim" if lp is None else colour(prob(lp)))
     console.print(text)
-    console.print(f"perplexity {d['perplexity']:.4g} over {len(d['tokens'])} tokens")
+    ppl = d.get("perplexity")
+    shown = "–" if ppl is None else f"{ppl:.4g}"  # a one-token text has nothing scored
+    console.print(f"perplexity {shown} over {len(d['tokens'])} tokens")
 
 
 def print_record(kind: str, d: dict[str, Any], path: str, console: Console) -> None:
