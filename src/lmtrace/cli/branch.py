@@ -7,6 +7,7 @@ import click
 
 from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
 from lmtrace.cli.generate import params_from, sampling_options
+from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.params import _integer
 
@@ -26,8 +27,9 @@ from lmtrace.params import _integer
 @model_options
 @sampling_options
 @click.option("--json", "json_path", default=None, metavar="FILE", help='Write {"branches": [trace, ...]} as JSON.')
+@report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
-def branch(prompt, prompt_file, at, alternatives, fan, json_path, no_color, **kw):
+def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plot_path, no_color, **kw):
     """Decode PROMPT, then again with the token at step --at replaced by the K-th most likely
     token, continuing with the same settings (the shared prefix's cache is reused)."""
     from lmtrace.branch import branch as run
@@ -39,11 +41,13 @@ def branch(prompt, prompt_file, at, alternatives, fan, json_path, no_color, **kw
     if alternatives and fan is not None:
         raise InvalidParameter("alternative: give --alternative or --fan, not both")
     text = read_prompt(prompt, prompt_file)
+    check_report_paths(html_path, plot_path)
     view, status = consoles(json_path, no_color)
     lm = load_model(status, *loading)
     with status.status("Decoding and branching…"):
         result = run(lm, text, at, list(alternatives) or None, fan=fan, params=params, chat=kw["chat"])
     write_json(json_path, result.to_json(indent=2))
     print_branches(result, view)
+    write_reports(result, html_path, plot_path, view)
     if json_path and json_path != "-":
         view.print(f"[dim]branches written to {json_path}[/dim]")

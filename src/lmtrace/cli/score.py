@@ -11,6 +11,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lmtrace.cli.common import cli, consoles, load_model, model_options
+from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.files import write_atomic
 from lmtrace.params import MAX_TOP_LOGPROBS, _integer
@@ -124,8 +125,9 @@ def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
 @click.option("--top-logprobs", type=int, default=5, show_default=True, help="Alternatives per token (0-100).")
 @model_options
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the scores as JSON ('-' for stdout).")
+@report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
-def score(text, file, prompt, continuation, jsonl, json_path, no_color, **options):
+def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_path, no_color, **options):
     """Score TEXT teacher-forced: every token's probability, rank, entropy and alternatives,
     the total logprob, perplexity and bits per byte."""
     from lmtrace.cli.common import write_json
@@ -143,6 +145,7 @@ def score(text, file, prompt, continuation, jsonl, json_path, no_color, **option
         _score_jsonl(lm, records, jsonl[1], view, status, **options)
         return
     source = _text(text, file, prompt, continuation)
+    check_report_paths(html_path, plot_path)
     view, status = consoles(json_path, no_color)
     lm = load_model(status, *loading)
     kwargs = {k: options[k] for k in ("window", "stride", "top_logprobs")}
@@ -150,5 +153,6 @@ def score(text, file, prompt, continuation, jsonl, json_path, no_color, **option
         result = run(lm, source, prompt=prompt, continuation=continuation, **kwargs)
     write_json(json_path, result.to_json(indent=2))
     print_score(result, view)
+    write_reports(result, html_path, plot_path, view)
     if json_path and json_path != "-":
         view.print(f"[dim]scores written to {json_path}[/dim]")
