@@ -108,6 +108,6 @@ def test_score_and_branch_write_reports(tiny_dir, tmp_path):
     s_html, b_html, b_png = tmp_path / "s.html", tmp_path / "b.html", tmp_path / "b.png"
     assert main(["score", "Hello world, the quick brown fox", "--model", str(tiny_dir), "--html", str(s_html)]) == 0
     assert "perplexity" in s_html.read_text()
-    assert main(["branch", "Hello world", "--at", "2", "--alternative", "2", "--max-new-tokens", "5",
-                 "--temperature", "0", "--model", str(tiny_dir), "--html", str(b_html), "--plot", str(b_png)]) == 0  # fmt: skip
+    args = ["branch", "Hello world", "--at", "2", "--alternative", "2", "--max-new-tokens", "5", "--temperature", "0"]
+    assert main([*args, "--model", str(tiny_dir), "--html", str(b_html), "--plot", str(b_png)]) == 0
     assert "Branches" in b_html.read_text() and b_png.read_bytes()[:4] == b"\x89PNG"
