@@ -82,3 +82,10 @@ def test_verify_in_bfloat16_reports_the_difference_against_float32(tiny_dir):
     d = report.to_dict()
     assert d["dtype"] == "bfloat16" and d["tolerance"] == 0.1
     assert 0 < d["float32_max_logprob_diff"] < 1.0
+
+
+def test_verify_rescore_round_trip(tiny_dir, capsys):
+    assert main(["verify", "Hello world", "--model", str(tiny_dir), "--max-new-tokens", "6", "--rescore",
+                 "--json", "-"]) == 0  # fmt: skip
+    d = json.loads(capsys.readouterr().out)
+    assert d["rescore"]["steps"] == 6 and d["rescore"]["max_abs_diff"] < 1e-5

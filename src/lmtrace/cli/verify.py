@@ -20,10 +20,12 @@ from lmtrace.errors import InvalidParameter
 @click.option("--tolerance", type=float, default=None,
               help="Largest log-probability difference (default 1e-4 in float32, 0.1 in 16-bit dtypes).")  # fmt: skip
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the chat template.")
+@click.option("--rescore", is_flag=True,
+              help="Also trace a generation and rescore it teacher-forced against the recorded logprobs.")  # fmt: skip
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the report as JSON ('-' for stdout).")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, max_new_tokens, tolerance,
-           chat, json_path, no_color):  # fmt: skip
+           chat, rescore, json_path, no_color):  # fmt: skip
     """Decode PROMPT greedily with the KV cache and check every step against a full recompute
     without cache and against model.generate. Exit code 0 when they agree, 1 otherwise."""
     import math
@@ -41,10 +43,28 @@ def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote
     ids = encode_prompt(lm, text, chat)
     with status.status("Decoding, recomputing without cache, and running model.generate…"):
         report = run(lm, ids, max_new_tokens, tolerance)
-    write_json(json_path, json.dumps(report.to_dict(), indent=2))
+    result = report.to_dict()
+    ok = report.ok
+    if rescore:
+        round_trip = rescore_trace(lm, text, chat, max_new_tokens)
+        result["rescore"] = round_trip
+        ok = ok and round_trip["max_abs_diff"] <= report.tolerance
+        view.print(f"rescore: {round_trip['steps']} recorded logprobs against a teacher-forced pass: largest "
+                   f"difference {round_trip['max_abs_diff']:.2e} at step {round_trip['worst_step']}")  # fmt: skip
+    write_json(json_path, json.dumps(result, indent=2))
     view.print(report_view(report, lm.tokenizer))
-    if not report.ok:
+    if not ok:
         raise click.exceptions.Exit(1)
+
+
+def rescore_trace(lm, text: str, chat: bool, max_new_tokens: int) -> dict:
+    """The round trip: a traced greedy generation, rescored teacher-forced (lmtrace.rescore)."""
+    from lmtrace.rescore import rescore
+    from lmtrace.tracing import generate
+
+    trace = generate(lm, text, chat=chat, max_new_tokens=max_new_tokens, temperature=0)
+    found = rescore(lm, trace)
+    return {k: v for k, v in found.items() if k not in ("logprobs", "sampled_logprobs")}
 
 
 def report_view(report, tokenizer) -> Table | Text:
