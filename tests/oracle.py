@@ -64,3 +64,26 @@ def teacher_forced(lm, prompt_ids: list[int], generated: list[int], params: Samp
         raw.append(torch.log_softmax(row, -1)[0, tok].item())
         used.append(torch.log_softmax(processed, -1)[0, tok].item())
     return raw, used
+
+
+def teacher_forced_cached(lm, prompt_ids: list[int], generated: list[int], params: SamplingParams):
+    """As teacher_forced, but through transformers' own DynamicCache one token at a time (the way
+    model.generate computes each step), so only the processing is compared, not float rounding
+    between a cached and an uncached forward pass."""
+    from transformers import DynamicCache
+
+    from lmtrace.kv import cache_kwargs  # only the keyword's name: `cache=` or `past_key_values=`
+
+    seq = torch.tensor([prompt_ids + generated])
+    cache = DynamicCache(config=lm.model.config)
+    procs = hf_processors(params)
+    raw, used = [], []
+    with torch.no_grad():
+        logits = lm.model(seq[:, : len(prompt_ids)], **cache_kwargs(lm.model, cache)).logits[:, -1].float()
+        for i, tok in enumerate(generated):
+            processed = procs(seq[:, : len(prompt_ids) + i], logits.clone())
+            raw.append(torch.log_softmax(logits, -1)[0, tok].item())
+            used.append(torch.log_softmax(processed, -1)[0, tok].item())
+            step = seq[:, len(prompt_ids) + i : len(prompt_ids) + i + 1]
+            logits = lm.model(step, **cache_kwargs(lm.model, cache)).logits[:, -1].float()
+    return raw, used

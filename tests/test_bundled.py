@@ -6,7 +6,7 @@ import pytest  # noqa: I001
 import torch
 
 import lmtrace
-from tests.oracle import hf_greedy, teacher_forced
+from tests.oracle import hf_greedy, teacher_forced_cached
 
 pytestmark = pytest.mark.integration
 
@@ -40,9 +40,10 @@ def test_chat_template_and_eos(bundled_lm):
 def test_sampled_logprobs_match_processors(bundled_lm):
     kwargs = dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02, repetition_penalty=1.2)
     trace = lmtrace.generate(bundled_lm, "Once upon a time", max_new_tokens=16, seed=5, **kwargs)
-    raw, used = teacher_forced(bundled_lm, trace.prompt["token_ids"], trace.token_ids, lmtrace.SamplingParams(**kwargs))
-    assert max(abs(s.logprob - r) for s, r in zip(trace.steps, raw)) < 1e-4
-    assert max(abs(s.sampled_logprob - u) for s, u in zip(trace.steps, used)) < 1e-4
+    params = lmtrace.SamplingParams(**kwargs)
+    raw, used = teacher_forced_cached(bundled_lm, trace.prompt["token_ids"], trace.token_ids, params)
+    assert max(abs(s.logprob - r) for s, r in zip(trace.steps, raw)) < 1e-5
+    assert max(abs(s.sampled_logprob - u) for s, u in zip(trace.steps, used)) < 1e-5
 
 
 def test_batch_matches_alone(bundled_lm):
