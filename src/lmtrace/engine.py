@@ -116,12 +116,13 @@ def generate_steps(
     model,
     prompt_ids: Sequence[Sequence[int]],
     params: SamplingParams,
-    rng: torch.Generator | None = None,
+    rng: sampling.Rng = None,
     eos_token_ids: Sequence[int] = (),
     pad_token_id: int = 0,
     on_token: TokenHook | None = None,
 ) -> Iterator[BatchStep]:
-    """Decodes every prompt of the batch together and yields one BatchStep per step."""
+    """Decodes every prompt of the batch together and yields one BatchStep per step. `rng` is
+    one generator for the batch or a list of one per row (see sampling.choose)."""
     _check_context(model, prompt_ids, params)
     device = model.device
     batch = len(prompt_ids)
