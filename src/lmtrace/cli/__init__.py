@@ -9,7 +9,7 @@ import sys
 import click
 
 # importing a command module registers its command on `cli`
-from lmtrace.cli import cache, generate, render, verify  # noqa: E402, F401, I001
+from lmtrace.cli import batch, cache, generate, render, verify  # noqa: E402, F401, I001
 from lmtrace.cli.common import cli
 from lmtrace.errors import LmtraceError
 
