@@ -4,6 +4,7 @@ on the same prompt and settings, whatever the batch size; errors per line; resum
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -132,3 +133,9 @@ def test_bad_options_exit_2(capsys, tiny_dir, tmp_path, args, message):
 def test_a_missing_input_exits_2(capsys, tmp_path):
     assert main(["batch", str(tmp_path / "none.jsonl"), str(tmp_path / "o.jsonl")]) == 2
     assert "input: cannot read" in capsys.readouterr().err
+
+
+def test_engine_ray_without_ray_exits_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    code = main(["batch", str(write_input(tmp_path / "in.jsonl")), str(tmp_path / "o.jsonl"), "--engine", "ray"])
+    assert code == 2 and "pip install 'lmtrace[ray]'" in capsys.readouterr().err
