@@ -83,6 +83,8 @@ def choose(processed: torch.Tensor, params: SamplingParams, rng: Rng) -> torch.T
         return processed.argmax(dim=-1)
     probs = torch.softmax(processed, dim=-1)
     if isinstance(rng, Sequence):
+        if len(rng) != probs.shape[0]:
+            raise ValueError(f"rng: one generator per row is needed, got {len(rng)} for {probs.shape[0]} rows")
         rows = [torch.multinomial(probs[r : r + 1], num_samples=1, generator=g) for r, g in enumerate(rng)]
         return torch.cat(rows).squeeze(-1)  # (batch, 1) -> (batch,)
     return torch.multinomial(probs, num_samples=1, generator=rng).squeeze(-1)
