@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import pytest
 
+from lmtrace.batch import InputLine, defaults_of
 from lmtrace.batch.output import OutputFile
+from lmtrace.batch.prepare import prepare
 from lmtrace.cli import main
 from lmtrace.errors import InvalidParameter
+from lmtrace.params import SamplingParams
 from tests.same_record import assert_same, by_id, one_thread, read_records  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -139,3 +143,37 @@ def test_engine_ray_without_ray_exits_2(capsys, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     code = main(["batch", str(write_input(tmp_path / "in.jsonl")), str(tmp_path / "o.jsonl"), "--engine", "ray"])
     assert code == 2 and "pip install 'lmtrace[ray]'" in capsys.readouterr().err
+
+
+def test_messages_go_through_the_chat_template_like_a_chat_prompt(tiny_lm):
+    tok = tiny_lm.tokenizer.__class__(tokenizer_object=tiny_lm.tokenizer.backend_tokenizer, eos_token="<eos>")
+    tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
+    lm = replace(tiny_lm, tokenizer=tok)
+    defaults = defaults_of(SamplingParams(temperature=0))
+    messages = [{"role": "user", "content": "Hello world"}]
+    job = prepare(lm, InputLine(1, "m", {"id": "m", "messages": messages}), defaults)
+    chat = prepare(lm, InputLine(2, "c", {"id": "c", "prompt": "Hello world", "chat": True}), defaults)
+    assert job.text == "user: Hello world\nassistant:" and job.chat and job.messages == messages
+    assert job.ids == chat.ids and job.group == chat.group  # they may share a batch
+    both = {"id": "b", "prompt": "x", "messages": messages}
+    assert prepare(lm, InputLine(3, "b", both), defaults) == "prompt: give prompt or messages, not both"
+    odd = {"id": "o", "messages": [{"role": "user"}]}
+    assert "messages must be a non-empty list" in prepare(lm, InputLine(4, "o", odd), defaults)
+
+
+def test_a_line_that_fails_while_decoding_fails_alone(tiny_lm, monkeypatch):
+    from lmtrace.batch import local
+
+    real = local.generate_each
+
+    def flaky(lm, prompts, *args, **kwargs):
+        if "boom" in prompts:
+            raise RuntimeError("out of memory")
+        return real(lm, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(local, "generate_each", flaky)
+    lines = [InputLine(i, p, {"id": p, "prompt": p}) for i, p in enumerate(["Hello", "boom", "world"], start=1)]
+    outcomes = list(local.trace_lines(tiny_lm, lines, defaults_of(SamplingParams(temperature=0, max_new_tokens=2)), 3))
+    records = {json.loads(o.line)["id"]: json.loads(o.line) for o in outcomes}
+    assert records["boom"] == {"id": "boom", "error": "RuntimeError: out of memory"}
+    assert len(records["Hello"]["trace"]["steps"]) == 2 and "trace" in records["world"]

@@ -64,7 +64,8 @@ def _engine(kw: dict, status: Console, defaults: dict):
                 raise InvalidParameter(f"{name}: only with --engine ray, got {kw[name]!r}")
 
         def load():
-            return load_model(status, source, *(model_kwargs[k] for k in model_kwargs))
+            options = (kw["device"], kw["dtype"], kw["allow_pickle"], kw["trust_remote_code"], kw["device_map"])
+            return load_model(status, source, *options)
 
         return local_engine(load, defaults, kw["batch_size"])
     from lmtrace.batch.ray_engine import ray_engine
