@@ -127,10 +127,12 @@ def test_two_jobs_cannot_write_one_output(tmp_path):
         (["--batch-size", "0"], "batch_size must be >= 1, got 0"),
         (["--num-workers", "2"], "num_workers: only with --engine ray, got 2"),
         (["--temperature", "-1"], "temperature must be >= 0, got -1.0"),
+        (["-"], "output: must be a file (a rerun reads it to resume), got '-'"),
     ],
 )
 def test_bad_options_exit_2(capsys, tiny_dir, tmp_path, args, message):
-    code = main(["batch", str(write_input(tmp_path / "in.jsonl")), str(tmp_path / "o.jsonl"), *args])
+    out = [] if args == ["-"] else [str(tmp_path / "o.jsonl")]
+    code = main(["batch", str(write_input(tmp_path / "in.jsonl")), *out, *args])
     assert code == 2 and capsys.readouterr().err == f"lmtrace: error: {message}\n"
 
 

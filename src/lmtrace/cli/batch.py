@@ -117,6 +117,8 @@ def batch(in_path, out_path, no_color, **kw):
     """Trace every line of IN.jsonl ({"id", "prompt" or "messages", sampling fields}) into
     OUT.jsonl ({"id", "trace"} or {"id", "error"}), appending; a rerun resumes."""
     params = params_from(kw)
+    if out_path == "-":
+        raise InvalidParameter("output: must be a file (a rerun reads it to resume), got '-'")
     if kw["batch_size"] < 1:
         raise InvalidParameter(f"batch_size must be >= 1, got {kw['batch_size']}")
     status = Console(stderr=True, no_color=no_color, highlight=False)
