@@ -139,7 +139,7 @@ def generate_steps(
     model,
     prompt_ids: Sequence[Sequence[int]],
     params: SamplingParams,
-    rng: torch.Generator | None = None,
+    rng: sampling.Rng = None,
     eos_token_ids: Sequence[int] = (),
     pad_token_id: int = 0,
     on_token: TokenHook | None = None,
@@ -147,10 +147,11 @@ def generate_steps(
     waterfall_at: Callable[[int], bool] | None = None,
     compile: bool = False,
 ) -> Iterator[BatchStep]:
-    """Decodes every prompt of the batch together and yields one BatchStep per step. `echo`
-    adds the prompt tokens' numbers to step 0; `waterfall_at(index)` selects the steps that
-    record the distribution after each sampling stage; `compile` uses a static cache and a
-    torch.compile'd decode step (a one-off compile, the same tokens)."""
+    """Decodes every prompt of the batch together and yields one BatchStep per step. `rng` is
+    one generator for the batch or a list of one per row (see sampling.choose). `echo` adds the
+    prompt tokens' numbers to step 0; `waterfall_at(index)` selects the steps that record the
+    distribution after each sampling stage; `compile` uses a static cache and a torch.compile'd
+    decode step (a one-off compile, the same tokens)."""
     _check_context(model, prompt_ids, params)
     device = model.device
     batch = len(prompt_ids)

@@ -163,10 +163,15 @@ def load(
     dtype: str = "auto",
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
+    device_map: str | dict[str, Any] | None = None,
 ) -> LM:
-    """Loads a causal LM and its tokenizer. `source` None means the bundled SmolLM2-135M-Instruct."""
+    """Loads a causal LM and its tokenizer. `source` None means the bundled SmolLM2-135M-Instruct.
+    `device_map="auto"` spreads the layers over the GPUs present (through accelerate) instead
+    of putting the model on one `device`."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    if device_map is not None and device != "auto":
+        raise InvalidParameter(f"device_map: give a device or a device_map, not both (device {device!r})")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     where, extra, name = _locate(source, allow_pickle, trust_remote_code)
@@ -176,6 +181,8 @@ def load(
         _check_causal(config, name)
         tokenizer = AutoTokenizer.from_pretrained(where, **common)
         rest = {k: v for k, v in extra.items() if k != "gguf_file"}
+        if device_map is not None:
+            rest["device_map"] = device_map
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **common, **rest)
     except ModelLoadError:
         raise
@@ -188,7 +195,8 @@ def load(
         raise ModelLoadError(f"{name}: cannot load ({_one_line(e)})") from e
     except Exception as e:
         raise ModelLoadError(f"{name}: cannot load model ({type(e).__name__}: {_one_line(e)})") from e
-    model.to(torch_device)
+    if device_map is None:  # with a device map accelerate has placed every layer already
+        model.to(torch_device)
     return LM.from_objects(model, tokenizer, name)
 
 

@@ -7,6 +7,8 @@ TopPLogitsWarper and MinPLogitsWarper do (the tests check against them)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from lmtrace.params import SamplingParams
@@ -69,11 +71,22 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Ten
     return apply_min_p(out, params.min_p)
 
 
-def choose(processed: torch.Tensor, params: SamplingParams, rng: torch.Generator | None) -> torch.Tensor:
-    """Token ids (batch,): argmax for greedy, else a draw from softmax(processed) with `rng`."""
+# one generator for the whole batch, or one per row (a list, indexed by row)
+Rng = torch.Generator | Sequence[torch.Generator] | None
+
+
+def choose(processed: torch.Tensor, params: SamplingParams, rng: Rng) -> torch.Tensor:
+    """Token ids (batch,): argmax for greedy, else a draw from softmax(processed) with `rng`.
+    With one generator per row each row draws alone, so a seeded row picks the same tokens
+    whichever rows share its batch."""
     if params.greedy:
         return processed.argmax(dim=-1)
     probs = torch.softmax(processed, dim=-1)
+    if isinstance(rng, Sequence):
+        if len(rng) != probs.shape[0]:
+            raise ValueError(f"rng: one generator per row is needed, got {len(rng)} for {probs.shape[0]} rows")
+        rows = [torch.multinomial(probs[r : r + 1], num_samples=1, generator=g) for r, g in enumerate(rng)]
+        return torch.cat(rows).squeeze(-1)  # (batch, 1) -> (batch,)
     return torch.multinomial(probs, num_samples=1, generator=rng).squeeze(-1)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from lmtrace import engine, forced, kvsize
+from lmtrace import engine, forced, kvsize, rowkv, sampling
 from lmtrace import waterfall as waterfall_mod
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.loading import LM
@@ -103,14 +103,16 @@ def _iter_rows(
     echo: bool = False,
     waterfall_at: Callable[[int], bool] | None = None,
     compile: bool = False,
+    rng: sampling.Rng = None,
 ) -> Iterator[tuple[int, Step]]:
-    """Runs the engine and yields (row, Step) for every row still generating at each step."""
+    """Runs the engine and yields (row, Step) for every row still generating at each step.
+    `rng` None means one generator seeded by `params.seed`."""
     eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
 
     def hook(row: int, token: int) -> bool:
         return rows[row].add(token, token in eos)
 
-    rng = _rng(lm, params)
+    rng = rng if rng is not None else _rng(lm, params)
     steps = engine.generate_steps(
         lm.model,
         prompts,
@@ -236,6 +238,36 @@ def generate(
             on_step(r, step)
     traces = [_trace(lm, text, i, p, row, chat, compile) for text, i, row in zip(prompts, ids, rows)]
     return traces[0] if isinstance(prompt, str) else traces
+
+
+def generate_each(
+    lm: LM,
+    prompts: Sequence[str],
+    prompt_ids: Sequence[list[int]],
+    params: Sequence[SamplingParams],
+    *,
+    chat: bool = False,
+    on_step: Callable[[int, Step], None] | None = None,
+) -> list[Trace]:
+    """Decodes prompts (their text and token ids) as one left-padded batch, each row as it would
+    decode alone: one generator per row seeded by its own params' seed, and each step's `kv` the
+    row's own part of the cache (no padding, batch 1). The rows' params may differ only in seed."""
+    ps = [_seeded(p) for p in params]
+    shared = ps[0]
+    if any({**p.to_dict(), "seed": None} != {**shared.to_dict(), "seed": None} for p in ps):
+        raise ValueError("generate_each: the rows' params may differ only in their seed")
+    rng = None if shared.greedy else [_rng(lm, p) for p in ps]
+    rows = [_Row(lm, shared.stop) for _ in prompt_ids]
+    for r, step in _iter_rows(lm, prompt_ids, shared, rows, rng=rng):
+        if on_step is not None:
+            on_step(r, step)
+    width, expected = max(len(i) for i in prompt_ids), engine.expected_bytes(lm.model, 1)
+    traces = []
+    for text, ids, p, row in zip(prompts, prompt_ids, ps, rows):
+        for step in row.steps:
+            step.kv = rowkv.own_part(step.kv, width - len(ids), len(rows), expected)
+        traces.append(_trace(lm, text, ids, p, row, chat))
+    return traces
 
 
 def stream(

@@ -48,6 +48,17 @@ def model_options(f):
     return f
 
 
+def device_map_option(f):
+    """Adds --device-map, for the commands that decode a model too large for one GPU."""
+    return click.option(
+        "--device-map",
+        "device_map",
+        type=click.Choice(["auto", "balanced", "balanced_low_0", "sequential"]),
+        default=None,
+        help="Spread the model's layers over the GPUs present (accelerate); instead of --device.",
+    )(f)
+
+
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     if prompt is not None and prompt_file is not None:
         raise InvalidParameter("prompt: give PROMPT or --prompt-file, not both")
@@ -64,7 +75,13 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 
 
 def load_model(
-    console: Console, model: str | None, device: str, dtype: str, allow_pickle: bool, trust_remote_code: bool
+    console: Console,
+    model: str | None,
+    device: str,
+    dtype: str,
+    allow_pickle: bool,
+    trust_remote_code: bool,
+    device_map: str | None = None,
 ):
     """lmtrace.load with a spinner on `console` (stderr) instead of transformers' progress bars."""
     from transformers.utils import logging as hf_logging
@@ -75,7 +92,14 @@ def load_model(
     hf_logging.set_verbosity_error()
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loader uses a plain tqdm bar
     with console.status(f"Loading {model or 'the bundled SmolLM2-135M-Instruct'}…"):
-        return load(model, device=device, dtype=dtype, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        return load(
+            model,
+            device=device,
+            dtype=dtype,
+            allow_pickle=allow_pickle,
+            trust_remote_code=trust_remote_code,
+            device_map=device_map,
+        )
 
 
 def consoles(json_path: str | None, no_color: bool) -> tuple[Console, Console]:

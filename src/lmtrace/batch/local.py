@@ -1,0 +1,108 @@
+"""The local engine: lines into batches of similar length, each batch decoded together, one
+output line per input line. The Ray engine runs the same function inside each worker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import groupby, islice
+from typing import Any
+
+from lmtrace.batch.lines import InputLine
+from lmtrace.batch.output import record_line
+from lmtrace.batch.prepare import Job, prepare
+from lmtrace.loading import LM
+from lmtrace.tracing import generate_each
+
+# lines tokenized and sorted together: longer windows pad less, shorter ones write sooner
+WINDOW_BATCHES = 64
+
+
+@dataclass
+class Outcome:
+    """One output line, ready to append: the id's key, the JSON text, tokens generated."""
+
+    key: str
+    line: str
+    tokens: int = 0
+    error: bool = False
+
+
+def error_outcome(line: InputLine, message: str) -> Outcome:
+    return Outcome(line.key, record_line(line.id, error=message), error=True)
+
+
+def batches(jobs: Sequence[Job], batch_size: int) -> Iterator[list[Job]]:
+    """Jobs of the same params (all but the seed) in batches of similar prompt length,
+    longest first: a batch that does not fit in memory fails at the start, not the end."""
+    ordered = sorted(jobs, key=lambda j: (j.group, -len(j.ids), j.line.number))
+    for _, same in groupby(ordered, key=lambda j: j.group):
+        group = list(same)
+        for start in range(0, len(group), batch_size):
+            yield group[start : start + batch_size]
+
+
+def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None) -> list[Outcome]:
+    traces = generate_each(
+        lm,
+        [j.text for j in batch],
+        [j.ids for j in batch],
+        [j.params for j in batch],
+        chat=batch[0].chat,
+        on_step=on_step,
+    )
+    outcomes = []
+    for job, trace in zip(batch, traces):
+        if job.messages is not None:
+            trace.prompt["messages"] = job.messages
+        try:
+            outcomes.append(Outcome(job.line.key, record_line(job.line.id, trace.to_dict()), len(trace.steps)))
+        except ValueError as e:  # a number JSON cannot hold (NaN)
+            outcomes.append(error_outcome(job.line, f"cannot write the trace as JSON ({e})"))
+    return outcomes
+
+
+def run_batch(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None = None) -> list[Outcome]:
+    """Decodes a batch; when it fails, each line alone, so that one line's failure is that
+    line's error only."""
+    try:
+        return _decode(lm, batch, on_step)
+    except Exception as e:
+        if len(batch) > 1:
+            return [o for job in batch for o in run_batch(lm, [job], on_step)]
+        return [error_outcome(batch[0].line, f"{type(e).__name__}: {' '.join(str(e).split())}")]
+
+
+def trace_lines(
+    lm: LM,
+    lines: Iterable[InputLine],
+    defaults: dict[str, Any],
+    batch_size: int,
+    on_tokens: Callable[[int], None] | None = None,
+) -> Iterator[Outcome]:
+    """An Outcome for every line, in the order batches finish. `on_tokens(n)` is called as
+    tokens are generated (for a live rate)."""
+    on_step = (lambda row, step: on_tokens(1)) if on_tokens is not None else None
+    it = iter(lines)
+    while window := list(islice(it, batch_size * WINDOW_BATCHES)):
+        jobs = []
+        for line in window:
+            job = prepare(lm, line, defaults)
+            if isinstance(job, str):
+                yield error_outcome(line, job)
+            else:
+                jobs.append(job)
+        for batch in batches(jobs, batch_size):
+            yield from run_batch(lm, batch, on_step)
+
+
+def local_engine(
+    load_lm: Callable[[], LM], defaults: dict[str, Any], batch_size: int
+) -> Callable[[list[InputLine], Callable[[int], None]], Iterator[Outcome]]:
+    """The engine run_job calls: it loads the model (once, when there is work) and traces."""
+
+    def run(pending: list[InputLine], on_tokens: Callable[[int], None]) -> Iterator[Outcome]:
+        lm = load_lm()
+        return trace_lines(lm, pending, defaults, batch_size, on_tokens)
+
+    return run

@@ -1,0 +1,95 @@
+"""From an input line to a job the engine can run: the line's own sampling fields over the
+command's defaults, validated; its prompt (or chat messages) as token ids; the context
+checked. A line that cannot be done gets its error message instead, and the others go on."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmtrace import engine
+from lmtrace.batch.lines import InputLine
+from lmtrace.errors import InvalidParameter
+from lmtrace.loading import LM
+from lmtrace.params import SamplingParams
+from lmtrace.tracing import encode_prompt
+
+# the per-line fields that override the command's defaults (plus `chat`)
+OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
+
+
+@dataclass
+class Job:
+    """A line ready to decode: rows of one batch share `group` (all but the seed)."""
+
+    line: InputLine
+    text: str
+    ids: list[int]
+    params: SamplingParams
+    chat: bool
+    messages: list[dict[str, Any]] | None = None
+    group: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.group = json.dumps([{**self.params.to_dict(), "seed": None}, self.chat], sort_keys=True)
+
+
+def defaults_of(params: SamplingParams, chat: bool = False) -> dict[str, Any]:
+    """The command's defaults as one plain dict (it travels to Ray workers as it is)."""
+    return {**params.to_dict(), "chat": chat}
+
+
+def line_params(data: dict[str, Any], defaults: dict[str, Any]) -> tuple[SamplingParams, bool]:
+    """The line's params over the defaults; raises InvalidParameter naming the field."""
+    merged = {k: v for k, v in defaults.items() if k in OVERRIDES}
+    merged.update({k: data[k] for k in OVERRIDES if k in data})
+    chat = data.get("chat", defaults.get("chat", False))
+    if not isinstance(chat, bool):
+        raise InvalidParameter(f"chat must be true or false, got {chat!r}")
+    if not isinstance(merged.get("stop", ()), str | list | tuple):
+        raise InvalidParameter(f"stop must be a string or a list of strings, got {merged['stop']!r}")
+    return SamplingParams.from_dict(merged), chat
+
+
+def _messages(data: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = data["messages"]
+    ok = (
+        isinstance(messages, list)
+        and messages
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
+    if not ok:
+        raise InvalidParameter("messages must be a non-empty list of {role, content} objects with string values")
+    return messages
+
+
+def _encode(lm: LM, data: dict[str, Any], chat: bool) -> tuple[str, list[int], list[dict[str, Any]] | None]:
+    if "prompt" in data and "messages" in data:
+        raise InvalidParameter("prompt: give prompt or messages, not both")
+    if "messages" in data:
+        messages = _messages(data)
+        tok = lm.tokenizer
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return text, list(tok(text, add_special_tokens=False)["input_ids"]), messages
+    prompt = data.get("prompt")
+    if not isinstance(prompt, str):
+        raise InvalidParameter(f"prompt must be a string (or give messages), got {prompt!r}")
+    return prompt, encode_prompt(lm, prompt, chat), None
+
+
+def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
+    """The job of one input line, or the one-line reason it cannot be done."""
+    try:
+        params, chat = line_params(line.data, defaults)
+        text, ids, messages = _encode(lm, line.data, chat or "messages" in line.data)
+        # the engine's own check, so a line's error reads as `lmtrace generate` would say it
+        engine._check_context(lm.model, [ids], params)
+    except InvalidParameter as e:
+        return str(e)
+    except (TypeError, ValueError) as e:  # a chat template missing or failing, odd field types
+        return f"{type(e).__name__}: {' '.join(str(e).split())}"
+    return Job(line, text, ids, params, chat or messages is not None, messages)

@@ -1,0 +1,139 @@
+"""The Ray engine: the same job on Ray Data, with an actor pool of model replicas.
+
+Each actor loads the model once and runs the local engine's trace_lines on the lines it is
+given; the driver (this process) reads the input and appends every outcome to the output
+itself, so the file, its resume rule and its lock are the local engine's. Without an address
+(or RAY_ADDRESS) Ray starts a local instance; with one it joins that cluster."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from lmtrace.batch.lines import InputLine
+from lmtrace.batch.local import Outcome, trace_lines
+from lmtrace.batch.prepare import OVERRIDES
+from lmtrace.errors import InvalidParameter
+
+
+class Tracer:
+    """A Ray Data actor: one model replica; each call traces a batch of input lines."""
+
+    def __init__(self, model_kwargs: dict[str, Any], defaults: dict[str, Any], batch_size: int):
+        from transformers.utils import logging as hf_logging
+
+        from lmtrace.loading import load
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        self.lm = load(**model_kwargs)
+        self.defaults = defaults
+        self.batch_size = batch_size
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        lines = []
+        for number, text in zip(batch["number"], batch["line"]):
+            data = json.loads(text)
+            lines.append(InputLine(int(number), data["id"], data))
+        outcomes = list(trace_lines(self.lm, lines, self.defaults, self.batch_size))
+        return {
+            "key": np.array([o.key for o in outcomes], dtype=object),
+            "line": np.array([o.line for o in outcomes], dtype=object),
+            "tokens": np.array([o.tokens for o in outcomes], dtype=np.int64),
+            "error": np.array([o.error for o in outcomes], dtype=bool),
+        }
+
+
+def _length_order(line: InputLine) -> tuple[str, int]:
+    """Groups lines of the same params and of similar length next to each other before Ray
+    cuts them into batches (characters stand for tokens: the driver loads no tokenizer)."""
+    own = {k: line.data[k] for k in (*OVERRIDES, "chat") if k in line.data and k != "seed"}
+    body = line.data.get("prompt", line.data.get("messages", ""))
+    size = len(body) if isinstance(body, str) else len(json.dumps(body))
+    return json.dumps(own, sort_keys=True, default=str), -size
+
+
+def _init(address: str | None, init_kwargs: dict[str, Any]) -> bool:
+    """Connects to Ray (or starts a local instance); True when this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    local = address is None and not os.environ.get("RAY_ADDRESS")
+    kwargs = {"include_dashboard": False, **init_kwargs} if local else dict(init_kwargs)
+    ray.init(address=address, **kwargs)
+    return True
+
+
+def _stream(
+    pending: list[InputLine], on_tokens: Callable[[int], None], actor_kwargs: dict[str, Any], placement: dict[str, Any]
+) -> Iterator[Outcome]:
+    """Outcomes as the actors finish their batches (in no particular order)."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # the job draws its own bar
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    ordered = sorted(pending, key=_length_order)
+    items = [{"number": line.number, "line": json.dumps(line.data, ensure_ascii=False)} for line in ordered]
+    traced = ray.data.from_items(items).map_batches(
+        Tracer,
+        fn_constructor_kwargs=actor_kwargs,
+        batch_size=actor_kwargs["batch_size"],
+        batch_format="numpy",
+        **placement,
+    )
+    for row in traced.iter_rows():
+        tokens = int(row["tokens"])
+        on_tokens(tokens)
+        yield Outcome(str(row["key"]), str(row["line"]), tokens, bool(row["error"]))
+
+
+def ray_engine(
+    model_kwargs: dict[str, Any],
+    defaults: dict[str, Any],
+    batch_size: int,
+    *,
+    num_workers: int = 1,
+    address: str | None = None,
+    gpus_per_worker: float = 0.0,
+    init_kwargs: dict[str, Any] | None = None,
+) -> Callable[[list[InputLine], Callable[[int], None]], Iterator[Outcome]]:
+    """The engine run_job calls. `model_kwargs` are lmtrace.load's, given to every actor;
+    `init_kwargs` go to ray.init when this engine starts Ray (it then shuts it down)."""
+    try:
+        import ray
+        import ray.data
+    except ImportError as e:
+        raise InvalidParameter("engine: --engine ray needs Ray: pip install 'lmtrace[ray]'") from e
+    if num_workers < 1:
+        raise InvalidParameter(f"num_workers must be >= 1, got {num_workers}")
+    if gpus_per_worker < 0:
+        raise InvalidParameter(f"gpus_per_worker must be >= 0, got {gpus_per_worker}")
+    actor_kwargs = {"model_kwargs": model_kwargs, "defaults": defaults, "batch_size": batch_size}
+    # a fixed pool: every actor loads the model once, when the pool starts
+    placement = {
+        "compute": ray.data.ActorPoolStrategy(size=num_workers),
+        "num_cpus": 1,
+        "num_gpus": gpus_per_worker or None,
+    }
+
+    def run(pending: list[InputLine], on_tokens: Callable[[int], None]) -> Iterator[Outcome]:
+        started = _init(address, init_kwargs or {})
+
+        def outcomes() -> Iterator[Outcome]:
+            try:
+                yield from _stream(pending, on_tokens, actor_kwargs, placement)
+            finally:
+                if started:
+                    ray.shutdown()
+
+        return outcomes()
+
+    return run
