@@ -36,3 +36,8 @@ def test_cli_device_map_auto(command, tiny_dir, tmp_path, capsys):
         src.write_text('{"id": 1, "prompt": "Hello"}\n')
         assert main(["batch", str(src), str(out), *settings]) == 0
         assert len(json.loads(out.read_text())["trace"]["steps"]) == 3
+
+
+def test_score_device_map_auto(tiny_dir, capsys):
+    assert main(["score", "Hello world", "--model", str(tiny_dir), "--device-map", "auto", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["perplexity"] > 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lmtrace.cli.common import cli, consoles, load_model, model_options
+from lmtrace.cli.common import cli, consoles, device_map_option, load_model, model_options
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.files import write_atomic
@@ -124,6 +124,7 @@ def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
 @click.option("--batch-size", type=int, default=8, show_default=True, help="Records per forward pass (--jsonl).")
 @click.option("--top-logprobs", type=int, default=5, show_default=True, help="Alternatives per token (0-100).")
 @model_options
+@device_map_option
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the scores as JSON ('-' for stdout).")
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
@@ -134,7 +135,8 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
     from lmtrace.render.score import print_score
     from lmtrace.score import score as run
 
-    loading = [options.pop(k) for k in ("model", "device", "dtype", "allow_pickle", "trust_remote_code")]
+    keys = ("model", "device", "dtype", "allow_pickle", "trust_remote_code", "device_map")
+    loading = [options.pop(k) for k in keys]
     _check(options)
     if jsonl:
         if any(x is not None for x in (text, file, prompt, continuation, json_path)):
