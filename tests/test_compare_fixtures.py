@@ -48,3 +48,36 @@ def test_tempered_chat_is_recognised_as_processed(bundled_lm):
     assert s["verdict"] == "processed" and abs(s["best_temperature"]["temperature"] - 0.5) < 0.03
     told = lmtrace.compare(bundled_lm, record, temperature=0.5)
     assert told.summary["verdict"] == "processed" and told.summary["mean_abs_diff_processed"] < 1e-4
+
+
+@pytest.mark.parametrize("name", ["llama_cpp_greedy.json", "llama_cpp_chat.json"])
+def test_llama_cpp_greedy_agrees_within_quantization(bundled_lm, name):
+    """llama.cpp computes with the Q4_1 weights (and quantized activations); transformers
+    dequantizes the same weights to float32: close, not equal."""
+    result = lmtrace.compare(bundled_lm, load(name))
+    s = result.summary
+    assert result.unmapped == [] and s["compared"] == 32
+    assert s["top1_agreement"] >= 0.9 and s["mean_abs_diff"] < 0.1
+    assert s["verdict"] == "raw" and s["mean_kl_top"] < 0.01
+
+
+def test_llama_cpp_sampled_reports_raw_logprobs(bundled_lm):
+    """llama-cpp-python's logprobs are the raw distribution even when it samples at 0.8."""
+    record = load("llama_cpp_sampled.json")
+    result = lmtrace.compare(bundled_lm, record, temperature=0.8, top_k=40, top_p=0.95)
+    s = result.summary
+    assert s["compared"] == 32 and s["mean_abs_diff"] < 0.1
+    assert s["verdict"] == "raw" and s["mean_abs_diff"] < s["mean_abs_diff_processed"]
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("llama_cpp"), reason="llama-cpp-python not installed")
+def test_llama_cpp_live(bundled_lm):
+    from llama_cpp import Llama
+
+    from lmtrace.loading import bundled_gguf
+
+    llm = Llama(model_path=str(bundled_gguf()), n_ctx=512, logits_all=True, verbose=False)
+    request = {"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0.0, "logprobs": 5}
+    response = json.loads(json.dumps(llm.create_completion(**request), default=float))
+    s = lmtrace.compare(bundled_lm, {"request": request, "response": response}).summary
+    assert s["top1_agreement"] >= 0.9 and s["mean_abs_diff"] < 0.1
