@@ -53,8 +53,23 @@ def check_options(host: str, port: int, max_concurrency: int, api_key: str | Non
     help="Requests admitted at once (one generates, the others wait); more get 429 with Retry-After.",
 )
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the model file's name).")
+@click.option(
+    "--allow-host",
+    multiple=True,
+    help="Another name clients may send as the Host header (a reverse proxy's), besides localhost, 127.0.0.1, [::1].",
+)
 def serve(
-    model, device, dtype, allow_pickle, trust_remote_code, host, port, api_key, max_concurrency, served_model_name
+    model,
+    device,
+    dtype,
+    allow_pickle,
+    trust_remote_code,
+    host,
+    port,
+    api_key,
+    max_concurrency,
+    served_model_name,
+    allow_host,
 ):
     """Serve the model: OpenAI's /v1/completions and /v1/chat/completions with exact logprobs,
     /v1/traces with the full trace, and a viewer page at /."""
@@ -66,7 +81,9 @@ def serve(
     check_options(host, port, max_concurrency, api_key)
     status = Console(stderr=True)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
-    app = create_app(lm, name=served_model_name, api_key=api_key, max_concurrency=max_concurrency)
+    app = create_app(
+        lm, name=served_model_name, api_key=api_key, max_concurrency=max_concurrency, allowed_hosts=allow_host
+    )
     name = app.state.lmtrace.name
     shown = f"[{host}]" if ":" in host else host
     status.print(f"serving [bold]{name}[/bold] at http://{shown}:{port}/ (viewer) and http://{shown}:{port}/v1")
