@@ -179,7 +179,7 @@ def test_serve_passes_allowed_hosts(tiny_dir, monkeypatch):
     from lmtrace.cli import main
 
     apps = []
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: apps.append(app))
+    monkeypatch.setattr("lmtrace.server.run.Runner.run", lambda runner: apps.append(runner.server.config.app))
     assert main(["serve", "--model", str(tiny_dir), "--allow-host", "Proxy.example", "--allow-host", "b.example"]) == 0
     with TestClient(apps[0], base_url="http://127.0.0.1:8000") as c:
         assert c.get("/health", headers={"Host": "proxy.example"}).status_code == 200

@@ -1,5 +1,6 @@
 """OpenAI's error envelope, {"error": {"message", "type", "param", "code"}}, for every failure:
-bad requests (400), a wrong key (401), an unknown model or route (404), a full queue (429)."""
+bad requests (400), a wrong key (401), an unknown model or route (404), a full queue (429),
+a request cancelled by the server's shutdown (503)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lmtrace.errors import InvalidParameter, LmtraceError
+from lmtrace.server.worker import ShuttingDown
 
 log = logging.getLogger("lmtrace.server")
 
@@ -124,6 +126,8 @@ def failure(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, InvalidParameter):
         return from_invalid(exc)
+    if isinstance(exc, ShuttingDown):
+        return APIError(503, str(exc), type="server_error", code="server_shutting_down")
     log.error("generation failed", exc_info=exc)
     what = "the model failed while generating" if isinstance(exc, LmtraceError) else "internal error"
     return APIError(500, f"{what} ({type(exc).__name__})", type="server_error")
