@@ -120,12 +120,14 @@ def test_the_key_on_every_route_but_health(chat_lm):
 
 def test_a_web_form_cannot_run_the_model(chat_lm):
     """A page on another site can post a form (text/plain, no preflight) whose body looks like
-    JSON; the server reads JSON only from a JSON content type, so nothing runs."""
+    JSON, or fetch() a Blob without a type (no Content-Type at all); the server reads JSON only
+    from a JSON content type, so nothing runs."""
     app = create_app(chat_lm, name="tiny")
     with TestClient(app) as c:
         form = '{"prompt": "Hi", "max_tokens": 1, "x": "="}'
-        for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
-            r = c.post("/v1/completions", content=form, headers={"content-type": kind})
+        for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+            r = c.post("/v1/completions", content=form, headers={"content-type": kind} if kind else {})
+            assert ("content-type" in r.request.headers) == (kind is not None)
             assert r.status_code == 400 and r.json()["error"]["message"] == "the request body must be a JSON object"
         assert app.state.lmtrace.worker.finished == 0
 
