@@ -47,7 +47,7 @@ def check_options(
     "--api-key",
     default=None,
     envvar="LMTRACE_API_KEY",
-    help="Require 'Authorization: Bearer KEY' on /v1/ routes (or set LMTRACE_API_KEY).",
+    help="Require 'Authorization: Bearer KEY' on every route but /health (or set LMTRACE_API_KEY).",
 )
 @click.option(
     "--max-concurrency",

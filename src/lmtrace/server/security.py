@@ -65,7 +65,7 @@ class HostCheck:
         self.allowed = frozenset(h.lower() for h in allowed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        server = scope.get("server") if scope["type"] in ("http", "websocket") else None
+        server = scope.get("server") if scope["type"] == "http" else None  # no websocket routes
         if server and _is_loopback(str(server[0])) and not self._allowed(scope, server[1]):
             err = APIError(
                 421,
