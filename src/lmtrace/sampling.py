@@ -21,13 +21,22 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     if penalty == 1.0:
         return logits
     penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+    # a tiny penalty can push a logit past float32's range: +inf would make the softmax NaN
+    penalized = penalized.clamp(max=torch.finfo(penalized.dtype).max)
     return torch.where(seen, penalized, logits)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature in (0.0, 1.0):
         return logits
-    return logits / temperature
+    out = logits / temperature
+    if (torch.isposinf(out) | torch.isnan(out)).any():
+        # a temperature so small that logits overflow float32 (or that is 0 in float32): the
+        # same distribution from logits shifted to a maximum of 0 (a softmax ignores a shift),
+        # divided in float64; what stays below the maximum goes to -inf, as in the limit
+        shifted = logits.double() - logits.amax(dim=-1, keepdim=True).double()
+        out = (shifted / temperature).to(logits.dtype)
+    return out
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:

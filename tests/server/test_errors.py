@@ -132,7 +132,8 @@ def test_api_key(chat_lm):
             "/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, headers={"Authorization": "Bearer s3cret"}
         )
         assert ok.status_code == 200
-        assert c.get("/").status_code == 200  # the page holds no data; its requests carry the key
+        # the page too needs the key, and /health never does (tests/server/test_security.py)
+        assert c.get("/").status_code == 401 and c.get("/health").status_code == 200
 
 
 def test_no_server_paths_in_answers(tiny_dir):

@@ -23,7 +23,12 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 @pytest.fixture
 def fake_uvicorn(monkeypatch):
     calls = []
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: calls.append((app, kw)))
+
+    def run(runner):
+        config = runner.server.config
+        calls.append((config.app, {"host": config.host, "port": config.port, "shutdown_timeout": runner.timeout}))
+
+    monkeypatch.setattr("lmtrace.server.run.Runner.run", run)
     return calls
 
 
@@ -50,6 +55,7 @@ def test_another_host_without_a_key_warns(capsys, tiny_dir, fake_uvicorn):
         (["--port", "0"], "port must be in [1, 65535], got 0"),
         (["--max-concurrency", "0"], "max_concurrency must be >= 1, got 0"),
         (["--api-key", " "], "api_key must not be empty"),
+        (["--shutdown-timeout", "-1"], "shutdown_timeout must be in [0, 3600] seconds, got -1.0"),
     ],
 )
 def test_bad_options_exit_2_before_loading(capsys, fake_uvicorn, args, message):

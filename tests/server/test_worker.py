@@ -105,7 +105,7 @@ def test_a_client_that_disconnects_frees_the_model(slow_lm):
         # a non-streaming client that leaves while its answer is generated
         request = json.dumps({"prompt": "Hi", "max_tokens": 250, "ignore_eos": True}).encode()
         head = (
-            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(request)}\r\n\r\n"
         )
         with socket.create_connection(("127.0.0.1", server.port)) as sock:

@@ -20,10 +20,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_options(host: str, port: int, max_concurrency: int, api_key: str | None) -> None:
+def check_options(
+    host: str, port: int, max_concurrency: int, api_key: str | None, shutdown_timeout: float = 0.0
+) -> None:
     """Refuses bad values before the model loads; warns when the server would be open to others."""
     if not 1 <= port <= 65535:
         raise InvalidParameter(f"port must be in [1, 65535], got {port}")
+    if not 0 <= shutdown_timeout <= 3600:
+        raise InvalidParameter(f"shutdown_timeout must be in [0, 3600] seconds, got {shutdown_timeout}")
     if max_concurrency < 1:
         raise InvalidParameter(f"max_concurrency must be >= 1, got {max_concurrency}")
     if api_key is not None and not api_key.strip():
@@ -43,7 +47,7 @@ def check_options(host: str, port: int, max_concurrency: int, api_key: str | Non
     "--api-key",
     default=None,
     envvar="LMTRACE_API_KEY",
-    help="Require 'Authorization: Bearer KEY' on /v1/ routes (or set LMTRACE_API_KEY).",
+    help="Require 'Authorization: Bearer KEY' on every route but /health (or set LMTRACE_API_KEY).",
 )
 @click.option(
     "--max-concurrency",
@@ -53,21 +57,46 @@ def check_options(host: str, port: int, max_concurrency: int, api_key: str | Non
     help="Requests admitted at once (one generates, the others wait); more get 429 with Retry-After.",
 )
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the model file's name).")
+@click.option(
+    "--allow-host",
+    multiple=True,
+    help="Another name clients may send as the Host header (a reverse proxy's), besides localhost, 127.0.0.1, [::1].",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds requests in flight get to finish after SIGTERM or Ctrl-C; then they are cancelled.",
+)
 def serve(
-    model, device, dtype, allow_pickle, trust_remote_code, host, port, api_key, max_concurrency, served_model_name
+    model,
+    device,
+    dtype,
+    allow_pickle,
+    trust_remote_code,
+    host,
+    port,
+    api_key,
+    max_concurrency,
+    served_model_name,
+    allow_host,
+    shutdown_timeout,
 ):
     """Serve the model: OpenAI's /v1/completions and /v1/chat/completions with exact logprobs,
     /v1/traces with the full trace, and a viewer page at /."""
-    import uvicorn
     from rich.console import Console
 
     from lmtrace.server import create_app
+    from lmtrace.server.run import Runner
 
-    check_options(host, port, max_concurrency, api_key)
+    check_options(host, port, max_concurrency, api_key, shutdown_timeout)
     status = Console(stderr=True)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
-    app = create_app(lm, name=served_model_name, api_key=api_key, max_concurrency=max_concurrency)
+    app = create_app(
+        lm, name=served_model_name, api_key=api_key, max_concurrency=max_concurrency, allowed_hosts=allow_host
+    )
     name = app.state.lmtrace.name
     shown = f"[{host}]" if ":" in host else host
     status.print(f"serving [bold]{name}[/bold] at http://{shown}:{port}/ (viewer) and http://{shown}:{port}/v1")
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    Runner(app, host, port, shutdown_timeout).run()

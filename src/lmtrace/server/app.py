@@ -3,18 +3,16 @@
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lmtrace.loading import LM
 from lmtrace.server import chat, completions, errors, models, traces, viewer
-from lmtrace.server.errors import APIError
 from lmtrace.server.generation import ServerState
+from lmtrace.server.security import HostCheck, KeyCheck
 from lmtrace.server.worker import ModelWorker
 
 DEFAULT_MAX_CONCURRENCY = 16
@@ -28,36 +26,18 @@ def served_name(lm: LM) -> str:
     return source
 
 
-class KeyCheck:
-    """With an API key set, every /v1/ request needs `Authorization: Bearer KEY`. Checked
-    before the body is read; compared in constant time; the key is never logged."""
-
-    def __init__(self, app: ASGIApp, key: str):
-        self.app = app
-        self.key = key.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self._allowed(scope):
-            err = APIError(401, "Incorrect or missing API key: send Authorization: Bearer KEY", code="invalid_api_key")
-            await err.response()(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-    def _allowed(self, scope: Scope) -> bool:
-        given = dict(scope.get("headers") or []).get(b"authorization", b"")
-        scheme, _, token = given.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
-
-
 def create_app(
     lm: LM,
     *,
     name: str | None = None,
     api_key: str | None = None,
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    allowed_hosts: Iterable[str] = (),
 ) -> FastAPI:
     """The server for one loaded model. `max_concurrency` requests are admitted at once (one
-    generating, the others waiting); more get 429 with Retry-After."""
+    generating, the others waiting); more get 429 with Retry-After. A request that arrives on
+    a loopback address must name localhost, 127.0.0.1 or [::1] (or one of `allowed_hosts`,
+    say a reverse proxy's name) as its Host; with `api_key` every route but /health needs it."""
     state = ServerState(lm, name or served_name(lm), ModelWorker(max_concurrency))
 
     @asynccontextmanager
@@ -70,6 +50,12 @@ def create_app(
     errors.install(app)
     for module in (models, completions, chat, traces, viewer):
         app.include_router(module.router)
+
+    @app.get("/health", include_in_schema=False)
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
     if api_key:
         app.add_middleware(KeyCheck, key=api_key)
+    app.add_middleware(HostCheck, allowed=allowed_hosts)  # added last: runs first
     return app

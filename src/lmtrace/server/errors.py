@@ -1,5 +1,6 @@
 """OpenAI's error envelope, {"error": {"message", "type", "param", "code"}}, for every failure:
-bad requests (400), a wrong key (401), an unknown model or route (404), a full queue (429)."""
+bad requests (400), a wrong key (401), an unknown model or route (404), a full queue (429),
+a request cancelled by the server's shutdown (503)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,21 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lmtrace.errors import InvalidParameter, LmtraceError
+from lmtrace.server.worker import ShuttingDown
 
 log = logging.getLogger("lmtrace.server")
 
 # SamplingParams speaks lmtrace's names; the API speaks OpenAI's.
 API_NAMES = {"max_new_tokens": "max_tokens"}
 _LEADING_NAME = re.compile(r"^([a-z_]+)\b")
+# a lone surrogate (JSON allows "\ud800") cannot be encoded as UTF-8: one echoed back in a
+# message would make the error answer itself fail
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """The text with every lone surrogate replaced by U+FFFD, so that it can be sent."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 class APIError(Exception):
@@ -35,6 +45,7 @@ class APIError(Exception):
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ):
+        message, param = printable(message), None if param is None else printable(param)
         super().__init__(message)
         self.status, self.message, self.type = status, message, type
         self.param, self.code, self.headers = param, code, headers
@@ -75,10 +86,13 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         return bad_request(f"{param} is required", param)
     if kind == "extra_forbidden":
         return bad_request(f"Unrecognized request argument supplied: {param}", param)
+    if kind == "string_unicode":  # a lone surrogate in a field name (pydantic cannot read it)
+        return bad_request(f"{param or 'the request body'}: a string is not valid Unicode (a lone surrogate)", param)
     if not loc:  # the body itself has the wrong type (an array, a string)
         return bad_request("the request body must be a JSON object")
     value = json.dumps(first.get("input"), ensure_ascii=False, default=str)[:80]
-    return bad_request(f"{param}: {first.get('msg', 'invalid value')}, got {value}", param)
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return bad_request(f"{param}: {msg}, got {value}", param)
 
 
 def install(app: FastAPI) -> None:
@@ -112,6 +126,8 @@ def failure(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, InvalidParameter):
         return from_invalid(exc)
+    if isinstance(exc, ShuttingDown):
+        return APIError(503, str(exc), type="server_error", code="server_shutting_down")
     log.error("generation failed", exc_info=exc)
     what = "the model failed while generating" if isinstance(exc, LmtraceError) else "internal error"
     return APIError(500, f"{what} ({type(exc).__name__})", type="server_error")

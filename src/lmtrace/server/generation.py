@@ -14,11 +14,11 @@ from starlette.requests import Request
 
 from lmtrace.loading import LM
 from lmtrace.records import Step, Trace
-from lmtrace.server.errors import APIError
+from lmtrace.server.errors import APIError, failure
 from lmtrace.server.logprobs import PromptToken, prompt_logprobs
 from lmtrace.server.prepare import Job
 from lmtrace.server.streaming import ChoiceStream
-from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, Work
+from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, ShuttingDown, Work
 from lmtrace.tracing import generate_ids
 
 
@@ -95,6 +95,8 @@ async def collect(handle: Handle, request: Request) -> tuple[list[PromptToken] |
                 prompt = event[1]
             elif event[0] == "done":
                 traces = event[1]
+    except ShuttingDown as e:  # an answer (503), not a failure to log with its traceback
+        raise failure(e) from None
     finally:
         if traces is None:
             handle.cancel()

@@ -10,7 +10,7 @@ from lmtrace.errors import InvalidParameter
 from lmtrace.loading import LM
 from lmtrace.params import SamplingParams
 from lmtrace.server.errors import APIError, bad_request, from_invalid
-from lmtrace.server.schemas import ChatRequest, CompletionRequest, Message, Sampling, TraceRequest
+from lmtrace.server.schemas import ChatRequest, CompletionRequest, Message, Sampling, TraceRequest, unicode_text
 from lmtrace.tracing import encode_prompt
 
 MAX_LOGPROBS = 20  # OpenAI's cap on alternatives per token, for both routes
@@ -101,6 +101,10 @@ def encode(lm: LM, prompt: object) -> tuple[list[int], str]:
     if isinstance(prompt, str):
         if prompt == "":
             raise bad_request("prompt must not be empty", "prompt")
+        try:
+            unicode_text(prompt)
+        except ValueError as e:
+            raise bad_request(f"prompt {e}", "prompt") from None
         ids = encode_prompt(lm, prompt)
         if not ids:
             raise bad_request("prompt must contain at least one token", "prompt")

@@ -4,9 +4,22 @@ same rules and messages as the CLI. Unknown fields are refused, as OpenAI refuse
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+
+def unicode_text(value: str) -> str:
+    """JSON can carry a lone surrogate ("\\ud800"), which is no text: no tokenizer takes it
+    and no answer could echo it as UTF-8."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(unicode_text)]
 
 
 class StreamOptions(BaseModel):
@@ -22,7 +35,7 @@ class Sampling(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     # The served model's id (GET /v1/models); optional, any other value is a 404.
-    model: str | None = None
+    model: Text | None = None
     # Tokens to generate at most; the prompt plus this must fit the model's context.
     max_tokens: int | None = None
     # 0 means greedy; otherwise logits are divided by it before sampling.
@@ -38,7 +51,7 @@ class Sampling(BaseModel):
     # Seed of the sampler; the same seed and request give the same output.
     seed: int | None = None
     # Up to 4 strings that end the generation; the text is cut before the first one.
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     # Choices to generate for the prompt (decoded together as one batch).
     n: int = 1
     # Answer with server-sent events, ending with `data: [DONE]`.
@@ -50,7 +63,7 @@ class Sampling(BaseModel):
     # Extension (as vLLM): keep generating past the end-of-sequence token.
     ignore_eos: bool = False
     # Accepted for compatibility and ignored.
-    user: str | None = None
+    user: Text | None = None
     # Accepted only at their neutral value 0: lmtrace does not implement them.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -70,22 +83,22 @@ class CompletionRequest(Sampling):
     echo: bool = False
     # Accepted only at OpenAI's neutral values.
     best_of: int | None = None
-    suffix: str | None = None
+    suffix: Text | None = None
 
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
-    name: str | None = None
+    content: Text | list[ContentPart]
+    name: Text | None = None
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)

@@ -38,6 +38,13 @@ class Cancelled(Exception):
     """Raised on the model thread to stop the generation of a cancelled request."""
 
 
+class ShuttingDown(Exception):
+    """What a request cancelled by the server's shutdown gets instead of its answer (HTTP 503)."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down: this request was cancelled before it finished")
+
+
 class Handle:
     """One admitted request: its events arrive on an asyncio queue, fed from the model thread."""
 
@@ -45,6 +52,7 @@ class Handle:
         self._loop = loop
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._cancelled = threading.Event()
+        self.server_stopping = False  # cancelled because the server stops, not because the client left
 
     def emit(self, event: Event) -> None:
         try:
@@ -99,6 +107,7 @@ class ModelWorker:
         self.cancelled = 0
         self._durations: deque[float] = deque(maxlen=16)
         self._live: set[Handle] = set()
+        self._lock = threading.Lock()  # _live changes on the event loop and the model thread
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmtrace-model")
 
     def submit(self, work: Work) -> Handle:
@@ -108,14 +117,16 @@ class ModelWorker:
         loop = asyncio.get_running_loop()
         handle = Handle(loop)
         self.admitted += 1
-        self._live.add(handle)
+        with self._lock:
+            self._live.add(handle)
         future = self._pool.submit(self._run, handle, work)
         future.add_done_callback(lambda f: self._done(loop, handle, f))
         return handle
 
     def _done(self, loop: asyncio.AbstractEventLoop, handle: Handle, future: Future) -> None:
         # the slot frees when the model thread is done with the work, not when the client leaves
-        self._live.discard(handle)
+        with self._lock:
+            self._live.discard(handle)
         if future.cancelled():  # dropped at shutdown before it ran
             handle.emit(_END)
         try:
@@ -134,6 +145,8 @@ class ModelWorker:
             self.finished += 1
         except Cancelled:
             self.cancelled += 1
+            if handle.server_stopping:  # the client is still there: it is told why its answer stops
+                handle.emit(("error", ShuttingDown()))
         except BaseException as e:  # handed to the request, which answers with the envelope
             handle.emit(("error", e))
         finally:
@@ -145,8 +158,19 @@ class ModelWorker:
         typical = sorted(self._durations)[len(self._durations) // 2] if self._durations else 1.0
         return max(1, math.ceil(typical * max(1, self.admitted)))
 
+    def drain(self) -> None:
+        """Cancels every admitted request, running or waiting, because the server stops: each
+        stops at its next step and answers 503 (or ends its stream with that error)."""
+        with self._lock:  # called from another thread than the event loop's (a signal handler's)
+            live = list(self._live)
+        for handle in live:
+            handle.server_stopping = True
+            handle.cancel()
+
     def shutdown(self) -> None:
         """Drops the waiting work and stops the running generation at its next step."""
-        for handle in list(self._live):
+        with self._lock:
+            live = list(self._live)
+        for handle in live:
             handle.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
