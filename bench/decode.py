@@ -67,8 +67,9 @@ def hf_generate(lm, prompts: list[str], n: int, scores: bool) -> int:
     return (seq.shape[1] - enc["input_ids"].shape[1]) * len(prompts)
 
 
-def traced(lm, prompts: list[str], n: int) -> int:
-    traces = lmtrace.generate(lm, prompts, max_new_tokens=n, temperature=0, top_logprobs=20, stop_on_eos=False)
+def traced(lm, prompts: list[str], n: int, compile: bool = False) -> int:
+    traces = lmtrace.generate(lm, prompts, max_new_tokens=n, temperature=0, top_logprobs=20, stop_on_eos=False,
+                              compile=compile)  # fmt: skip
     return sum(len(t.steps) for t in traces)
 
 
@@ -102,7 +103,7 @@ def score_rate(lm, rounds: int) -> list[float]:
     return rates
 
 
-def contenders(lm, lm_bf16, n: int, batch: int) -> dict[str, Callable[[list[str]], int]]:
+def contenders(lm, lm_bf16, n: int, batch: int, compile: bool = False) -> dict[str, Callable[[list[str]], int]]:
     found = {
         "model.generate": lambda p: hf_generate(lm, p, n, False),
         "model.generate + output_scores/logits": lambda p: hf_generate(lm, p, n, True),
@@ -110,16 +111,18 @@ def contenders(lm, lm_bf16, n: int, batch: int) -> dict[str, Callable[[list[str]
     }
     if lm_bf16 is not None:
         found["lmtrace.generate bfloat16"] = lambda p: traced(lm_bf16, p, n)
+    if compile and batch == 1:  # the warm-up round pays the one-off compile
+        found["lmtrace.generate --compile (static cache)"] = lambda p: traced(lm, p, n, compile=True)
     if batch == 1 and (cpp := llama_cpp(n)) is not None:
         found["llama-cpp-python (logprobs=5)"] = cpp
     return found
 
 
-def measure(lm, lm_bf16, n: int, batch: int, rounds: int) -> dict[str, list[float]]:
+def measure(lm, lm_bf16, n: int, batch: int, rounds: int, compile: bool = False) -> dict[str, list[float]]:
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
-    runs = contenders(lm, lm_bf16, n, batch)
-    for run in runs.values():  # warm-up
-        run(prompts[:1])
+    runs = contenders(lm, lm_bf16, n, batch, compile)
+    for run in runs.values():  # warm-up (with the batch's own shapes, for the compiled contender)
+        run(prompts)
     rates: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(rounds):
         for name, run in runs.items():
@@ -135,6 +138,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--batch-sizes", default="1,8,16")
     ap.add_argument("--bf16", action="store_true", help="also time lmtrace on a bfloat16 copy of the model")
+    ap.add_argument("--compile", action="store_true", help="also time lmtrace --compile at batch 1 (a one-off compile)")
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/decode-<time>.json)")
     args = ap.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -144,7 +148,7 @@ def main() -> None:
     wbytes = weight_bytes(lm.model)
     rows, results = [], {}
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        rates = measure(lm, lm_bf16, args.tokens, batch, args.rounds)
+        rates = measure(lm, lm_bf16, args.tokens, batch, args.rounds, args.compile)
         base = statistics.median(rates["model.generate"])
         for name, values in rates.items():
             med = statistics.median(values)

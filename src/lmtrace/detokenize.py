@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from functools import lru_cache
 from typing import Any
 
@@ -42,14 +43,28 @@ def _is_byte_level(tokenizer: Any) -> bool:
     return "ByteLevel" in json.dumps(decoder)
 
 
+# per tokenizer: (byte-level?, special ids, id -> bytes). Working out whether a tokenizer is
+# byte-level serialises it (tens of ms), so it is done once per tokenizer, not once per call.
+_SHARED: weakref.WeakKeyDictionary[Any, tuple[bool, set[int], dict[int, bytes]]] = weakref.WeakKeyDictionary()
+
+
 class TokenBytes:
-    """Maps token ids to their raw bytes, cached per id."""
+    """Maps token ids to their raw bytes, cached per id (and shared by all users of a tokenizer)."""
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
-        self.byte_level = _is_byte_level(tokenizer)
-        self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
-        self._cache: dict[int, bytes] = {}
+        try:
+            shared = _SHARED.get(tokenizer)
+        except TypeError:  # not weak-referenceable: no sharing
+            shared = None
+        if shared is None:
+            special = set(getattr(tokenizer, "all_special_ids", []) or [])
+            shared = (_is_byte_level(tokenizer), special, {})
+            try:
+                _SHARED[tokenizer] = shared
+            except TypeError:
+                pass
+        self.byte_level, self.special, self._cache = shared
 
     def __call__(self, token_id: int) -> bytes:
         found = self._cache.get(token_id)
