@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= 很久很久以前，
 
-.PHONY: run test lint install clean
+.PHONY: run test lint install clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,14 @@ install: $(VENV)/.installed
 run: install
 	$(BIN)/lmtrace generate "$(PROMPT)" --max-new-tokens 32 --temperature 0 --top-logprobs 5 --json trace.json --html report.html
 
-test: install
+# the browser tests drive Debian's headless Chromium: installed here when possible (root with
+# apt-get), else those tests are skipped
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+		|| echo "no Chromium: the browser tests will be skipped"
+
+test: install browser
 	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest -q
 

@@ -37,6 +37,7 @@ class Browser:
         self._buffer = b""
         self._id = 0
         self.session: str | None = None
+        self.events: list[dict[str, Any]] = []  # what the browser told us on its own (method, params)
 
     def send(self, method: str, params: dict | None = None, *, browser_level: bool = False) -> dict[str, Any]:
         self._id += 1
@@ -46,6 +47,8 @@ class Browser:
         os.write(self._to, json.dumps(msg).encode() + b"\0")
         while True:
             reply = self._read()
+            if "method" in reply and "id" not in reply:
+                self.events.append(reply)
             if reply.get("id") == self._id:
                 if "error" in reply:
                     raise RuntimeError(f"{method}: {reply['error']}")
