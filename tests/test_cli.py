@@ -142,3 +142,13 @@ def test_help_is_complete(capsys):
         "--prompt-file",
     ):
         assert opt in text
+
+
+def test_the_gguf_loader_bar_is_silenced_while_the_cli_loads():
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from lmtrace.cli.common import no_gguf_bar
+
+    with no_gguf_bar():
+        assert gguf_utils.tqdm(range(3)).disable
+    assert not gguf_utils.tqdm(range(3), file=io.StringIO()).disable

@@ -3,8 +3,10 @@ and writing JSON (atomically, or to stdout with '-')."""
 
 from __future__ import annotations
 
-import os
+import functools
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -74,6 +76,23 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     raise InvalidParameter("prompt: none given (pass PROMPT, --prompt-file FILE, or pipe it on standard input)")
 
 
+@contextmanager
+def no_gguf_bar() -> Iterator[None]:
+    """transformers' GGUF loader draws a plain tqdm bar (TQDM_DISABLE is read only when tqdm is
+    imported, long before this); the CLI shows its own spinner instead."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # no gguf package: no GGUF loading, no bar
+        yield
+        return
+    original = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def load_model(
     console: Console,
     model: str | None,
@@ -90,8 +109,7 @@ def load_model(
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loader uses a plain tqdm bar
-    with console.status(f"Loading {model or 'the bundled SmolLM2-135M-Instruct'}…"):
+    with no_gguf_bar(), console.status(f"Loading {model or 'the bundled SmolLM2-135M-Instruct'}…"):
         return load(
             model,
             device=device,
