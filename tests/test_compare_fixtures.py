@@ -81,3 +81,20 @@ def test_llama_cpp_live(bundled_lm):
     response = json.loads(json.dumps(llm.create_completion(**request), default=float))
     s = lmtrace.compare(bundled_lm, {"request": request, "response": response}).summary
     assert s["top1_agreement"] >= 0.9 and s["mean_abs_diff"] < 0.1
+
+
+def test_llama_server_completion_probabilities(bundled_lm):
+    """llama.cpp's own server (/completion with n_probs): raw probabilities by default."""
+    result = lmtrace.compare(bundled_lm, load("llama_server_greedy.json"))
+    s = result.summary
+    assert result.kind == "llama.cpp" and result.unmapped == [] and s["compared"] == 24
+    assert s["top1_agreement"] >= 0.9 and s["mean_abs_diff"] < 0.1 and s["verdict"] == "raw"
+
+
+def test_llama_server_post_sampling_probs_are_processed(bundled_lm):
+    """With post_sampling_probs the server reports the distribution after its samplers (T 0.5)."""
+    record = load("llama_server_tempered.json")
+    s = lmtrace.compare(bundled_lm, record).summary
+    assert s["verdict"] == "processed" and abs(s["best_temperature"]["temperature"] - 0.5) < 0.03
+    told = lmtrace.compare(bundled_lm, record, temperature=0.5).summary
+    assert told["verdict"] == "processed" and told["mean_abs_diff_processed"] < 0.1 < told["mean_abs_diff"]
