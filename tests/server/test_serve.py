@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from lmtrace.cli import main
 from lmtrace.cli.serve import is_loopback
-from tests.server.conftest import free_socket
-
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+from tests.server.process import free_port, start_serve
 
 
 @pytest.fixture
@@ -81,23 +75,9 @@ def outward_address() -> str | None:
 
 
 def test_the_real_command_serves_on_loopback_only(tiny_dir):
-    with free_socket() as sock:
-        port = sock.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-c", "from lmtrace.cli import entry; entry()", "serve", "--model", str(tiny_dir)]
-    proc = subprocess.Popen([*cmd, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
+    port = free_port()
+    proc, url = start_serve(tiny_dir, port)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "lmtrace serve did not start"
-            time.sleep(0.2)
         body = {"model": tiny_dir.name, "prompt": "Hello", "max_tokens": 3, "temperature": 0, "logprobs": 1}
         r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
         assert r.status_code == 200 and len(r.json()["choices"][0]["logprobs"]["tokens"]) == 3

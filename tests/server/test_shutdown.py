@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,16 +17,11 @@ import pytest
 
 from lmtrace.server import create_app
 from lmtrace.server.run import Runner
-from tests.server.conftest import free_socket, sse_events
-from tests.server.test_serve import SRC
+from tests.server.conftest import sse_events
+from tests.server.process import free_port, start_serve
 from tests.server.test_worker import wait_until
 
 LONG = {"prompt": "Hi", "max_tokens": 250, "ignore_eos": True, "temperature": 0}
-
-
-def free_port() -> int:
-    with free_socket() as sock:
-        return sock.getsockname()[1]
 
 
 def first_chunk_then_rest(url: str, body: dict, got_first: threading.Event) -> tuple[int, str]:
@@ -120,24 +113,8 @@ def test_requests_still_running_at_the_timeout_are_cancelled(slow_lm):
 
 
 def test_lmtrace_serve_exits_0_on_sigterm(tiny_dir):
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-c", "from lmtrace.cli import entry; entry()", "serve", "--model", str(tiny_dir)]
-    proc = subprocess.Popen(
-        [*cmd, "--port", str(port), "--shutdown-timeout", "1"], env=env, stderr=subprocess.PIPE, text=True
-    )
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_serve(tiny_dir, free_port(), "--shutdown-timeout", "1")
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "lmtrace serve did not start"
-            time.sleep(0.2)
         got_first = threading.Event()
         with ThreadPoolExecutor(2) as pool:
             streamed = pool.submit(first_chunk_then_rest, url, LONG, got_first)
