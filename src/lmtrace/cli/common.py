@@ -61,19 +61,26 @@ def device_map_option(f):
     )(f)
 
 
-def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
-    if prompt is not None and prompt_file is not None:
-        raise InvalidParameter("prompt: give PROMPT or --prompt-file, not both")
-    if prompt_file is not None:
+def read_text(value: str | None, path: str | None, name: str, file_option: str, none_given: str) -> str:
+    """A text argument, or the file named by its option, or standard input when piped; the
+    errors name `name` / `file_option` (e.g. "prompt" / "prompt-file")."""
+    if value is not None and path is not None:
+        raise InvalidParameter(f"{name}: give {name.upper()} or --{file_option}, not both")
+    if path is not None:
         try:
-            return Path(prompt_file).read_text(encoding="utf-8")
+            return Path(path).read_text(encoding="utf-8")
         except OSError as e:
-            raise InvalidParameter(f"prompt-file: cannot read {prompt_file!r} ({e.strerror})") from e
-    if prompt is not None:
-        return prompt
+            raise InvalidParameter(f"{file_option}: cannot read {path!r} ({e.strerror})") from e
+    if value is not None:
+        return value
     if sys.stdin is not None and not sys.stdin.isatty():
         return sys.stdin.read()
-    raise InvalidParameter("prompt: none given (pass PROMPT, --prompt-file FILE, or pipe it on standard input)")
+    raise InvalidParameter(f"{name}: none given ({none_given})")
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    return read_text(prompt, prompt_file, "prompt", "prompt-file",
+                     "pass PROMPT, --prompt-file FILE, or pipe it on standard input")  # fmt: skip
 
 
 @contextmanager

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lmtrace.cli.common import cli, consoles, device_map_option, load_model, model_options
+from lmtrace.cli.common import cli, consoles, device_map_option, load_model, model_options, read_text
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.files import write_atomic
@@ -26,18 +25,7 @@ def _text(text: str | None, file: str | None, prompt: str | None, continuation: 
             missing = "--prompt" if prompt is None else "--continuation"
             raise InvalidParameter(f"{missing}: none given (--prompt and --continuation go together)")
         return None
-    if file is not None:
-        if text is not None:
-            raise InvalidParameter("text: give TEXT or --file, not both")
-        try:
-            return Path(file).read_text(encoding="utf-8")
-        except OSError as e:
-            raise InvalidParameter(f"file: cannot read {file!r} ({e.strerror})") from e
-    if text is not None:
-        return text
-    if sys.stdin is not None and not sys.stdin.isatty():
-        return sys.stdin.read()
-    raise InvalidParameter("text: none given (pass TEXT, --file, --prompt with --continuation, or standard input)")
+    return read_text(text, file, "text", "file", "pass TEXT, --file, --prompt with --continuation, or standard input")
 
 
 def _check(options: dict) -> None:

@@ -5,17 +5,16 @@ bytes, top_logprobs: [{token, logprob, bytes}]}."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from lmtrace.server.errors import failure
-from lmtrace.server.generation import ServerState, collect, new_id, start, stream_parts, usage
+from lmtrace.server.generation import Part, ServerState, collect, new_id, openai_chunks, start, usage
 from lmtrace.server.logprobs import chat_entry
 from lmtrace.server.prepare import Job, chat_job, check_model
 from lmtrace.server.schemas import ChatRequest
-from lmtrace.server.streaming import DONE, SSEResponse, sse
+from lmtrace.server.streaming import SSEResponse
 from lmtrace.server.worker import Handle
 
 router = APIRouter()
@@ -44,30 +43,20 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Any:
     return {**head, "object": "chat.completion", "choices": choices, "usage": usage(job, traces)}
 
 
-async def _chunks(
+def _chunks(
     state: ServerState, job: Job, handle: Handle, request: Request, head: dict, with_usage: bool
 ) -> AsyncIterator[str]:
     head = {**head, "object": "chat.completion.chunk"}
     started = [False] * job.n
-    try:
-        async for part in stream_parts(state, job, handle, request):
-            if part.usage is not None:
-                if with_usage:
-                    yield sse({**head, "choices": [], "usage": part.usage})
-                continue
-            if not started[part.choice]:  # OpenAI's first chunk of a choice names the role
-                started[part.choice] = True
-                first = {"role": "assistant", "content": ""}
-                yield sse(
-                    {
-                        **head,
-                        "choices": [{"index": part.choice, "delta": first, "logprobs": None, "finish_reason": None}],
-                    }
-                )
-            delta = {"content": part.text} if part.text or part.finish_reason is None else {}
-            logprobs = {"content": [chat_entry(s, job.sampled) for s, _ in part.steps]} if job.logprobs else None
-            choice = {"index": part.choice, "delta": delta, "logprobs": logprobs, "finish_reason": part.finish_reason}
-            yield sse({**head, "choices": [choice]})
-    except Exception as e:  # the stream has started: the error goes in an event
-        yield sse(failure(e).body())
-    yield DONE
+
+    def render(part: Part) -> Iterator[dict[str, Any]]:
+        if not started[part.choice]:  # OpenAI's first chunk of a choice names the role
+            started[part.choice] = True
+            first = {"role": "assistant", "content": ""}
+            yield {**head, "choices": [{"index": part.choice, "delta": first, "logprobs": None, "finish_reason": None}]}
+        delta = {"content": part.text} if part.text or part.finish_reason is None else {}
+        logprobs = {"content": [chat_entry(s, job.sampled) for s, _ in part.steps]} if job.logprobs else None
+        choice = {"index": part.choice, "delta": delta, "logprobs": logprobs, "finish_reason": part.finish_reason}
+        yield {**head, "choices": [choice]}
+
+    return openai_chunks(state, job, handle, request, head, with_usage, render)

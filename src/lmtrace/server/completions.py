@@ -5,18 +5,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from lmtrace.records import Trace
-from lmtrace.server.errors import failure
-from lmtrace.server.generation import ServerState, collect, new_id, start, stream_parts, usage
+from lmtrace.server.generation import Part, ServerState, collect, new_id, openai_chunks, start, usage
 from lmtrace.server.logprobs import CompletionLogprobs, PromptToken
 from lmtrace.server.prepare import Job, check_model, completion_job
 from lmtrace.server.schemas import CompletionRequest
-from lmtrace.server.streaming import DONE, SSEResponse, answer_pieces, sse
+from lmtrace.server.streaming import SSEResponse, answer_pieces
 from lmtrace.server.worker import Handle
 
 router = APIRouter()
@@ -57,33 +56,23 @@ def _choice(job: Job, index: int, trace: Trace | None, prompt: list[PromptToken]
     }
 
 
-async def _chunks(
+def _chunks(
     state: ServerState, job: Job, handle: Handle, request: Request, head: dict, with_usage: bool
 ) -> AsyncIterator[str]:
     offsets = [len(job.prompt_text)] * job.n  # where each choice's next token starts
-    try:
-        async for part in stream_parts(state, job, handle, request):
-            if part.usage is not None:
-                if with_usage:
-                    yield sse({**head, "choices": [], "usage": part.usage})
-                continue
-            logprobs = None
-            if job.logprobs and (part.steps or part.prompt is not None):
-                lp = CompletionLogprobs(0 if part.prompt is not None else offsets[part.choice])
-                if part.prompt is not None:
-                    lp.add_prompt(part.prompt)
-                else:
-                    for step, piece in part.steps:
-                        lp.add_step(step, piece, job.sampled)
-                    offsets[part.choice] = lp.offset
-                logprobs = lp.to_dict()
-            choice = {
-                "index": part.choice,
-                "text": part.text,
-                "logprobs": logprobs,
-                "finish_reason": part.finish_reason,
-            }
-            yield sse({**head, "choices": [choice]})
-    except Exception as e:  # the stream has started: the error goes in an event
-        yield sse(failure(e).body())
-    yield DONE
+
+    def render(part: Part) -> Iterator[dict[str, Any]]:
+        logprobs = None
+        if job.logprobs and (part.steps or part.prompt is not None):
+            lp = CompletionLogprobs(0 if part.prompt is not None else offsets[part.choice])
+            if part.prompt is not None:
+                lp.add_prompt(part.prompt)
+            else:
+                for step, piece in part.steps:
+                    lp.add_step(step, piece, job.sampled)
+                offsets[part.choice] = lp.offset
+            logprobs = lp.to_dict()
+        choice = {"index": part.choice, "text": part.text, "logprobs": logprobs, "finish_reason": part.finish_reason}
+        yield {**head, "choices": [choice]}
+
+    return openai_chunks(state, job, handle, request, head, with_usage, render)

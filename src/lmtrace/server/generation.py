@@ -7,8 +7,9 @@ import copy
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.requests import Request
 
@@ -17,7 +18,7 @@ from lmtrace.records import Step, Trace
 from lmtrace.server.errors import APIError, failure
 from lmtrace.server.logprobs import PromptToken, prompt_logprobs
 from lmtrace.server.prepare import Job
-from lmtrace.server.streaming import ChoiceStream
+from lmtrace.server.streaming import DONE, ChoiceStream, sse
 from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, ShuttingDown, Work
 from lmtrace.tracing import generate_ids
 
@@ -146,3 +147,28 @@ def new_id(prefix: str) -> str:
 def usage(job: Job, traces: list[Trace]) -> dict[str, int]:
     completion = sum(len(t.steps) for t in traces)
     return {"prompt_tokens": len(job.ids), "completion_tokens": completion, "total_tokens": len(job.ids) + completion}
+
+
+async def openai_chunks(
+    state: ServerState,
+    job: Job,
+    handle: Handle,
+    request: Request,
+    head: dict[str, Any],
+    with_usage: bool,
+    render: Callable[[Part], Iterator[dict[str, Any]]],
+) -> AsyncIterator[str]:
+    """The server-sent events of a streamed OpenAI answer: `render(part)` gives each part's
+    chunks; a last chunk with `usage` when asked; an error as the last event once the stream has
+    started; then `data: [DONE]`."""
+    try:
+        async for part in stream_parts(state, job, handle, request):
+            if part.usage is not None:
+                if with_usage:
+                    yield sse({**head, "choices": [], "usage": part.usage})
+                continue
+            for chunk in render(part):
+                yield sse(chunk)
+    except Exception as e:  # the stream has started: the error goes in an event
+        yield sse(failure(e).body())
+    yield DONE
