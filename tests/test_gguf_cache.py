@@ -144,3 +144,13 @@ def test_the_bundled_model_from_the_cache_equals_the_gguf_bit_for_bit(bundled_lm
     assert bundled_lm.tokenizer.chat_template == direct.tokenizer.chat_template
     assert (bundled_lm.eos_token_ids, bundled_lm.pad_token_id) == (direct.eos_token_ids, direct.pad_token_id)
     assert bundled_lm.source == direct.source == f"bundled:{lmtrace.loading.bundled_gguf().name}"
+
+
+def test_load_config_reads_the_converted_copy_when_there_is_one(cache, tiny_gguf):
+    from lmtrace.loading import load_config
+
+    before = load_config(tiny_gguf).to_dict()
+    lmtrace.load(tiny_gguf)
+    after = load_config(tiny_gguf).to_dict()
+    skip = {"_name_or_path", "quantization_config", "architectures", "transformers_version", "dtype"}
+    assert {k: v for k, v in after.items() if k not in skip} == {k: v for k, v in before.items() if k not in skip}

@@ -254,6 +254,11 @@ def load_config(source: str | Path | None = None, *, trust_remote_code: bool = F
         where, extra, name = str(path), {}, str(path)
     else:
         where, extra, name = _locate(source, allow_pickle=True)
+        if "gguf_file" in extra:  # the converted copy's config.json, if there is one, reads in milliseconds
+            from lmtrace.gguf_cache import ready_folder
+
+            folder = ready_folder(Path(where) / extra["gguf_file"])
+            where, extra = (str(folder), {}) if folder is not None else (where, extra)
     try:
         kwargs = {"gguf_file": extra["gguf_file"]} if "gguf_file" in extra else {}
         return AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, **kwargs)
