@@ -28,9 +28,11 @@ class Section:
     body: Markup
 
 
-def text_section(tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False) -> Section:
-    p = parts()
-    body = (p.switch() if switch else Markup()) + p.tokens(tv, 0, prompt) + p.legend(LEGEND, unscored)
+def text_section(
+    tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False, chat: bool = False
+) -> Section:
+    p = parts()  # with chat, the user's turn (the prompt) and the assistant's (the answer) are marked
+    body = (p.switch() if switch else Markup()) + p.tokens(tv, 0, prompt, chat) + p.legend(LEGEND, unscored)
     return Section("text", "Text", body)
 
 
@@ -93,7 +95,7 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
     tv = views.token_views(d["steps"])
     sampled = views.sampling_differs(tv)
     found = [
-        text_section(tv, (d.get("prompt") or {}).get("text"), sampled),
+        text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat"))),
         step_charts(tv, sampled),
         kv_section(d),
         steps_table(tv, sampled),
