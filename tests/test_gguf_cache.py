@@ -154,3 +154,23 @@ def test_load_config_reads_the_converted_copy_when_there_is_one(cache, tiny_gguf
     after = load_config(tiny_gguf).to_dict()
     skip = {"_name_or_path", "quantization_config", "architectures", "transformers_version", "dtype"}
     assert {k: v for k, v in after.items() if k not in skip} == {k: v for k, v in before.items() if k not in skip}
+
+
+def test_two_conversions_at_once_leave_one_good_folder(cache, tiny_gguf):
+    """While one conversion runs, another (another process, in life) finishes first: the first
+    keeps the finished folder, which a reader may already be loading, and drops its own."""
+
+    def load_gguf():
+        return lmtrace.load(tiny_gguf, dtype="float32", gguf_cache=False)
+
+    def load_while_another_finishes():
+        done = gguf_cache.converted(tiny_gguf, load_gguf)
+        inode = (done / "model.safetensors").stat().st_ino
+        finished.append(inode)
+        return load_gguf()
+
+    finished: list[int] = []
+    folder = gguf_cache.converted(tiny_gguf, load_while_another_finishes)
+    assert (folder / "model.safetensors").stat().st_ino == finished[0]  # the first finished folder stayed
+    assert sorted(p.name for p in (cache / "gguf").iterdir()) == sorted([folder.name, gguf_cache.HASHES])
+    assert gguf_cache.ready_folder(tiny_gguf) == folder

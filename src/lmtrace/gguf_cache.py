@@ -128,15 +128,18 @@ def _convert(path: Path, folder: Path, load_gguf: Callable[[], LM], status: Stat
         status(f"Converting {path.name} to safetensors, once (later runs load the converted copy)…")
         written = save_folder(load_gguf(), tmp / "model")
         write_atomic(written / RECORD, json.dumps(_record(path, folder.name), indent=2) + "\n")
-        _replace(written, folder)
+        _replace(written, folder, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     status(f"{path.name}: converted to safetensors in {time.perf_counter() - started:.1f} s, once, into {folder}")
 
 
-def _replace(new: Path, folder: Path) -> None:
+def _replace(new: Path, folder: Path, path: Path) -> None:
     """Renames `new` to `folder`; an old, mismatching folder is moved aside first. If another
-    process got there first with a good folder, its folder stays and ours is dropped."""
+    process got there first with a good folder, its folder stays (a reader may be loading it)
+    and ours is dropped."""
+    if is_ready(folder, path):
+        return
     if folder.exists():
         aside = folder.with_name(f".{folder.name}.old.{os.getpid()}")
         try:
