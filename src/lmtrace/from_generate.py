@@ -75,7 +75,8 @@ def _check_vocab(tokenizer: Any, run: _Run, model: Any) -> None:
     size = len(tokenizer)
     if size > run.vocab or run.vocab - size > PADDED_VOCAB:
         raise InvalidParameter(
-            f"tokenizer: has {size} tokens but the model's distributions have {run.vocab}: it is not this model's tokenizer"
+            f"tokenizer: has {size} tokens but the model's distributions have {run.vocab}: "
+            "it is not this model's tokenizer"
         )
     config_vocab = getattr(getattr(model, "config", None), "vocab_size", None) if model is not None else None
     if config_vocab is not None and int(config_vocab) != run.vocab:
@@ -134,7 +135,9 @@ def _ledger(run: _Run, model: Any) -> tuple[dict[str, Any] | None, dict[str, Any
     return ledger, anatomy
 
 
-def _steps_of(tokens: list[int], numbers: Numbers, tokenizer: Any, tb: TokenBytes, finish: str) -> tuple[list[Step], str]:
+def _steps_of(
+    tokens: list[int], numbers: Numbers, tokenizer: Any, tb: TokenBytes, finish: str
+) -> tuple[list[Step], str]:
     """The records and the text, as lmtrace.generate writes them (the text ends before an end token)."""
     detok = IncrementalDetokenizer(tokenizer)
     steps, text_before_end = [], None
