@@ -135,7 +135,7 @@ def _ledger(run: _Run, model: Any) -> tuple[dict[str, Any] | None, dict[str, Any
     return ledger, anatomy
 
 
-def _steps_of(
+def records_of(
     tokens: list[int], numbers: Numbers, tokenizer: Any, tb: TokenBytes, finish: str
 ) -> tuple[list[Step], str]:
     """The records and the text, as lmtrace.generate writes them (the text ends before an end token)."""
@@ -205,7 +205,7 @@ def from_generate(
             numbers = measure(raw, processed, chosen, top_logprobs, processed_are_logprobs=run.beams is not None)
         else:
             numbers = Numbers()
-        steps, text = _steps_of(tokens, numbers, tokenizer, tb, finish)
+        steps, text = records_of(tokens, numbers, tokenizer, tb, finish)
         if steps and ledger is not None:
             steps[-1].kv = ledger
         traces.append(

@@ -65,6 +65,8 @@ class Step:
     # the distribution after each sampling stage, one dict per stage (lmtrace.waterfall); only
     # where asked for
     waterfall: list[dict[str, Any]] | None = None
+    # a watched loop's cache misuse, on the step (round) where it starts (lmtrace.watch)
+    problems: list[dict[str, Any]] | None = None
 
     @property
     def prob(self) -> float | None:
@@ -74,8 +76,9 @@ class Step:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
         d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
         d["top"] = [a.to_dict() for a in self.top]
-        if self.waterfall is None:  # optional fields are written only when present
-            del d["waterfall"]
+        for name in ("waterfall", "problems"):  # optional fields are written only when present
+            if d[name] is None:
+                del d[name]
         return d
 
     @classmethod
@@ -88,11 +91,12 @@ class Step:
             sampled_logprob=_inf(d["sampled_logprob"]),
             top=[Alternative.from_dict(a) for a in d["top"]],
             waterfall=d.get("waterfall"),
+            problems=d.get("problems"),
         )
 
 
 # fields added after schema 1 was first written: absent from older JSON, omitted when unset
-_OPTIONAL = ("waterfall", "prompt_logprobs")
+_OPTIONAL = ("waterfall", "prompt_logprobs", "problems")
 
 
 def _forget(steps: list[Step], distributions: str) -> None:
