@@ -231,7 +231,7 @@ def test_final_kv_ledger(tiny_lm):
     assert all(s.kv == {} for s in t.steps[:-1])
 
 
-def test_bad_input_is_one_clear_error(tiny_lm, bundled_tokenizer_like):
+def test_bad_input_is_one_clear_error(tiny_lm):
     tok = tiny_lm.tokenizer
     ids = tok("Hello", return_tensors="pt")
     plain = tiny_lm.model.generate(**ids, max_new_tokens=2, do_sample=False)
@@ -246,13 +246,12 @@ def test_bad_input_is_one_clear_error(tiny_lm, bundled_tokenizer_like):
         lmtrace.from_generate({"sequences": [[1, 2]]}, tok)
     good = _greedy_output(tiny_lm, output_scores=True)
     with pytest.raises(lmtrace.InvalidParameter, match="tokenizer: has 2000 tokens but the model's distributions have"):
-        lmtrace.from_generate(good, bundled_tokenizer_like)
+        lmtrace.from_generate(good, other_vocab_tokenizer())
     with pytest.raises(lmtrace.InvalidParameter, match="top_logprobs"):
         lmtrace.from_generate(good, tok, top_logprobs=-1)
 
 
-@pytest.fixture(scope="module")
-def bundled_tokenizer_like():
+def other_vocab_tokenizer():
     """A tokenizer of another vocabulary size (2000 tokens), built in-process."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
