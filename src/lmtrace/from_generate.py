@@ -55,7 +55,8 @@ class _Run:
         self.prompt_len = seqs.shape[1] - generated
         if self.prompt_len < 0:
             raise InvalidParameter(f"output: {generated} steps of scores but sequences of {seqs.shape[1]} tokens")
-        self.cache = getattr(output, "cache", None) or getattr(output, "past_key_values", None)
+        cache = getattr(output, "cache", None)
+        self.cache = cache if cache is not None else getattr(output, "past_key_values", None)
 
     @property
     def distributions(self) -> str:
@@ -166,6 +167,40 @@ def _prompt_texts(prompt: str | Sequence[str] | None, rows: int) -> list[str | N
     return [given[r // (rows // len(given))] for r in range(rows)]
 
 
+def _row_trace(run: _Run, row: int, tokenizer: Any, ctx: dict[str, Any]) -> Trace:
+    """The Trace of one returned row; `ctx` holds what all rows share."""
+    index, tokens, finish, stop_reason = _row_span(run, row, ctx["eos"], ctx["stopped"])
+    ids = run.seqs[row, : run.prompt_len].tolist()
+    pad = ctx["pad"]
+    while pad is not None and len(ids) > 1 and ids[0] == pad:  # generate's left padding
+        ids = ids[1:]
+    raw, processed = _gather(run.raw, index), _gather(run.processed, index)  # (steps, vocab) each
+    numbers = Numbers()
+    if raw is not None or processed is not None:
+        chosen = torch.tensor(tokens, dtype=torch.long, device=(raw if raw is not None else processed).device)
+        numbers = measure(raw, processed, chosen, ctx["top_logprobs"], processed_are_logprobs=run.beams is not None)
+    steps, text = records_of(tokens, numbers, tokenizer, ctx["tb"], finish)
+    if steps and ctx["ledger"] is not None:
+        steps[-1].kv = dict(ctx["ledger"])
+    prompt = ctx["texts"][row]
+    return Trace(
+        model=dict(ctx["header"]),
+        params=dict(ctx["params"]),
+        prompt={"text": prompt if prompt is not None else tokenizer.decode(ids), "token_ids": ids},
+        text=text,
+        token_ids=tokens,
+        finish_reason=finish,
+        stop_reason=stop_reason,
+        timing={"prompt_tokens": len(ids), "generated_tokens": len(tokens), "prefill_ms": None,
+                "decode_ms": None, "total_ms": None},  # fmt: skip
+        versions=versions(),
+        steps=steps,
+        kv_anatomy=ctx["anatomy"],
+        origin="model.generate",
+        distributions=run.distributions,
+    )
+
+
 def from_generate(
     output: Any,
     tokenizer: Any,
@@ -188,42 +223,18 @@ def from_generate(
     _check_vocab(tokenizer, run, model)
     eos, pad = special_ids(tokenizer, generation_config, model)
     ledger, anatomy = _ledger(run, model)
-    tb = TokenBytes(tokenizer)
-    texts = _prompt_texts(prompt, run.seqs.shape[0])
-    header = model_header(model, tokenizer, (run.raw or run.processed)[0])
-    traces = []
-    for row in range(run.seqs.shape[0]):
-        stopped = pad if settings_dict(generation_config).get("stop_strings") else None
-        index, tokens, finish, stop_reason = _row_span(run, row, eos, stopped)
-        ids = run.seqs[row, : run.prompt_len].tolist()
-        while pad is not None and len(ids) > 1 and ids[0] == pad:  # generate's left padding
-            ids = ids[1:]
-        chosen = torch.tensor(tokens, dtype=torch.long)
-        raw, processed = _gather(run.raw, index), _gather(run.processed, index)
-        if raw is not None or processed is not None:
-            chosen = chosen.to((raw if raw is not None else processed).device)
-            numbers = measure(raw, processed, chosen, top_logprobs, processed_are_logprobs=run.beams is not None)
-        else:
-            numbers = Numbers()
-        steps, text = records_of(tokens, numbers, tokenizer, tb, finish)
-        if steps and ledger is not None:
-            steps[-1].kv = ledger
-        traces.append(
-            Trace(
-                model=header,
-                params=params_of(generation_config, len(run.raw or run.processed), top_logprobs),
-                prompt={"text": texts[row] if texts[row] is not None else tokenizer.decode(ids), "token_ids": ids},
-                text=text,
-                token_ids=tokens,
-                finish_reason=finish,
-                stop_reason=stop_reason,
-                timing={"prompt_tokens": len(ids), "generated_tokens": len(tokens), "prefill_ms": None,
-                        "decode_ms": None, "total_ms": None},  # fmt: skip
-                versions=versions(),
-                steps=steps,
-                kv_anatomy=anatomy,
-                origin="model.generate",
-                distributions=run.distributions,
-            )
-        )
-    return traces
+    dists = run.raw if run.raw is not None else run.processed
+    ctx = {
+        "eos": eos,
+        "pad": pad,
+        # only where a stop string may have ended a row are the pads at its end not steps
+        "stopped": pad if settings_dict(generation_config).get("stop_strings") else None,
+        "top_logprobs": top_logprobs,
+        "tb": TokenBytes(tokenizer),
+        "ledger": ledger,
+        "anatomy": anatomy,
+        "texts": _prompt_texts(prompt, run.seqs.shape[0]),
+        "header": model_header(model, tokenizer, dists[0]),
+        "params": params_of(generation_config, len(dists), top_logprobs),
+    }
+    return [_row_trace(run, row, tokenizer, ctx) for row in range(run.seqs.shape[0])]
