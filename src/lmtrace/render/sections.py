@@ -70,7 +70,8 @@ def kv_section(d: dict[str, Any]) -> Section | None:
     if layers:
         rows = [{k: facts.value(v, k) for k, v in layer.items()} for layer in layers]
         columns = list(dict.fromkeys(k for layer in layers for k in layer))
-        body += Markup(f"<h3>By layer, after step {len(steps) - 1}</h3>") + p.table(rows, columns)
+        when = "when model.generate returned (the whole batch)" if last.get("measured") == "end" else None
+        body += Markup(f"<h3>By layer, {when or f'after step {len(steps) - 1}'}</h3>") + p.table(rows, columns)
         sizes = [layer.get("bytes") for layer in layers]
         if all(isinstance(b, int | float) for b in sizes):
             body += p.charts([("bytes per layer", bar_chart(sizes, "bytes per layer", human_bytes, "layer"))])
