@@ -20,6 +20,7 @@ _NAMES = {
     "InvalidParameter": "lmtrace.errors",
     "LmtraceError": "lmtrace.errors",
     "ModelLoadError": "lmtrace.errors",
+    "from_generate": "lmtrace.from_generate",
     "LM": "lmtrace.loading",
     "load": "lmtrace.loading",
     "SamplingParams": "lmtrace.params",
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from lmtrace.branch import Branches, branch  # noqa: F401
     from lmtrace.comparison import compare  # noqa: F401
     from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError  # noqa: F401
+    from lmtrace.from_generate import from_generate  # noqa: F401
     from lmtrace.loading import LM, load  # noqa: F401
     from lmtrace.params import SamplingParams  # noqa: F401
     from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace  # noqa: F401
