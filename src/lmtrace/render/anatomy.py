@@ -74,7 +74,7 @@ def formula(an: dict[str, Any], positions: int | None = None, measured: int | No
     head = [2, an.get("kv_heads"), an.get("head_dim"), an.get("bytes_per_element")]
     sliding, windows, layers = an.get("sliding_layers") or [], an.get("windows") or [], int(an.get("layers") or 0)
     seen = None if measured is None else f"{measured:,} bytes ({human(measured)})"
-    per_line = f"{per_position:,} bytes ({human(per_position)}) per position"
+    per_line = f"{human(per_position)} per token ({per_position:,} bytes per position of one sequence)"
     if positions is None:
         symbols = "bytes per position = 2 (keys and values) × layers × KV heads × head_dim × bytes per element"
         numbers = " × ".join(str(f) for f in [2, layers, *head[1:]])
