@@ -10,6 +10,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from lmtrace.render import anatomy as kv_anatomy
 from lmtrace.render import facts, views
 from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
 from lmtrace.render.templating import parts
@@ -27,9 +28,11 @@ class Section:
     body: Markup
 
 
-def text_section(tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False) -> Section:
-    p = parts()
-    body = (p.switch() if switch else Markup()) + p.tokens(tv, 0, prompt) + p.legend(LEGEND, unscored)
+def text_section(
+    tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False, chat: bool = False
+) -> Section:
+    p = parts()  # with chat, the user's turn (the prompt) and the assistant's (the answer) are marked
+    body = (p.switch() if switch else Markup()) + p.tokens(tv, 0, prompt, chat) + p.legend(LEGEND, unscored)
     return Section("text", "Text", body)
 
 
@@ -63,10 +66,8 @@ def kv_section(d: dict[str, Any]) -> Section | None:
         return None
     p = parts()
     body = Markup()
-    if anatomy is not None:
-        if anatomy.get("mismatches"):  # the ledger found measured bytes that differ from the formula
-            body += p.error(f"measured KV bytes differ from the formula at steps {anatomy['mismatches']}")
-        body += p.facts([("Anatomy", facts.flat(anatomy))])
+    if anatomy is not None:  # dimensions, their config fields, the formula with numbers; an alert on mismatch
+        body += kv_anatomy.html(anatomy, *kv_anatomy.last_kv(steps))
     if layers:
         rows = [{k: facts.value(v, k) for k, v in layer.items()} for layer in layers]
         columns = list(dict.fromkeys(k for layer in layers for k in layer))
@@ -124,7 +125,7 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
     sampled = views.sampling_differs(tv)
     found = [
         problems_section(tv),
-        text_section(tv, (d.get("prompt") or {}).get("text"), sampled),
+        text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat"))),
         step_charts(tv, sampled),
         kv_section(d),
         steps_table(tv, sampled),

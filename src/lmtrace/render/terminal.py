@@ -77,7 +77,12 @@ def legend() -> Text:
 
 def coloured_text(trace: Trace) -> Text:
     out = Text()
+    chat = bool(trace.params.get("chat"))
+    if chat:  # the turn boundary: the prompt was the user's message, the steps are the answer
+        out.append("user ▸ ", style="bold cyan")
     out.append(trace.prompt["text"], style="dim")
+    if chat:
+        out.append("\nassistant ▸ ", style="bold cyan")
     for s in trace.steps:
         out.append(s.text, style=colour(prob(_known(s.logprob, s.sampled_logprob))))
     return out
