@@ -56,7 +56,8 @@ def test_a_row_joins_a_running_batch_between_steps(tiny_lm):
     while not batch.empty:
         for row in batch.step():
             done[id(row)] = row.trace
-    for row, (text, kw) in zip((first, late, shorter), [(PROMPTS[0], SETTINGS[0]), (PROMPTS[1], SETTINGS[1]), (PROMPTS[3], SETTINGS[3])]):
+    for row, k in zip((first, late, shorter), (0, 1, 3)):
+        text, kw = PROMPTS[k], SETTINGS[k]
         alone = tracing.generate(tiny_lm, text, SamplingParams(**kw))
         assert_same(done[id(row)].to_dict(), alone.to_dict(), tol=5e-5)
 

@@ -68,7 +68,9 @@ class ContinuousBatch:
     def __init__(self, lm: LM, max_batch: int = 16):
         if max_batch < 1:
             raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
-        self.lm, self.max_batch = lm, max_batch
+        self.lm = lm
+        # a sliding-window cache cannot be regrouped: such a model decodes one row at a time
+        self.max_batch = max_batch if kv.regroupable(kv.new_cache(lm.model)) else 1
         self.rows: list[Row] = []
         self.cache: Any = None
         self.mask: torch.Tensor | None = None  # (batch, width): 0 on each row's left padding
@@ -109,8 +111,6 @@ class ContinuousBatch:
         if not self.rows:
             self.rows, self.cache, self.mask, self.logits = [row], cache, own, logits
             return
-        if not kv.regroupable(self.cache):
-            raise InvalidParameter("max_batch must be 1 for this model: its cache has sliding-window layers")
         width, length = self.mask.shape[1], own.shape[1]
         # left-pad whichever is shorter, so that every row's tokens end at the last column
         kv.pad_left(self.cache, length - width)
@@ -153,7 +153,8 @@ class ContinuousBatch:
         same = all(r.params.greedy and r.seen is None for r in self.rows)
         top_n = max(r.params.top_logprobs for r in self.rows)
         floats, ints = engine.measure(logits, logits if same else torch.cat(processed), tokens, top_n)
-        bs = engine._assemble(0, floats, ints, [True] * len(self.rows), top_n, kv.state(self.cache, self._formula(len(self.rows))))
+        state = kv.state(self.cache, self._formula(len(self.rows)))
+        bs = engine._assemble(0, floats, ints, [True] * len(self.rows), top_n, state)
         for r, row in enumerate(self.rows):  # each row keeps its own number of alternatives
             n = row.params.top_logprobs
             bs.top_ids[r], bs.top_logprobs[r] = bs.top_ids[r][:n], bs.top_logprobs[r][:n]
