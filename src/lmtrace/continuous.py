@@ -1,13 +1,13 @@
 """Continuous batching: rows with their own SamplingParams decode together, and the batch
-changes while it runs. A row joins at a step boundary (its prompt prefilled alone, its cache
-left-padded into the batch's), leaves as soon as it finishes (its cache rows selected away),
-and every row's numbers are what it would get decoded alone: its own generator, its own
-processors, its own part of the cache in `kv`. Greedy tokens and seeded draws are the same as
-alone; logprobs differ from alone only by the float noise of batched matrix products (the
-documented batched-versus-alone bound).
+changes while it runs. A row joins at a step boundary (its prompt prefilled with the other rows
+arriving at that step, or alone, its cache left-padded into the batch's), leaves as soon as it
+finishes (its cache rows selected away), and every row's numbers are what it would get decoded
+alone: its own generator, its own processors, its own part of the cache in `kv`. Greedy tokens
+and seeded draws are the same as alone; logprobs differ from alone only by the float noise of
+batched matrix products (the documented batched-versus-alone bound).
 
     batch = ContinuousBatch(lm, max_batch=16)
-    row = batch.join(RowSpec(ids, params, text))   # any time between steps
+    row = batch.join(RowSpec(ids, params, text))   # any time between steps (join_many: several)
     while not batch.empty:
         for row in batch.step(): ...               # the rows that finished at this step
 """
@@ -89,27 +89,36 @@ class ContinuousBatch:
 
     def join(self, spec: RowSpec) -> Row:
         """Prefills the row's prompt alone and adds it to the batch (call between steps)."""
-        if self.free <= 0:
-            raise RuntimeError("the batch is full")
-        engine._check_context(self.lm.model, [spec.ids], spec.params)
-        row = Row(self.lm, spec)
-        model, device = self.lm.model, self.lm.model.device
+        return self.join_many([spec])[0]
+
+    def join_many(self, specs: Sequence[RowSpec]) -> list[Row]:
+        """Prefills the rows' prompts together in one left-padded forward (one row: alone, so
+        its first numbers are exactly the lone ones) and adds them to the batch."""
+        if not specs:
+            return []
+        if len(specs) > self.free:
+            raise RuntimeError(f"the batch has room for {self.free} rows, not {len(specs)}")
+        for spec in specs:
+            engine._check_context(self.lm.model, [spec.ids], spec.params)
+        rows = [Row(self.lm, spec) for spec in specs]
+        model = self.lm.model
         started = time.perf_counter()
         cache = kv.new_cache(model)
-        ids = torch.tensor([spec.ids], dtype=torch.long, device=device)  # (1, prompt_len)
+        ids, mask = engine.left_pad([s.ids for s in specs], self.lm.pad_token_id, model.device)  # (k, width)
+        padded = bool((mask == 0).any())
         with torch.inference_mode():
-            logits = engine.prefill(model, ids, None, cache)  # (1, vocab)
-        if row.params.repetition_penalty != 1.0:
-            row.seen = torch.zeros((1, model.config.vocab_size), dtype=torch.bool, device=device)
-            row.seen[0, ids[0]] = True
-        row.step_ms = (time.perf_counter() - started) * 1000
-        self._merge(row, cache, logits)
-        return row
+            logits = engine.prefill(model, ids, mask if padded else None, cache)  # (k, vocab)
+        for k, row in enumerate(rows):
+            if row.params.repetition_penalty != 1.0:
+                row.seen = torch.zeros((1, model.config.vocab_size), dtype=torch.bool, device=model.device)
+                row.seen[0, ids[k][mask[k].bool()]] = True
+            row.step_ms = (time.perf_counter() - started) * 1000
+        self._merge(rows, cache, logits, mask)
+        return rows
 
-    def _merge(self, row: Row, cache: Any, logits: torch.Tensor) -> None:
-        own = torch.ones((1, len(row.spec.ids)), dtype=torch.long, device=logits.device)
+    def _merge(self, rows: list[Row], cache: Any, logits: torch.Tensor, own: torch.Tensor) -> None:
         if not self.rows:
-            self.rows, self.cache, self.mask, self.logits = [row], cache, own, logits
+            self.rows, self.cache, self.mask, self.logits = rows, cache, own, logits
             return
         width, length = self.mask.shape[1], own.shape[1]
         # left-pad whichever is shorter, so that every row's tokens end at the last column
@@ -120,7 +129,7 @@ class ContinuousBatch:
         kv.append_rows(self.cache, cache)
         self.mask = torch.cat([self.mask, own], dim=0)
         self.logits = torch.cat([self.logits, logits], dim=0)
-        self.rows.append(row)
+        self.rows += rows
 
     def step(self) -> list[Row]:
         """Chooses every row's next token, records it (calling the rows' `on_step`), takes the
@@ -243,9 +252,9 @@ def generate_rows(lm: LM, specs: Sequence[RowSpec], max_batch: int = 16) -> list
     out: list[Trace | None] = [None] * len(specs)
     rows: dict[int, int] = {}
     while waiting or not batch.empty:
-        while waiting and batch.free > 0:
-            i, spec = waiting.pop(0)
-            rows[id(batch.join(spec))] = i
+        arriving, waiting = waiting[: batch.free], waiting[batch.free :]
+        for (i, _), row in zip(arriving, batch.join_many([spec for _, spec in arriving])):
+            rows[id(row)] = i
         for row in batch.step():
             if row.error is not None:
                 raise row.error

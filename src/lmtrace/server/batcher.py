@@ -135,17 +135,19 @@ class BatchingWorker(ModelWorker):
                 if req.handle.cancelled:
                     self._close(req, Cancelled())
             self._rows = deque(item for item in self._rows if not item[0].closed)
-        while self._rows and batch.free > 0:
+        arriving = []
+        while self._rows and len(arriving) < batch.free:
             req, spec = self._rows.popleft()
-            if req.closed:
-                continue
-            if req.handle.cancelled:
-                self._close(req, Cancelled())
-                continue
-            try:
-                batch.join(spec)
-            except BaseException as e:
-                self._close(req, e)
+            if not req.closed:
+                arriving.append((req, spec))
+        try:  # the rows that arrived together are prefilled in one forward
+            batch.join_many([spec for _, spec in arriving])
+        except BaseException:  # one of them is at fault: each alone, so the others still join
+            for req, spec in arriving:
+                try:
+                    batch.join(spec)
+                except BaseException as e:
+                    self._close(req, e)
         self.peak_rows = max(self.peak_rows, len(batch.rows))
 
     def _leave(self, row: Row) -> None:
