@@ -87,3 +87,17 @@ def test_tokenize_and_detokenize_as_vllm(client, chat_lm):
     bad = client.post("/detokenize", json={"tokens": [1, 10**6]})
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "tokens must be in [0, 299], got 1000000"
     assert client.post("/tokenize", json={"prompt": "x", "model": "other"}).status_code == 404
+
+
+def test_the_one_at_a_time_server_answers_a_list_the_same(client, chat_lm):
+    from fastapi.testclient import TestClient
+
+    from lmtrace.server import create_app
+
+    body = {"prompt": PROMPTS, "n": 2, "max_tokens": 5, "temperature": 0, "logprobs": 1, "echo": True}
+    together = client.post("/v1/completions", json=body).json()
+    with TestClient(create_app(chat_lm, name="tiny", max_batch=1)) as old:
+        one_by_one = old.post("/v1/completions", json=body).json()
+    for key in ("id", "created"):
+        together.pop(key), one_by_one.pop(key)
+    assert_same(together, one_by_one)
