@@ -3,6 +3,7 @@
 from lmtrace.branch import Branches, branch
 from lmtrace.comparison import compare
 from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError
+from lmtrace.from_generate import from_generate
 from lmtrace.loading import LM, load
 from lmtrace.params import SamplingParams
 from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace
@@ -29,6 +30,7 @@ __all__ = [
     "Trace",
     "branch",
     "encode_prompt",
+    "from_generate",
     "generate",
     "generate_steps",
     "load",
