@@ -30,24 +30,49 @@ MODES = {"raw": RAW, "processed": PROCESSED, RAW: RAW, PROCESSED: PROCESSED}
 # the CPU build reserves this much memory for the paged cache unless told otherwise (vLLM's own
 # default there is a fraction of the whole machine's memory)
 CPU_KV_CACHE_BYTES = 1 << 30
+CPU_HEAD_DIMS = (32, 512)
+
+
+def _missing(reason: str) -> InvalidParameter:
+    return InvalidParameter(f"engine: --engine vllm needs vLLM ({reason}); install it: see the README, 'lmtrace[vllm]'")
+
+
+def check_vllm() -> None:
+    """Says that vLLM is missing without importing it (an import takes ~20 s on a CPU)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a broken or hidden module
+        found = False
+    if not found:
+        raise _missing("No module named 'vllm'")
 
 
 def import_vllm() -> Any:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up advice is not ours to print
     os.environ.setdefault("TQDM_DISABLE", "1")
     try:
         import vllm
     except ImportError as e:
-        raise InvalidParameter(
-            f"engine: --engine vllm needs vLLM ({type(e).__name__}: {e}); install it: see the README, 'lmtrace[vllm]'"
-        ) from e
+        raise _missing(f"{type(e).__name__}: {e}") from e
     return vllm
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text[:limit]}"
+
+
+def _check_cpu_head_dim(lm: LM, folder: str) -> None:
+    """vLLM's CPU attention kernels take head sizes 32 to 512: said before the engine starts."""
+    head_dim = lm.summary.head_dim
+    if head_dim and not CPU_HEAD_DIMS[0] <= head_dim <= CPU_HEAD_DIMS[1]:
+        raise InvalidParameter(
+            f"model: vLLM cannot run {folder!r} on the CPU: its attention takes head_dim "
+            f"{CPU_HEAD_DIMS[0]} to {CPU_HEAD_DIMS[1]}, this model has {head_dim}"
+        )
 
 
 class VLLMEngine:
@@ -90,12 +115,22 @@ class VLLMEngine:
 
         if kv_cache_bytes is not None or current_platform.is_cpu():
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or CPU_KV_CACHE_BYTES
+        if current_platform.is_cpu():
+            _check_cpu_head_dim(lm, self.folder)
+        import torch
+
+        set_num_threads = torch.set_num_threads
         try:
             self.llm = vllm.LLM(**kwargs)
         except (ValueError, TypeError, NotImplementedError, KeyError, OSError) as e:
             raise InvalidParameter(f"model: vLLM cannot run {self.folder!r} ({_one_line(e)})") from e
         except Exception as e:
+            if "unsupported" in str(e).lower() or "not supported" in str(e).lower():
+                raise InvalidParameter(f"model: vLLM cannot run {self.folder!r} ({_one_line(e)})") from e
             raise GenerationError(f"vLLM failed to start on {self.folder!r} ({_one_line(e)})") from e
+        finally:
+            # vLLM's CPU worker, running in this process, replaces torch.set_num_threads with a no-op
+            torch.set_num_threads = set_num_threads
         device = "cpu" if current_platform.is_cpu() else current_platform.device_type
         self.provenance = provenance(self.mode, vllm.__version__)
         self.kv = kv.layout(self.llm.llm_engine.vllm_config, lm.model.config, dtype, device)
@@ -149,17 +184,26 @@ class VLLMEngine:
         echo: bool = False, **kwargs: Any,
     ) -> Trace | list[Trace]:  # fmt: skip
         """Like lmtrace.generate, decoded by vLLM: a Trace per prompt (one for a string)."""
-        from lmtrace.tracing import encode_prompt, make_params
+        from lmtrace.tracing import make_params
 
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        traces = self.generate_each(texts, [make_params(params, **kwargs)] * len(texts), chat=chat, echo=echo)
+        return traces[0] if isinstance(prompts, str) else traces
+
+    def generate_each(
+        self, prompts: Sequence[str], params: Sequence[SamplingParams], *, chat: bool = False, echo: bool = False
+    ) -> list[Trace]:
+        """A Trace per prompt, each with its own params, decoded together; a sampled prompt
+        without a seed gets a random one (recorded in its trace)."""
+        from lmtrace.tracing import encode_prompt, make_params
+
         requests = []
-        for text in texts:
-            p = make_params(params, **kwargs)
-            if not p.greedy and p.seed is None:  # a sampled trace records its seed
+        for text, p in zip(prompts, params, strict=True):
+            if not p.greedy and p.seed is None:
                 p = make_params(p, seed=random.randrange(2**31))
             requests.append(Request(text, encode_prompt(self.lm, text, chat), p, chat, echo))
         traces = self.trace(requests)
         for t in traces:
             if isinstance(t, str):
                 raise InvalidParameter(t)
-        return traces[0] if isinstance(prompts, str) else traces  # type: ignore[return-value]
+        return traces  # type: ignore[return-value]
