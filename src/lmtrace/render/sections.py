@@ -10,6 +10,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from lmtrace.render import anatomy as kv_anatomy
 from lmtrace.render import facts, views
 from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
 from lmtrace.render.templating import parts
@@ -61,10 +62,8 @@ def kv_section(d: dict[str, Any]) -> Section | None:
         return None
     p = parts()
     body = Markup()
-    if anatomy is not None:
-        if anatomy.get("mismatches"):  # the ledger found measured bytes that differ from the formula
-            body += p.error(f"measured KV bytes differ from the formula at steps {anatomy['mismatches']}")
-        body += p.facts([("Anatomy", facts.flat(anatomy))])
+    if anatomy is not None:  # dimensions, their config fields, the formula with numbers; an alert on mismatch
+        body += kv_anatomy.html(anatomy, *kv_anatomy.last_kv(steps))
     if layers:
         rows = [{k: facts.value(v, k) for k, v in layer.items()} for layer in layers]
         columns = list(dict.fromkeys(k for layer in layers for k in layer))
