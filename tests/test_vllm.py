@@ -208,3 +208,17 @@ def test_a_model_vllm_cannot_run(tmp_path, tiny_dir, capsys):
                  "--kv-cache-gib", "0.0625"])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("lmtrace: error: model: vLLM cannot run"), err[-3:]
+
+
+@pytest.mark.integration
+def test_bundled_model_exported_to_a_folder(bundled_lm):
+    """The bundled GGUF, written to a folder in lmtrace's cache (lmtrace.export) and run by vLLM."""
+    from lmtrace.vllm import VLLMEngine
+
+    engine = VLLMEngine.start(bundled_lm, None, kv_cache_bytes=256 << 20, max_model_len=512)
+    params = SamplingParams(temperature=0, max_new_tokens=12, top_logprobs=5)
+    prompts = ["很久很久以前，", "The capital of France is"]
+    for theirs, prompt in zip(engine.generate(prompts, params), prompts):
+        assert_steps_close(theirs, lmtrace.generate(bundled_lm, prompt, params))
+        assert theirs.model["engine"]["check"]["max_abs_diff"] <= TOL
+    del engine

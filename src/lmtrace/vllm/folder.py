@@ -1,25 +1,18 @@
 """vLLM loads a model from a folder (config, tokenizer, safetensors). A folder given as the
 model is used as it is; anything else lmtrace loads (the bundled GGUF, a .gguf file, a hub id)
-is written once to a folder in lmtrace's cache with lmtrace.export.save_folder, the weights
-exactly as lmtrace traced them, and reused while the source file is unchanged."""
+is written once to `<cache>/vllm/<key>/` (lmtrace's cache, lmtrace.gguf_cache.cache_root) with
+lmtrace.export.save_folder, the weights exactly as lmtrace traced them, and reused while the
+source file (path, size, modification time) and the dtype are unchanged."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from lmtrace.errors import InvalidParameter
-
-
-def cache_root() -> Path:
-    """$LMTRACE_CACHE, else $XDG_CACHE_HOME/lmtrace, else ~/.cache/lmtrace."""
-    if os.environ.get("LMTRACE_CACHE"):
-        return Path(os.environ["LMTRACE_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "lmtrace"
+from lmtrace.gguf_cache import cache_root
 
 
 def is_model_folder(source: str | Path | None) -> bool:
@@ -47,13 +40,8 @@ def model_folder(lm: Any, source: str | None) -> Path:
     out = cache_root() / "vllm" / key
     if (out / "config.json").is_file():
         return out
-    try:
-        from lmtrace.export import save_folder
-    except ImportError as e:  # lmtrace.export arrives with `lmtrace export`
-        raise InvalidParameter(
-            f"model: vLLM loads a folder, and this lmtrace cannot write one for {source or 'the bundled model'!r}; "
-            "give --model a Hugging Face model folder"
-        ) from e
+    from lmtrace.export import save_folder
+
     try:
         return save_folder(lm, out)
     except InvalidParameter:
