@@ -6,7 +6,7 @@ rate is all its rows' tokens over its wall time, records and JSON lines included
 batch` writes them, less the file). `--engine vllm` (or `both`) adds vLLM (lmtrace.vllm: vLLM
 decodes, lmtrace rescores and writes the same records) and vLLM's bare decoding with logprobs
 (no traces), for where the time goes. Medians and ratios are printed as a Markdown table.
-Usage: python bench/batch.py [--engine local|vllm|both] [--rounds 3] [--tokens 64] [--sizes 1 8 16]"""
+Usage: python bench/batch.py [--engine local|vllm|both] [--rounds 3] [--tokens 64] [--sizes 1 8 16] [--threads N]"""
 
 from __future__ import annotations
 
@@ -70,7 +70,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 16])
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     args = ap.parse_args()
+    if args.threads:  # vLLM runs in this process: the same threads for both engines
+        torch.set_num_threads(args.threads)
     lm = lmtrace.load(device="cpu", dtype="float32")
     params = SamplingParams(temperature=0, max_new_tokens=args.tokens, stop_on_eos=False)
     defaults = defaults_of(params)

@@ -17,10 +17,10 @@ from lmtrace.batch import defaults_of, run_job
 from lmtrace.cli import main
 from lmtrace.comparison import compare
 from lmtrace.params import SamplingParams
-from tests.same_record import by_id, read_records
+from tests.same_record import by_id, one_thread, read_records  # noqa: F401
 from tests.vllm_world import needs_vllm, save_tiny_32
 
-pytestmark = needs_vllm
+pytestmark = [*needs_vllm, pytest.mark.usefixtures("one_thread")]
 KV = 64 << 20  # the tiny model's paged cache: 64 MiB
 PROMPTS = ["Hello world", "很久很久以前，", "🙂 wörld, naïve café"]
 TOL = 1e-4
@@ -48,6 +48,11 @@ def processed_engine(lm32, tiny32_dir):
     from lmtrace.vllm import VLLMEngine
 
     return VLLMEngine(lm32, tiny32_dir, logprobs_mode="processed", kv_cache_bytes=KV)
+
+
+def write_prompts(path):
+    lines = [json.dumps({"id": i, "prompt": p}, ensure_ascii=False) + "\n" for i, p in enumerate(PROMPTS)]
+    path.write_text("".join(lines), encoding="utf-8")
 
 
 def assert_steps_close(ours, theirs, tol=TOL):
@@ -180,8 +185,7 @@ def test_batch_records_and_resume(tmp_path, lm32, raw_engine):
 
 def test_cli_batch_and_render(tmp_path, tiny32_dir, capsys):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    lines = [json.dumps({"id": i, "prompt": p}, ensure_ascii=False) + "\n" for i, p in enumerate(PROMPTS)]
-    src.write_text("".join(lines), encoding="utf-8")
+    write_prompts(src)
     args = ["--model", str(tiny32_dir), "--temperature", "0", "--max-new-tokens", "5", "--dtype", "float32"]
     assert main(["batch", str(src), str(out), "--engine", "vllm", "--kv-cache-gib", "0.0625", *args]) == 0
     local = tmp_path / "local.jsonl"
@@ -221,4 +225,17 @@ def test_bundled_model_exported_to_a_folder(bundled_lm):
     for theirs, prompt in zip(engine.generate(prompts, params), prompts):
         assert_steps_close(theirs, lmtrace.generate(bundled_lm, prompt, params))
         assert theirs.model["engine"]["check"]["max_abs_diff"] <= TOL
-    del engine
+
+
+
+def test_on_ray(tmp_path, tiny32_dir, raw_engine):
+    """--engine vllm with --num-workers: a vLLM replica in a Ray Data actor on a local Ray."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'lmtrace[ray]')")
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_prompts(src)
+    args = ["--model", str(tiny32_dir), "--temperature", "0", "--max-new-tokens", "4", "--kv-cache-gib", "0.0625"]
+    assert main(["batch", str(src), str(out), "--engine", "vllm", "--num-workers", "1", *args]) == 0
+    records = by_id(read_records(out))
+    here = raw_engine.generate(PROMPTS, temperature=0, max_new_tokens=4)
+    assert [records[i]["trace"]["token_ids"] for i in range(len(PROMPTS))] == [t.token_ids for t in here]
+    assert records[0]["trace"]["model"]["engine"]["name"] == "vllm"

@@ -31,6 +31,9 @@ MODES = {"raw": RAW, "processed": PROCESSED, RAW: RAW, PROCESSED: PROCESSED}
 # default there is a fraction of the whole machine's memory)
 CPU_KV_CACHE_BYTES = 1 << 30
 CPU_HEAD_DIMS = (32, 512)
+# every engine started in this process, kept until it ends: vLLM's engines in one process share
+# its global parallel state, and the finalizer of any one of them tears that down for all
+_LIVE: list[Any] = []
 
 
 def _missing(reason: str) -> InvalidParameter:
@@ -119,7 +122,7 @@ class VLLMEngine:
             _check_cpu_head_dim(lm, self.folder)
         import torch
 
-        set_num_threads = torch.set_num_threads
+        set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
         try:
             self.llm = vllm.LLM(**kwargs)
         except (ValueError, TypeError, NotImplementedError, KeyError, OSError) as e:
@@ -129,8 +132,11 @@ class VLLMEngine:
                 raise InvalidParameter(f"model: vLLM cannot run {self.folder!r} ({_one_line(e)})") from e
             raise GenerationError(f"vLLM failed to start on {self.folder!r} ({_one_line(e)})") from e
         finally:
-            # vLLM's CPU worker, running in this process, replaces torch.set_num_threads with a no-op
+            # vLLM's CPU worker, running in this process, binds its threads and replaces
+            # torch.set_num_threads with a no-op: the caller's setting is put back
             torch.set_num_threads = set_num_threads
+            torch.set_num_threads(threads)
+        _LIVE.append(self.llm)
         device = "cpu" if current_platform.is_cpu() else current_platform.device_type
         self.provenance = provenance(self.mode, vllm.__version__)
         self.kv = kv.layout(self.llm.llm_engine.vllm_config, lm.model.config, dtype, device)
