@@ -131,12 +131,15 @@ def _timing(times: list[float], prompt_tokens: int, source: str) -> dict[str, An
     }
 
 
-def to_trace(lm: LM, request: Request, result: Any, engine: dict[str, Any], layout: KVLayout, wall_ms: float) -> Trace:
-    """The Trace of one vLLM RequestOutput (`result`). `engine`: provenance(...) of the engine."""
+def to_trace(lm: LM, request: Request, result: Any, engine: dict[str, Any], layout: KVLayout, wall_ms: float,
+             res: Rescored | None = None) -> Trace:  # fmt: skip
+    """The Trace of one vLLM RequestOutput (`result`). `engine`: provenance(...) of the engine;
+    `res`: the rescoring of its tokens when already done (rescore_many), else done here."""
     output = result.outputs[0]
     ids, p = list(output.token_ids), request.params
     n = p.top_logprobs
-    res = rescore(lm, request.prompt_ids, ids, p, n, echo=request.echo)
+    if res is None:
+        res = rescore(lm, request.prompt_ids, ids, p, n, echo=request.echo)
     eos = lm.eos_token_ids if p.stop_on_eos else []
     text = completion_text(lm.tokenizer, ids, p.stop, eos, ended=output.finish_reason == "stop")
     tb = TokenBytes(lm.tokenizer)

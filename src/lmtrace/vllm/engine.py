@@ -25,6 +25,7 @@ from lmtrace.records import Trace
 from lmtrace.vllm import kv
 from lmtrace.vllm.convert import PROCESSED, RAW, Request, provenance, to_trace
 from lmtrace.vllm.params import to_vllm
+from lmtrace.vllm.rescore import rescore_many
 
 MODES = {"raw": RAW, "processed": PROCESSED, RAW: RAW, PROCESSED: PROCESSED}
 # the CPU build reserves this much memory for the paged cache unless told otherwise (vLLM's own
@@ -98,6 +99,9 @@ class VLLMEngine:
         if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
             raise InvalidParameter(f"tensor_parallel_size must be an integer >= 1, got {tensor_parallel_size!r}")
         vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        cpu = current_platform.is_cpu()
         self.lm, self.folder, self.mode = lm, str(folder), MODES[logprobs_mode]
         context = getattr(lm.model.config, "max_position_embeddings", None)
         self.max_model_len = max_model_len or context
@@ -109,16 +113,14 @@ class VLLMEngine:
             "max_model_len": self.max_model_len,
             "logprobs_mode": self.mode,
             "max_logprobs": MAX_TOP_LOGPROBS,
-            "enforce_eager": True,
+            "enforce_eager": cpu,  # on a CPU no compiling (it needs Triton's CPU backend); GPUs keep CUDA graphs
             "seed": 0,
             "disable_log_stats": False,  # per-request timings (RequestOutput.metrics)
             **engine_kwargs,
         }
-        from vllm.platforms import current_platform
-
-        if kv_cache_bytes is not None or current_platform.is_cpu():
+        if kv_cache_bytes is not None or cpu:
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or CPU_KV_CACHE_BYTES
-        if current_platform.is_cpu():
+        if cpu:
             _check_cpu_head_dim(lm, self.folder)
         import torch
 
@@ -137,7 +139,7 @@ class VLLMEngine:
             torch.set_num_threads = set_num_threads
             torch.set_num_threads(threads)
         _LIVE.append(self.llm)
-        device = "cpu" if current_platform.is_cpu() else current_platform.device_type
+        device = "cpu" if cpu else current_platform.device_type
         self.provenance = provenance(self.mode, vllm.__version__)
         self.kv = kv.layout(self.llm.llm_engine.vllm_config, lm.model.config, dtype, device)
 
@@ -179,9 +181,11 @@ class VLLMEngine:
                 self._decode([r], [s], [i], results)
             return
         wall_ms = (time.perf_counter() - started) * 1000
-        for r, out, i in zip(requests, outputs, where):
+        items = [(r.prompt_ids, list(out.outputs[0].token_ids), r.params, r.echo) for r, out in zip(requests, outputs)]
+        rescored = rescore_many(self.lm, items)  # one forward pass for many rows
+        for r, out, i, res in zip(requests, outputs, where, rescored):
             try:
-                results[i] = to_trace(self.lm, r, out, self.provenance, self.kv, wall_ms)
+                results[i] = to_trace(self.lm, r, out, self.provenance, self.kv, wall_ms, res)
             except ValueError as e:  # vLLM gave back what a trace cannot hold (an aborted request)
                 results[i] = f"cannot trace vLLM's output ({_one_line(e)})"
 

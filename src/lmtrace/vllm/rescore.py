@@ -6,7 +6,7 @@ and the check of what vLLM reported: the same tokens under the same weights."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -51,13 +51,56 @@ def _logits(lm: LM, ids: list[int], first: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
+# logits kept per forward pass of several rows: rows x positions x vocab x 4 bytes at most this
+BATCH_LOGITS_BYTES = 256 << 20
+
+
+def _logits_rows(lm: LM, seqs: list[list[int]], firsts: list[int]) -> Iterator[torch.Tensor]:
+    """_logits of each sequence in turn, right-padded into forward passes of several rows. No
+    mask is needed: the padding comes after every real token, which a causal model never attends
+    to. One pass's logits are alive at a time."""
+    vocab = lm.model.config.vocab_size
+    start = 0
+    while start < len(seqs):
+        width = max(len(s) for s in seqs[start:])
+        rows = max(1, min(len(seqs) - start, BATCH_LOGITS_BYTES // (width * vocab * 4)))
+        chunk = seqs[start : start + rows]
+        width = max(len(s) for s in chunk)
+        ids = torch.full((len(chunk), width), lm.pad_token_id, dtype=torch.long)
+        for r, s in enumerate(chunk):
+            ids[r, : len(s)] = torch.tensor(s)
+        with torch.inference_mode():
+            logits = lm.model(input_ids=ids.to(lm.model.device), use_cache=False).logits  # (rows, width, vocab)
+        for r, s in enumerate(chunk):
+            yield logits[r, firsts[start + r] - 1 : len(s) - 1].float()  # row j predicts s[first + j]
+        start += rows
+
+
+def rescore_many(lm: LM, items: list[tuple[list[int], list[int], SamplingParams, bool]]) -> Iterator[Rescored]:
+    """rescore for (prompt_ids, generated, params, echo) of several requests, in order, their
+    forward passes batched."""
+    seqs = [list(p) + list(g) for p, g, _, _ in items]
+    firsts = [1 if echo else len(p) for p, _, _, echo in items]
+    for logits, (p, g, params, echo) in zip(_logits_rows(lm, seqs, firsts), items):
+        yield _numbers(logits, p, g, params, params.top_logprobs, echo)
+
+
 def rescore(
     lm: LM, prompt_ids: Sequence[int], generated: Sequence[int], params: SamplingParams, top_n: int, echo: bool = False
 ) -> Rescored:
     """lmtrace's numbers for `generated` after `prompt_ids`; with `echo` also the prompt's own."""
     ids = list(prompt_ids) + list(generated)
     first = 1 if echo else len(prompt_ids)
-    logits = _logits(lm, ids, first)  # (len(ids) - first, vocab)
+    return _numbers(_logits(lm, ids, first), prompt_ids, generated, params, top_n, echo)
+
+
+def _numbers(
+    logits: torch.Tensor, prompt_ids: Sequence[int], generated: Sequence[int], params: SamplingParams, top_n: int,
+    echo: bool,
+) -> Rescored:  # fmt: skip
+    """`logits` (len(ids) - first, vocab) over prompt + generated, from position `first` on."""
+    ids = list(prompt_ids) + list(generated)
+    first = 1 if echo else len(prompt_ids)
     prompt = None
     if echo:
         targets = torch.tensor(ids[1 : len(prompt_ids)])
