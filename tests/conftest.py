@@ -35,3 +35,10 @@ def bundled_lm() -> LM:
     import lmtrace
 
     return lmtrace.load()
+
+
+def pytest_report_header(config):
+    """Whether the vLLM tests (marker `vllm`) can run here."""
+    from tests.vllm_world import HAVE_VLLM
+
+    return "vllm: installed, the vllm tests run" if HAVE_VLLM else "vllm: not installed, the vllm tests are skipped"

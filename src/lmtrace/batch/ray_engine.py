@@ -19,35 +19,49 @@ from lmtrace.batch.prepare import OVERRIDES
 from lmtrace.errors import InvalidParameter
 
 
+def quiet_transformers() -> None:
+    """No progress bars or warnings from transformers in a worker (the job draws its own bar)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    os.environ.setdefault("TQDM_DISABLE", "1")
+
+
+def input_lines(batch: dict[str, Any]) -> list[InputLine]:
+    """The input lines of a Ray Data batch (columns `number`, `line`)."""
+    lines = []
+    for number, text in zip(batch["number"], batch["line"]):
+        data = json.loads(text)
+        lines.append(InputLine(int(number), data["id"], data))
+    return lines
+
+
+def columns(outcomes: list[Outcome]) -> dict[str, Any]:
+    """Outcomes as the columns of a Ray Data batch."""
+    import numpy as np
+
+    return {
+        "key": np.array([o.key for o in outcomes], dtype=object),
+        "line": np.array([o.line for o in outcomes], dtype=object),
+        "tokens": np.array([o.tokens for o in outcomes], dtype=np.int64),
+        "error": np.array([o.error for o in outcomes], dtype=bool),
+    }
+
+
 class Tracer:
     """A Ray Data actor: one model replica; each call traces a batch of input lines."""
 
     def __init__(self, model_kwargs: dict[str, Any], defaults: dict[str, Any], batch_size: int):
-        from transformers.utils import logging as hf_logging
-
         from lmtrace.loading import load
 
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-        os.environ.setdefault("TQDM_DISABLE", "1")
+        quiet_transformers()
         self.lm = load(**model_kwargs)
         self.defaults = defaults
         self.batch_size = batch_size
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        import numpy as np
-
-        lines = []
-        for number, text in zip(batch["number"], batch["line"]):
-            data = json.loads(text)
-            lines.append(InputLine(int(number), data["id"], data))
-        outcomes = list(trace_lines(self.lm, lines, self.defaults, self.batch_size))
-        return {
-            "key": np.array([o.key for o in outcomes], dtype=object),
-            "line": np.array([o.line for o in outcomes], dtype=object),
-            "tokens": np.array([o.tokens for o in outcomes], dtype=np.int64),
-            "error": np.array([o.error for o in outcomes], dtype=bool),
-        }
+        return columns(list(trace_lines(self.lm, input_lines(batch), self.defaults, self.batch_size)))
 
 
 def _length_order(line: InputLine) -> tuple[str, int]:
@@ -72,7 +86,11 @@ def _init(address: str | None, init_kwargs: dict[str, Any]) -> bool:
 
 
 def _stream(
-    pending: list[InputLine], on_tokens: Callable[[int], None], actor_kwargs: dict[str, Any], placement: dict[str, Any]
+    pending: list[InputLine],
+    on_tokens: Callable[[int], None],
+    actor_kwargs: dict[str, Any],
+    placement: dict[str, Any],
+    actor: type = Tracer,
 ) -> Iterator[Outcome]:
     """Outcomes as the actors finish their batches (in no particular order)."""
     import ray.data
@@ -83,7 +101,7 @@ def _stream(
     ordered = sorted(pending, key=_length_order)
     items = [{"number": line.number, "line": json.dumps(line.data, ensure_ascii=False)} for line in ordered]
     traced = ray.data.from_items(items).map_batches(
-        Tracer,
+        actor,
         fn_constructor_kwargs=actor_kwargs,
         batch_size=actor_kwargs["batch_size"],
         batch_format="numpy",
@@ -104,9 +122,12 @@ def ray_engine(
     address: str | None = None,
     gpus_per_worker: float = 0.0,
     init_kwargs: dict[str, Any] | None = None,
+    actor: type = Tracer,
+    actor_kwargs: dict[str, Any] | None = None,
 ) -> Callable[[list[InputLine], Callable[[int], None]], Iterator[Outcome]]:
     """The engine run_job calls. `model_kwargs` are lmtrace.load's, given to every actor;
-    `init_kwargs` go to ray.init when this engine starts Ray (it then shuts it down)."""
+    `init_kwargs` go to ray.init when this engine starts Ray (it then shuts it down). `actor`
+    (a class like Tracer) and its extra constructor `actor_kwargs` pick another engine per replica."""
     try:
         import ray
         import ray.data
@@ -116,7 +137,7 @@ def ray_engine(
         raise InvalidParameter(f"num_workers must be >= 1, got {num_workers}")
     if gpus_per_worker < 0:
         raise InvalidParameter(f"gpus_per_worker must be >= 0, got {gpus_per_worker}")
-    actor_kwargs = {"model_kwargs": model_kwargs, "defaults": defaults, "batch_size": batch_size}
+    constructor = {"model_kwargs": model_kwargs, "defaults": defaults, "batch_size": batch_size, **(actor_kwargs or {})}
     # a fixed pool: every actor loads the model once, when the pool starts
     placement = {
         "compute": ray.data.ActorPoolStrategy(size=num_workers),
@@ -129,7 +150,7 @@ def ray_engine(
 
         def outcomes() -> Iterator[Outcome]:
             try:
-                yield from _stream(pending, on_tokens, actor_kwargs, placement)
+                yield from _stream(pending, on_tokens, constructor, placement, actor)
             finally:
                 if started:
                     ray.shutdown()

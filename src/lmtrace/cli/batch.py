@@ -57,11 +57,67 @@ class BarProgress:
         self.bar.stop()
 
 
+VLLM_ONLY = ("tensor_parallel_size", "logprobs_mode", "max_model_len", "kv_cache_gib")
+
+
+def _vllm_engine(kw: dict, status: Console, defaults: dict, model_kwargs: dict):
+    """--engine vllm: here, or (with --address or --num-workers) as replicas on Ray."""
+    if kw["device_map"] is not None:
+        raise InvalidParameter(
+            f"device_map: not with --engine vllm (vLLM spreads a model with --tensor-parallel-size), "
+            f"got {kw['device_map']!r}"
+        )
+    if kw["tensor_parallel_size"] is not None and kw["tensor_parallel_size"] < 1:
+        raise InvalidParameter(f"tensor_parallel_size must be >= 1, got {kw['tensor_parallel_size']}")
+    if kw["kv_cache_gib"] is not None and kw["kv_cache_gib"] <= 0:
+        raise InvalidParameter(f"kv_cache_gib must be > 0, got {kw['kv_cache_gib']}")
+    engine_kwargs = {
+        "logprobs_mode": kw["logprobs_mode"] or "raw",
+        "tensor_parallel_size": kw["tensor_parallel_size"] or 1,
+        "max_model_len": kw["max_model_len"],
+        "kv_cache_bytes": int(kw["kv_cache_gib"] * 2**30) if kw["kv_cache_gib"] else None,
+    }
+    source = kw["model"]
+    if kw["address"] is None and kw["num_workers"] is None:
+        from lmtrace.batch.vllm_engine import vllm_engine
+
+        if kw["gpus_per_worker"] is not None:
+            given = kw["gpus_per_worker"]
+            raise InvalidParameter(f"gpus_per_worker: only on Ray (--address or --num-workers), got {given!r}")
+
+        def load():
+            options = (kw["device"], kw["dtype"], kw["allow_pickle"], kw["trust_remote_code"], None)
+            return load_model(status, source, *options)
+
+        return vllm_engine(load, source, defaults, kw["batch_size"], engine_kwargs, kw["echo"])
+    from lmtrace.batch.ray_engine import ray_engine
+    from lmtrace.batch.vllm_engine import VLLMTracer
+
+    if source is not None and Path(source).expanduser().exists():  # workers start in another folder
+        source = str(Path(source).expanduser().resolve())
+    return ray_engine(
+        {"source": source, **model_kwargs, "device_map": None},
+        defaults,
+        kw["batch_size"],
+        num_workers=kw["num_workers"] or 1,
+        address=kw["address"],
+        gpus_per_worker=kw["gpus_per_worker"] or 0.0,
+        actor=VLLMTracer,
+        actor_kwargs={"engine_kwargs": engine_kwargs, "echo": kw["echo"]},
+    )
+
+
 def _engine(kw: dict, status: Console, defaults: dict):
     from lmtrace.batch.local import local_engine
 
     model_kwargs = {k: kw[k] for k in ("device", "dtype", "allow_pickle", "trust_remote_code", "device_map")}
     source = kw["model"]
+    if kw["engine"] != "vllm":
+        for name in (*VLLM_ONLY, "echo"):
+            if kw[name] not in (None, False):
+                raise InvalidParameter(f"{name}: only with --engine vllm, got {kw[name]!r}")
+    if kw["engine"] == "vllm":
+        return _vllm_engine(kw, status, defaults, model_kwargs)
     if kw["engine"] == "local":
         for name in ("num_workers", "address", "gpus_per_worker"):
             if kw[name] is not None:
@@ -112,10 +168,20 @@ def _report(status: Console, summary: Summary, out_path: str) -> None:
 @device_map_option
 @sampling_options
 @click.option("--batch-size", type=int, default=8, show_default=True, help="Lines decoded together.")
-@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--engine", type=click.Choice(["local", "ray", "vllm"]), default="local", show_default=True)
 @click.option("--num-workers", type=int, default=None, help="Ray: model replicas (actors). Default 1.")
 @click.option("--address", default=None, metavar="ADDR", help="Ray: cluster to join (else RAY_ADDRESS, else local).")
 @click.option("--gpus-per-worker", type=float, default=None, help="Ray: GPUs per replica (may be fractional).")
+@click.option("--tensor-parallel-size", type=int, default=None, help="vLLM: GPUs one replica is split over.")
+@click.option(
+    "--logprobs-mode",
+    type=click.Choice(["raw", "processed"]),
+    default=None,
+    help="vLLM: which distribution vLLM reports (default raw); lmtrace rescores the other.",
+)
+@click.option("--max-model-len", type=int, default=None, help="vLLM: context length (default: the model's).")
+@click.option("--kv-cache-gib", type=float, default=None, help="vLLM: memory for the paged KV cache (CPU default 1).")
+@click.option("--echo", is_flag=True, default=False, help="vLLM: also record the prompt's own logprobs.")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 def batch(in_path, out_path, no_color, **kw):
     """Trace every line of IN.jsonl ({"id", "prompt" or "messages", sampling fields}) into
