@@ -113,7 +113,8 @@ def summarize(weights: dict[int, torch.Tensor], total: int, pads: Sequence[int],
         nums = zip(layers, sink.tolist(), recent.tolist(), entropy.tolist(), top_w.tolist(), top_pos.tolist())
         for layer, sinks, recents, ents, tws, tps in nums:
             for r in range(len(pads)):
-                top = [{"position": p, "weight": x} for p, x in zip(tps[r], tws[r]) if p >= 0]
+                # masked columns (outside a sliding window, padding) have weight 0: never listed
+                top = [{"position": p, "weight": x} for p, x in zip(tps[r], tws[r]) if p >= 0 and x > 0]
                 rows[r].append(
                     {"layer": layer, "top": top, "sink_mass": sinks[r], "recent_mass": recents[r], "entropy": ents[r]}
                 )
