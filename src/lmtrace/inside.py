@@ -63,6 +63,20 @@ class Probe:
         att = [{"layers": layers} for layers in att_rows] if att_rows is not None else None
         return lens_rows, att
 
+    def snapshot(self) -> tuple:
+        """What the last forward left (a branch starts from a step it does not recompute)."""
+        return (list(self._rows) if self._rows is not None else None, dict(self._weights or {}))
+
+    def restore(self, saved: tuple, seqs: Sequence[Sequence[int]]) -> None:
+        """Back to a snapshot, with each row's tokens so far `seqs`."""
+        rows, weights = saved
+        if self._rows is not None:
+            self._rows[:] = rows
+        if self._weights is not None:
+            self._weights.clear()
+            self._weights.update(weights)
+        self.seqs = [list(s) for s in seqs]
+
 
 def check(compile: bool, lens_on: bool, attention_on: bool) -> None:
     if compile and (lens_on or attention_on):

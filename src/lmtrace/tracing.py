@@ -265,17 +265,21 @@ def generate_each(
     *,
     chat: bool = False,
     on_step: Callable[[int, Step], None] | None = None,
+    lens: bool = False,
+    attention: bool = False,
 ) -> list[Trace]:
     """Decodes prompts (their text and token ids) as one left-padded batch, each row as it would
     decode alone: one generator per row seeded by its own params' seed, and each step's `kv` the
-    row's own part of the cache (no padding, batch 1). The rows' params may differ only in seed."""
+    row's own part of the cache (no padding, batch 1). The rows' params may differ only in seed.
+    `lens` and `attention` as in generate."""
     ps = [_seeded(p) for p in params]
     shared = ps[0]
     if any({**p.to_dict(), "seed": None} != {**shared.to_dict(), "seed": None} for p in ps):
         raise ValueError("generate_each: the rows' params may differ only in their seed")
     rng = None if shared.greedy else [_rng(lm, p) for p in ps]
     rows = [_Row(lm, shared.stop) for _ in prompt_ids]
-    for r, step in _iter_rows(lm, prompt_ids, shared, rows, rng=rng):
+    probe = inside.Probe(prompt_ids, shared.top_logprobs, lens, attention)
+    for r, step in _iter_rows(lm, prompt_ids, shared, rows, rng=rng, probe=probe):
         if on_step is not None:
             on_step(r, step)
     width, expected = max(len(i) for i in prompt_ids), engine.expected_bytes(lm.model, 1)
@@ -283,7 +287,7 @@ def generate_each(
     for text, ids, p, row in zip(prompts, prompt_ids, ps, rows):
         for step in row.steps:
             step.kv = rowkv.own_part(step.kv, width - len(ids), len(rows), expected)
-        traces.append(_trace(lm, text, ids, p, row, chat))
+        traces.append(_trace(lm, text, ids, p, row, chat, probe=probe))
     return traces
 
 

@@ -50,6 +50,7 @@ def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None
         [j.params for j in batch],
         chat=batch[0].chat,
         on_step=on_step,
+        **batch[0].inside,
     )
     outcomes = []
     for job, trace in zip(batch, traces):

@@ -13,7 +13,7 @@ from lmtrace.batch.job import Summary, run_job
 from lmtrace.batch.local import Outcome, local_engine
 from lmtrace.batch.prepare import defaults_of
 from lmtrace.cli.common import cli, device_map_option, load_model, model_options
-from lmtrace.cli.generate import params_from, sampling_options
+from lmtrace.cli.generate import inside_options, params_from, sampling_options
 from lmtrace.errors import InvalidParameter
 
 
@@ -113,6 +113,7 @@ def _report(status: Console, summary: Summary, out_path: str) -> None:
 @click.option("--address", default=None, metavar="ADDR", help="Ray: cluster to join (else RAY_ADDRESS, else local).")
 @click.option("--gpus-per-worker", type=float, default=None, help="Ray: GPUs per replica (may be fractional).")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+@inside_options
 def batch(in_path, out_path, no_color, **kw):
     """Trace every line of IN.jsonl ({"id", "prompt" or "messages", sampling fields}) into
     OUT.jsonl ({"id", "trace"} or {"id", "error"}), appending; a rerun resumes."""
@@ -122,7 +123,8 @@ def batch(in_path, out_path, no_color, **kw):
     if kw["batch_size"] < 1:
         raise InvalidParameter(f"batch_size must be >= 1, got {kw['batch_size']}")
     status = Console(stderr=True, no_color=no_color, highlight=False)
-    engine = _engine(kw, status, defaults_of(params, kw["chat"]))
+    defaults = {**defaults_of(params, kw["chat"]), "lens": kw["lens"], "attention": kw["attention"]}
+    engine = _engine(kw, status, defaults)
     progress = BarProgress(status)
     try:
         summary = run_job(in_path, out_path, engine, progress)

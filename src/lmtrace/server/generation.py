@@ -68,6 +68,7 @@ def work(lm: LM, job: Job) -> Work:
             prompt_texts=[job.prompt_text] * job.n,
             chat=job.chat,
             on_step=on_step,
+            **job.inside,
         )
         emit(("done", traces))
 

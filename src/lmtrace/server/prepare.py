@@ -4,7 +4,7 @@ request takes a place in the queue, so a bad request never waits for the model."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.loading import LM
@@ -33,6 +33,7 @@ class Job:
     sampled: bool = False  # logprobs of the processed distribution instead of the raw one
     echo: bool = False  # the prompt's tokens and their logprobs come first
     generate: bool = True  # False for echo with max_tokens 0: only the prompt is scored
+    inside: dict = field(default_factory=dict)  # /v1/traces: lens, attention
 
     @property
     def top_n(self) -> int:
@@ -176,4 +177,6 @@ def trace_job(lm: LM, body: TraceRequest) -> Job:
     max_tokens = TRACE_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     params = params_for(body, max_tokens, body.top_logprobs, "top_logprobs")
     check_fits(lm, ids, max_tokens)
-    return Job(ids, text, params, 1, body.messages is not None, True, body.logprobs_mode == "sampled")
+    job = Job(ids, text, params, 1, body.messages is not None, True, body.logprobs_mode == "sampled")
+    job.inside = {"lens": body.lens, "attention": body.attention}
+    return job
