@@ -96,6 +96,15 @@ def _named(t: dict, text: Callable[[int], str]) -> dict:
     return {**head, "token_id": t["token_id"], "text": text(t["token_id"]), **rest}
 
 
+def prompt_tokens(lm, probe: Probe | None, ids: Sequence[int]) -> dict:
+    """With attention: each prompt token's own text, so a report can show every position."""
+    if probe is None or not probe.attention:
+        return {}
+    from lmtrace.detokenize import TokenBytes
+
+    return {"tokens": [TokenBytes(lm.tokenizer).text(t) for t in ids]}
+
+
 def params(lm, probe: Probe | None) -> dict:
     """What a trace's params say about the lens and attention, where they were on."""
     out: dict = {}

@@ -177,7 +177,7 @@ def _trace(
     return Trace(
         model={"source": lm.source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]},
         params={**params.to_dict(), "chat": chat, **({"compile": True} if compile else {}), **inside.params(lm, probe)},
-        prompt={"text": prompt, "token_ids": ids},
+        prompt={"text": prompt, "token_ids": ids, **inside.prompt_tokens(lm, probe, ids)},
         text=text,
         token_ids=[s.token_id for s in row.steps],
         finish_reason=finish,

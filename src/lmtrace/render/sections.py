@@ -10,7 +10,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from lmtrace.render import facts, views
+from lmtrace.render import facts, inside, views
 from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
 from lmtrace.render.templating import parts
 from lmtrace.render.tokens import SCALE
@@ -75,15 +75,39 @@ def kv_section(d: dict[str, Any]) -> Section | None:
     return Section("kv", "KV cache", body)
 
 
+def lens_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | None:
+    """The logit lens: a layer × step heatmap of the chosen token's probability."""
+    svg = inside.lens_heatmap(d["steps"])
+    if svg is None:
+        return None
+    how = (d.get("params") or {}).get("lens") or {}
+    settled = [v["lens"]["settled"] for v in tv if "lens" in v]
+    return Section("lens", "Logit lens", parts().lens(svg, how, settled, len(settled)))
+
+
+def attention_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | None:
+    """The prompt and generated text, shaded by the hovered step's attention (script)."""
+    shown = inside.positions(d, tv)
+    layers = next((len(v["att"]["layers"]) for v in tv if "att" in v), 0)
+    if shown is None or not layers:
+        return None
+    sinks = ((d.get("params") or {}).get("attention") or {}).get("sinks", 4)
+    return Section("attention", "Attention over the cache", parts().attention(shown, layers, sinks))
+
+
 def steps_table(tv: list[dict[str, Any]], sampled: bool) -> Section:
     """Every step's numbers in one table, folded away by default."""
-    columns = ["#", "token", "prob", *(["sampled"] if sampled else []), "rank", "entropy", "KV positions", "ms"]
+    lensed = any("lens" in v for v in tv)
+    columns = ["#", "token", "prob", *(["sampled"] if sampled else []), "rank", "entropy"]
+    columns += [*(["settled at layer"] if lensed else []), "KV positions", "ms"]
     rows = []
     for v in tv:
         kv = v.get("kv") or {}
         row = {"#": v["i"], "token": v["shown"], "prob": facts.value(v["p"]), "rank": facts.value(v["rank"])}
         row |= {"sampled": facts.value(v["sp"]), "entropy": facts.value(v["H"])}
         row |= {"KV positions": facts.value(kv.get("seq_len")), "ms": facts.value(v.get("ms"))}
+        if lensed:
+            row["settled at layer"] = facts.value((v.get("lens") or {}).get("settled"))
         rows.append(row)
     body = Markup("<details><summary>show all steps</summary>") + parts().table(rows, columns) + Markup("</details>")
     return Section("steps", "All steps", body)
@@ -95,6 +119,8 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
     sampled = views.sampling_differs(tv)
     found = [
         text_section(tv, (d.get("prompt") or {}).get("text"), sampled),
+        lens_section(d, tv),
+        attention_section(d, tv),
         step_charts(tv, sampled),
         kv_section(d),
         steps_table(tv, sampled),
