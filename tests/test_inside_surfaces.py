@@ -7,6 +7,7 @@ import json
 
 from fastapi.testclient import TestClient
 
+import lmtrace
 from lmtrace.branch import branch
 from lmtrace.cli import main
 from lmtrace.server import create_app
@@ -85,3 +86,21 @@ def test_traces_route_fields(tiny_lm):
     assert [s["logprob"] for s in d["steps"]] == [s["logprob"] for s in plain["steps"]]
     assert "lens" not in plain["steps"][0]
     assert bad.status_code == 400
+
+
+def test_render_lens_prints_a_layer_table(capsys, tiny_lm, tmp_path):
+    trace = lmtrace.generate(tiny_lm, "Hello world", max_new_tokens=3, temperature=0, lens=True, attention=True)
+    path = tmp_path / "t.json"
+    path.write_text(trace.to_json())
+    assert main(["render", str(path), "--lens", "--step", "1", "--no-color"]) == 0
+    out = capsys.readouterr().out
+    settled = ", ".join(str(s.lens["settled_at"]) for s in trace.steps)
+    assert f"settled at layer {settled}" in out
+    assert "step 1:" in out and "looks at" in out and "sinks" in out
+    assert out.count("\n  ") >= 3  # a row per layer
+    assert main(["render", str(path), "--lens", "--step", "7"]) == 2
+    assert "step must be in 0..2, got 7" in capsys.readouterr().err
+    plain = tmp_path / "plain.json"
+    plain.write_text(lmtrace.generate(tiny_lm, "Hi", max_new_tokens=2, temperature=0).to_json())
+    assert main(["render", str(plain), "--lens"]) == 2
+    assert "no lens or attention records" in capsys.readouterr().err

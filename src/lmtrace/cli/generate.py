@@ -118,6 +118,10 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     write_json(json_path, trace.to_json(indent=2))
     print_trace(trace, view)
     print_extras(trace, kw["waterfall"], view)
+    if kw["lens"]:
+        from lmtrace.render.lens_terminal import settled_line
+
+        view.print(settled_line(trace))
     if json_path and json_path != "-":
         view.print(f"[dim]trace written to {json_path}[/dim]")
     write_reports(trace, html_path, plot_path, view)
