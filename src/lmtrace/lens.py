@@ -103,8 +103,11 @@ def measure(
     index = chosen[None, :, None].expand(lp.shape[0], -1, 1)
     chosen_lp = lp.gather(-1, index)  # (layers + 1, batch, 1)
     rank = (lp > chosen_lp).sum(-1) + 1
-    entropy = sampling.entropy(lp)
-    kl = (final.exp() * (final - lp)).sum(-1)  # KL(final || layer), nats
+    # one pass each over (layers + 1, batch, vocab): lp is finite (a log-softmax of finite logits)
+    entropy = -torch.einsum("lbv,lbv->lb", lp.exp(), lp)
+    entropy[-1] = sampling.entropy(final)  # the final row as the step's own entropy, to the bit
+    kl = -entropy[-1] - torch.einsum("lbv,bv->lb", lp, final.exp())  # KL(final || layer), nats
+    kl[-1] = 0.0  # the final layer against itself, whatever the rounding of the two sums
     top_lp, top_ids = torch.topk(lp, max(top_n, 1), dim=-1)  # (layers + 1, batch, n)
     floats = torch.cat([chosen_lp, entropy[..., None], kl[..., None], top_lp], -1).transpose(0, 1).tolist()
     ints = torch.cat([rank[..., None], top_ids], -1).transpose(0, 1).tolist()
