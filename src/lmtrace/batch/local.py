@@ -43,15 +43,18 @@ def batches(jobs: Sequence[Job], batch_size: int) -> Iterator[list[Job]]:
 
 
 def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None) -> list[Outcome]:
-    if any(batch[0].inside.values()):  # lens / attention: the engine's own batch, with a probe
-        traces = generate_each(lm, [j.text for j in batch], [j.ids for j in batch], [j.params for j in batch],
-                               chat=batch[0].chat, on_step=on_step, **batch[0].inside)  # fmt: skip
-    else:
-        specs = [
-            RowSpec(j.ids, j.params, j.text, j.chat, None if on_step is None else _row_hook(on_step, r))
-            for r, j in enumerate(batch)
-        ]
-        traces = generate_rows(lm, specs, max_batch=len(specs))
+    plain = [j for j in batch if not any(j.inside.values())]
+    specs = [
+        RowSpec(j.ids, j.params, j.text, j.chat, None if on_step is None else _row_hook(on_step, r))
+        for r, j in enumerate(plain)
+    ]
+    found = dict(zip((id(j) for j in plain), generate_rows(lm, specs, max_batch=len(specs)) if specs else []))
+    for group in dict.fromkeys(j.group for j in batch if any(j.inside.values())):
+        same = [j for j in batch if j.group == group]  # lens / attention: the engine's batch with a probe
+        each = generate_each(lm, [j.text for j in same], [j.ids for j in same], [j.params for j in same],
+                             chat=same[0].chat, on_step=on_step, **same[0].inside)  # fmt: skip
+        found.update(zip((id(j) for j in same), each))
+    traces = [found[id(j)] for j in batch]
     outcomes = []
     for job, trace in zip(batch, traces):
         if job.messages is not None:

@@ -77,7 +77,8 @@ def work(lm: LM, job: Job) -> Work:
 
 def start(state: ServerState, job: Job) -> Handle:
     try:
-        if isinstance(state.worker, BatchingWorker):
+        # lens / attention run the engine's own batch with a probe (not the continuous batcher)
+        if isinstance(state.worker, BatchingWorker) and not any(job.inside.values()):
             return state.worker.submit_job(job)
         return state.worker.submit(work(state.lm, job))
     except Busy as e:
