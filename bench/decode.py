@@ -67,10 +67,30 @@ def hf_generate(lm, prompts: list[str], n: int, scores: bool) -> int:
     return (seq.shape[1] - enc["input_ids"].shape[1]) * len(prompts)
 
 
-def traced(lm, prompts: list[str], n: int, compile: bool = False) -> int:
+def traced(lm, prompts: list[str], n: int, compile: bool = False, **inside: bool) -> int:
     traces = lmtrace.generate(lm, prompts, max_new_tokens=n, temperature=0, top_logprobs=20, stop_on_eos=False,
-                              compile=compile)  # fmt: skip
+                              compile=compile, **inside)  # fmt: skip
     return sum(len(t.steps) for t in traces)
+
+
+# inside each step (lmtrace.lens, lmtrace.attention), compared with the plain traced contender
+INSIDE = {"lens": {"lens": True}, "attention": {"attention": True},
+          "lens + attention": {"lens": True, "attention": True}}  # fmt: skip
+
+
+def inside_contenders(lm, n: int) -> dict[str, Callable[[list[str]], int]]:
+    return {f"lmtrace.generate + {k}": (lambda p, kw=kw: traced(lm, p, n, **kw)) for k, kw in INSIDE.items()}
+
+
+def json_bytes_per_step(lm, n: int) -> dict[str, dict[str, float]]:
+    """The trace JSON's size per step, plain and with each inside option, at top_logprobs 5 and 20."""
+    out = {}
+    for top in (5, 20):
+        for name, kw in {"plain": {}, **INSIDE}.items():
+            t = lmtrace.generate(lm, PROMPTS[0], max_new_tokens=n, temperature=0, top_logprobs=top, stop_on_eos=False,
+                                 **kw)  # fmt: skip
+            out.setdefault(f"top_logprobs={top}", {})[name] = len(t.to_json().encode()) / len(t.steps)
+    return out
 
 
 def llama_cpp(n: int) -> Callable[[list[str]], int] | None:
@@ -103,12 +123,14 @@ def score_rate(lm, rounds: int) -> list[float]:
     return rates
 
 
-def contenders(lm, lm_bf16, n: int, batch: int, compile: bool = False) -> dict[str, Callable[[list[str]], int]]:
+def contenders(lm, lm_bf16, n: int, batch: int, compile: bool = False, inside: bool = False) -> dict[str, Callable]:
     found = {
         "model.generate": lambda p: hf_generate(lm, p, n, False),
         "model.generate + output_scores/logits": lambda p: hf_generate(lm, p, n, True),
         "lmtrace.generate (top_logprobs=20, KV ledger)": lambda p: traced(lm, p, n),
     }
+    if inside:
+        found |= inside_contenders(lm, n)
     if lm_bf16 is not None:
         found["lmtrace.generate bfloat16"] = lambda p: traced(lm_bf16, p, n)
     if compile and batch == 1:  # the warm-up round pays the one-off compile
@@ -118,9 +140,9 @@ def contenders(lm, lm_bf16, n: int, batch: int, compile: bool = False) -> dict[s
     return found
 
 
-def measure(lm, lm_bf16, n: int, batch: int, rounds: int, compile: bool = False) -> dict[str, list[float]]:
+def measure(lm, lm_bf16, n: int, batch: int, rounds: int, compile: bool = False, inside: bool = False) -> dict:
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
-    runs = contenders(lm, lm_bf16, n, batch, compile)
+    runs = contenders(lm, lm_bf16, n, batch, compile, inside)
     for run in runs.values():  # warm-up (with the batch's own shapes, for the compiled contender)
         run(prompts)
     rates: dict[str, list[float]] = {k: [] for k in runs}
@@ -139,6 +161,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,8,16")
     ap.add_argument("--bf16", action="store_true", help="also time lmtrace on a bfloat16 copy of the model")
     ap.add_argument("--compile", action="store_true", help="also time lmtrace --compile at batch 1 (a one-off compile)")
+    ap.add_argument("--inside", action="store_true", help="also time --lens, --attention and both")
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/decode-<time>.json)")
     args = ap.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -148,7 +171,7 @@ def main() -> None:
     wbytes = weight_bytes(lm.model)
     rows, results = [], {}
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        rates = measure(lm, lm_bf16, args.tokens, batch, args.rounds, args.compile)
+        rates = measure(lm, lm_bf16, args.tokens, batch, args.rounds, args.compile, args.inside)
         base = statistics.median(rates["model.generate"])
         for name, values in rates.items():
             med = statistics.median(values)
@@ -165,6 +188,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))
     print(f"\nteacher-forced scoring (1024 tokens, float32): median {statistics.median(scoring):.0f} tok/s")
+    if args.inside:
+        results["inside"] = inside_summary(results, args.batch_sizes, json_bytes_per_step(lm, 16))
     record = {"machine": {"platform": platform.platform(), "processor": _cpu_name(), "cores": os.cpu_count(),
                           "torch_threads": torch.get_num_threads(), "bandwidth_gbs": gbs},
               "versions": versions(), "tokens": args.tokens, "rounds": args.rounds, "weight_bytes": wbytes,
@@ -173,6 +198,23 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))
     print(f"\nwritten to {out}")
+
+
+def inside_summary(results: dict, batch_sizes: str, sizes: dict) -> dict:
+    """Step time of each inside option over the plain traced one (the goal: lens + attention <= 1.5x)."""
+    plain = "lmtrace.generate (top_logprobs=20, KV ledger)"
+    print("\n| inside each step | batch | step time / plain traced |\n|---|---|---|")
+    ratios = {}
+    for batch in [int(b) for b in batch_sizes.split(",")]:
+        for k in INSIDE:
+            rate = results[f"lmtrace.generate + {k} @ batch {batch}"]["median"]
+            r = results[f"{plain} @ batch {batch}"]["median"] / rate
+            ratios[f"{k} @ batch {batch}"] = r
+            print(f"| {k} | {batch} | {r:.2f}x |")
+    print("\nJSON bytes per step (bundled model, 30 layers):")
+    for top, row in sizes.items():
+        print(f"  {top}: " + ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in row.items()))
+    return {"step_time_ratio": ratios, "json_bytes_per_step": sizes}
 
 
 def _cpu_name() -> str:

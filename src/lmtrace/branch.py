@@ -9,6 +9,7 @@ continues with the random stream as it stood after the original's draw at `at`."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from lmtrace import engine, kv, sampling, tracing
+from lmtrace import engine, inside, kv, sampling, tracing
 from lmtrace.errors import GenerationError, InvalidParameter
 from lmtrace.loading import LM
 from lmtrace.params import SamplingParams, _integer
@@ -57,6 +58,7 @@ class _Fork:
     logits: torch.Tensor | None = None  # (1, vocab) raw
     seen: torch.Tensor | None = None  # (1, vocab) tokens before `at` (repetition penalty)
     rng_state: torch.Tensor | None = None  # after the original's draw at `at`
+    probe: tuple | None = None  # the lens / attention captures of the forward behind `at`
 
 
 def _decode(
@@ -71,6 +73,7 @@ def _decode(
     prompt_len: int,
     forced: int | None = None,
     fork: tuple[int, _Fork] | None = None,
+    probe: inside.Probe | None = None,
 ) -> Iterator[engine.BatchStep]:
     """The decoding loop for one sequence from step `start`, whose distribution is `logits`
     (1, vocab) and whose cache holds prompt_len + start positions. The same steps as
@@ -87,8 +90,11 @@ def _decode(
             saved = fork[1]
             saved.logits, saved.seen = logits.clone(), None if seen is None else seen.clone()
             saved.rng_state = None if rng is None else rng.get_state()
+            saved.probe = probe.snapshot() if probe is not None else None
         floats, ints = engine.measure(logits, processed, tokens, p.top_logprobs)
         step = engine._assemble(index, floats, ints, [True], p.top_logprobs, kv.state(cache))
+        if probe is not None:
+            step.lens, step.attention = probe.take(index, logits, tokens)
         engine._finish_rows(step, eos, p, hook)
         step.time_ms = (time.perf_counter() - started) * 1000
         yield step
@@ -126,9 +132,11 @@ def _ranks(alternatives: Sequence[int] | None, fan: int | None, vocab: int) -> l
 class _Session:
     """One prompt's original decoding and its branches, sharing one KV cache."""
 
-    def __init__(self, lm: LM, prompt: str, p: SamplingParams, chat: bool):
+    def __init__(self, lm: LM, prompt: str, p: SamplingParams, chat: bool, lens: bool = False, attention: bool = False):
         self.lm, self.prompt, self.p, self.chat = lm, prompt, p, chat
         self.ids = tracing.encode_prompt(lm, prompt, chat)
+        probe = inside.Probe([self.ids], p.top_logprobs, lens, attention)
+        self.probe = probe if probe.wanted else None
         engine._check_context(lm.model, [self.ids], p)
         self.cache = kv.new_cache(lm.model)
         self.eos = set(lm.eos_token_ids) if p.stop_on_eos else set()
@@ -142,7 +150,7 @@ class _Session:
         hook = lambda r, t: row.add(t, t in self.eos)  # noqa: E731
         for _ in tracing._records(self.lm, [self.ids], make_steps(hook), [row]):
             pass
-        return tracing._trace(self.lm, self.prompt, self.ids, self.p, row, self.chat)
+        return tracing._trace(self.lm, self.prompt, self.ids, self.p, row, self.chat, probe=self.probe)
 
     def original(self, at: int) -> tuple[Trace, _Fork]:
         lm, p, fork = self.lm, self.p, _Fork()
@@ -152,7 +160,9 @@ class _Session:
             seen[0, self.ids] = True
         logits = engine.prefill(lm.model, torch.tensor([self.ids], device=lm.model.device), None, self.cache)
         rng, n = tracing._rng(lm, p), len(self.ids)
-        trace = self._trace(lambda hook: _decode(lm, self.cache, logits, seen, rng, p, hook, 0, n, fork=(at, fork)))
+        trace = self._trace(
+            lambda hook: _decode(lm, self.cache, logits, seen, rng, p, hook, 0, n, fork=(at, fork), probe=self.probe)
+        )
         return trace, fork
 
     def branch(self, original: Trace, fork: _Fork, at: int, token: int) -> Trace:
@@ -163,9 +173,12 @@ class _Session:
             rng.set_state(fork.rng_state)
         seen = None if fork.seen is None else fork.seen.clone()
         n = len(self.ids)
+        if self.probe is not None:
+            self.probe.restore(fork.probe, [self.ids + original.token_ids[:at]])
 
         def make_steps(hook):
-            return _decode(self.lm, self.cache, fork.logits, seen, rng, self.p, hook, at, n, forced=token)
+            return _decode(self.lm, self.cache, fork.logits, seen, rng, self.p, hook, at, n, forced=token,
+                           probe=self.probe)  # fmt: skip
 
         return self._trace(make_steps, prefix=original.steps[:at])
 
@@ -179,16 +192,20 @@ def branch(
     fan: int | None = None,
     params: SamplingParams | None = None,
     chat: bool = False,
+    lens: bool = False,
+    attention: bool = False,
     **kwargs: Any,
 ) -> Branches:
     """Decodes `prompt`, then once more per alternative rank K with the token at step `at`
     replaced by the K-th most likely raw token (default K = 2). `fan=K` branches on each of the
-    K most likely tokens other than the one the original chose."""
+    K most likely tokens other than the one the original chose. `lens` and `attention` record
+    inside each step as in lmtrace.generate."""
     p = tracing._seeded(tracing.make_params(params, **kwargs))
     _integer("at", at, low=0, high=p.max_new_tokens - 1)
     ranks = _ranks(alternatives, fan, int(lm.model.config.vocab_size))
-    session = _Session(lm, prompt, p, chat)
-    with torch.inference_mode():
+    session = _Session(lm, prompt, p, chat, lens, attention)
+    attached = session.probe.attached(lm.model) if session.probe is not None else contextlib.nullcontext()
+    with torch.inference_mode(), attached:
         original, fork = session.original(at)
         if fork.logits is None:
             raise InvalidParameter(f"at must be a step the decoding reached (0..{len(original.steps) - 1}), got {at}")

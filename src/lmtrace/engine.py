@@ -3,13 +3,14 @@ that feeds only the new token and the KV cache. No printing, no files."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from lmtrace import forced, kv, kvsize, sampling, waterfall
+from lmtrace import forced, inside, kv, kvsize, sampling, waterfall
 from lmtrace.errors import InvalidParameter
 from lmtrace.params import SamplingParams
 
@@ -39,6 +40,9 @@ class BatchStep:
     prompt: list[forced.Forced] | None = None
     # where a waterfall was asked for at this step: one per row (lmtrace.waterfall.stages)
     waterfall: list[dict] | None = None
+    # with a Probe (lmtrace.inside): per row, the logit lens and the attention over the cache
+    lens: list[dict] | None = None
+    attention: list[dict] | None = None
 
 
 def left_pad(
@@ -146,12 +150,14 @@ def generate_steps(
     echo: bool = False,
     waterfall_at: Callable[[int], bool] | None = None,
     compile: bool = False,
+    probe: inside.Probe | None = None,
 ) -> Iterator[BatchStep]:
     """Decodes every prompt of the batch together and yields one BatchStep per step. `rng` is
     one generator for the batch or a list of one per row (see sampling.choose). `echo` adds the
     prompt tokens' numbers to step 0; `waterfall_at(index)` selects the steps that record the
     distribution after each sampling stage; `compile` uses a static cache and a torch.compile'd
-    decode step (a one-off compile, the same tokens)."""
+    decode step (a one-off compile, the same tokens); `probe` records the logit lens and the
+    attention over the cache at every step (lmtrace.inside)."""
     _check_context(model, prompt_ids, params)
     device = model.device
     batch = len(prompt_ids)
@@ -171,7 +177,8 @@ def generate_steps(
         mask = torch.cat([mask, mask.new_ones((batch, params.max_new_tokens))], dim=-1)
     expected = expected_bytes(model, batch)
     started = time.perf_counter()
-    with torch.inference_mode():
+    attached = probe.attached(model) if probe is not None and probe.wanted else contextlib.nullcontext()
+    with torch.inference_mode(), attached:
         prompt_mask = mask[:, : input_ids.shape[1]]
         logits = prefill(model, input_ids, prompt_mask if padded else None, cache, all_positions=echo)
         echoed = prompt_numbers(logits, input_ids, prompt_mask, params.top_logprobs) if echo else None
@@ -182,6 +189,8 @@ def generate_steps(
             floats, ints = measure(logits, processed, tokens, params.top_logprobs)
             step = _assemble(index, floats, ints, active, params.top_logprobs, kv.state(cache, expected))
             step.prompt = echoed if index == 0 else None
+            if probe is not None and probe.wanted:
+                step.lens, step.attention = probe.take(index, logits, tokens)
             if waterfall_at is not None and waterfall_at(index):
                 step.waterfall = waterfall.stages(logits, params, seen, tokens, params.top_logprobs)
             _finish_rows(step, eos_token_ids, params, on_token)

@@ -65,6 +65,10 @@ class Step:
     # the distribution after each sampling stage, one dict per stage (lmtrace.waterfall); only
     # where asked for
     waterfall: list[dict[str, Any]] | None = None
+    # the logit lens {settled_at, layers: [...]} and the attention over the cache {layers: [...]}
+    # (lmtrace.lens, lmtrace.attention); only where asked for
+    lens: dict[str, Any] | None = None
+    attention: dict[str, Any] | None = None
     # a watched loop's cache misuse, on the step (round) where it starts (lmtrace.watch)
     problems: list[dict[str, Any]] | None = None
 
@@ -76,7 +80,7 @@ class Step:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
         d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
         d["top"] = [a.to_dict() for a in self.top]
-        for name in ("waterfall", "problems"):  # optional fields are written only when present
+        for name in ("waterfall", "problems", "lens", "attention"):  # optional fields are written only when present
             if d[name] is None:
                 del d[name]
         return d
@@ -91,12 +95,14 @@ class Step:
             sampled_logprob=_inf(d["sampled_logprob"]),
             top=[Alternative.from_dict(a) for a in d["top"]],
             waterfall=d.get("waterfall"),
+            lens=d.get("lens"),
+            attention=d.get("attention"),
             problems=d.get("problems"),
         )
 
 
 # fields added after schema 1 was first written: absent from older JSON, omitted when unset
-_OPTIONAL = ("waterfall", "prompt_logprobs", "problems")
+_OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention")
 
 
 def _forget(steps: list[Step], distributions: str) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from lmtrace import engine, forced, kvsize, rowkv, sampling
+from lmtrace import engine, forced, inside, kvsize, rowkv, sampling
 from lmtrace import waterfall as waterfall_mod
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.loading import LM
@@ -86,6 +86,8 @@ def _step(lm: LM, bs: engine.BatchStep, row: int, piece: str, tb: TokenBytes) ->
         kv=bs.kv.to_dict(),
         time_ms=bs.time_ms,
         waterfall=waterfall_mod.with_texts(bs.waterfall[row], tb.text) if bs.waterfall else None,
+        lens=inside.with_texts(bs.lens[row], tb.text) if bs.lens else None,
+        attention=inside.with_texts(bs.attention[row], tb.text) if bs.attention else None,
     )
 
 
@@ -104,6 +106,7 @@ def _iter_rows(
     waterfall_at: Callable[[int], bool] | None = None,
     compile: bool = False,
     rng: sampling.Rng = None,
+    probe: inside.Probe | None = None,
 ) -> Iterator[tuple[int, Step]]:
     """Runs the engine and yields (row, Step) for every row still generating at each step.
     `rng` None means one generator seeded by `params.seed`."""
@@ -124,6 +127,7 @@ def _iter_rows(
         echo=echo,
         waterfall_at=waterfall_at,
         compile=compile,
+        probe=probe,
     )
     yield from _records(lm, prompts, steps, rows)
 
@@ -149,7 +153,14 @@ def _records(
 
 
 def _trace(
-    lm: LM, prompt: str, ids: list[int], params: SamplingParams, row: _Row, chat: bool, compile: bool = False
+    lm: LM,
+    prompt: str,
+    ids: list[int],
+    params: SamplingParams,
+    row: _Row,
+    chat: bool,
+    compile: bool = False,
+    probe: inside.Probe | None = None,
 ) -> Trace:
     full = row.detok.emitted
     if row.cut is not None:
@@ -165,8 +176,8 @@ def _trace(
     summary = lm.summary.to_dict()
     return Trace(
         model={"source": lm.source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]},
-        params={**params.to_dict(), "chat": chat, **({"compile": True} if compile else {})},
-        prompt={"text": prompt, "token_ids": ids},
+        params={**params.to_dict(), "chat": chat, **({"compile": True} if compile else {}), **inside.params(lm, probe)},
+        prompt={"text": prompt, "token_ids": ids, **inside.prompt_tokens(lm, probe, ids)},
         text=text,
         token_ids=[s.token_id for s in row.steps],
         finish_reason=finish,
@@ -221,22 +232,28 @@ def generate(
     echo: bool = False,
     waterfall: int | str | None = None,
     compile: bool = False,
+    lens: bool = False,
+    attention: bool = False,
     **kwargs: Any,
 ) -> Trace | list[Trace]:
     """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
     list of Traces; `on_step(row, step)` is called as each step is produced. `echo` also
     records the prompt's own tokens (`trace.prompt_logprobs`, from the prefill pass);
     `waterfall` (a step index or "all") records the distribution after each sampling stage;
-    `compile` uses a static cache and a torch.compile'd decode step (a one-off compile)."""
+    `compile` uses a static cache and a torch.compile'd decode step (a one-off compile);
+    `lens` records every layer's prediction at each step (the logit lens) and `attention` what
+    each step's token attended to in the cache (lmtrace.lens, lmtrace.attention)."""
     p = _seeded(make_params(params, **kwargs))
+    inside.check(compile, lens, attention)
     selector = waterfall_mod.step_selector(waterfall, p.max_new_tokens)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     ids = [encode_prompt(lm, text, chat) for text in prompts]
     rows = [_Row(lm, p.stop) for _ in ids]
-    for r, step in _iter_rows(lm, ids, p, rows, echo, selector, compile):
+    probe = inside.Probe(ids, p.top_logprobs, lens, attention)
+    for r, step in _iter_rows(lm, ids, p, rows, echo, selector, compile, probe=probe):
         if on_step is not None:
             on_step(r, step)
-    traces = [_trace(lm, text, i, p, row, chat, compile) for text, i, row in zip(prompts, ids, rows)]
+    traces = [_trace(lm, text, i, p, row, chat, compile, probe) for text, i, row in zip(prompts, ids, rows)]
     return traces[0] if isinstance(prompt, str) else traces
 
 
@@ -248,17 +265,21 @@ def generate_each(
     *,
     chat: bool = False,
     on_step: Callable[[int, Step], None] | None = None,
+    lens: bool = False,
+    attention: bool = False,
 ) -> list[Trace]:
     """Decodes prompts (their text and token ids) as one left-padded batch, each row as it would
     decode alone: one generator per row seeded by its own params' seed, and each step's `kv` the
-    row's own part of the cache (no padding, batch 1). The rows' params may differ only in seed."""
+    row's own part of the cache (no padding, batch 1). The rows' params may differ only in seed.
+    `lens` and `attention` as in generate."""
     ps = [_seeded(p) for p in params]
     shared = ps[0]
     if any({**p.to_dict(), "seed": None} != {**shared.to_dict(), "seed": None} for p in ps):
         raise ValueError("generate_each: the rows' params may differ only in their seed")
     rng = None if shared.greedy else [_rng(lm, p) for p in ps]
     rows = [_Row(lm, shared.stop) for _ in prompt_ids]
-    for r, step in _iter_rows(lm, prompt_ids, shared, rows, rng=rng):
+    probe = inside.Probe(prompt_ids, shared.top_logprobs, lens, attention)
+    for r, step in _iter_rows(lm, prompt_ids, shared, rows, rng=rng, probe=probe):
         if on_step is not None:
             on_step(r, step)
     width, expected = max(len(i) for i in prompt_ids), engine.expected_bytes(lm.model, 1)
@@ -266,7 +287,7 @@ def generate_each(
     for text, ids, p, row in zip(prompts, prompt_ids, ps, rows):
         for step in row.steps:
             step.kv = rowkv.own_part(step.kv, width - len(ids), len(rows), expected)
-        traces.append(_trace(lm, text, ids, p, row, chat))
+        traces.append(_trace(lm, text, ids, p, row, chat, probe=probe))
     return traces
 
 
@@ -277,13 +298,16 @@ def stream(
     *,
     chat: bool = False,
     waterfall: int | str | None = None,
+    lens: bool = False,
+    attention: bool = False,
     **kwargs: Any,
 ) -> Iterator[Step]:
-    """Steps with text and timing, as they are produced."""
+    """Steps with text and timing, as they are produced (`lens`, `attention` as in generate)."""
     p = _seeded(make_params(params, **kwargs))
     selector = waterfall_mod.step_selector(waterfall, p.max_new_tokens)
     ids = encode_prompt(lm, prompt, chat)
-    for _, step in _iter_rows(lm, [ids], p, [_Row(lm, p.stop)], waterfall_at=selector):
+    probe = inside.Probe([ids], p.top_logprobs, lens, attention)
+    for _, step in _iter_rows(lm, [ids], p, [_Row(lm, p.stop)], waterfall_at=selector, probe=probe):
         yield step
 
 
@@ -304,6 +328,8 @@ def generate_ids(
     prompt_texts: Sequence[str] | None = None,
     chat: bool = False,
     on_step: Callable[[int, Step], None] | None = None,
+    lens: bool = False,
+    attention: bool = False,
     **kwargs: Any,
 ) -> list[Trace]:
     """Like `generate` for prompts already tokenized (a server's token-id prompts, a chat
@@ -313,7 +339,8 @@ def generate_ids(
     ids = [list(i) for i in prompt_ids]
     texts = list(prompt_texts) if prompt_texts is not None else [lm.tokenizer.decode(i) for i in ids]
     rows = [_Row(lm, p.stop) for _ in ids]
-    for r, step in _iter_rows(lm, ids, p, rows):
+    probe = inside.Probe(ids, p.top_logprobs, lens, attention)
+    for r, step in _iter_rows(lm, ids, p, rows, probe=probe):
         if on_step is not None:
             on_step(r, step)
-    return [_trace(lm, text, i, p, row, chat) for text, i, row in zip(texts, ids, rows)]
+    return [_trace(lm, text, i, p, row, chat, probe=probe) for text, i, row in zip(texts, ids, rows)]

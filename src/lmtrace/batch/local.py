@@ -14,6 +14,7 @@ from lmtrace.batch.output import record_line
 from lmtrace.batch.prepare import Job, prepare
 from lmtrace.continuous import RowSpec, generate_rows
 from lmtrace.loading import LM
+from lmtrace.tracing import generate_each
 
 # lines tokenized and sorted together: longer windows pad less, shorter ones write sooner
 WINDOW_BATCHES = 64
@@ -42,11 +43,18 @@ def batches(jobs: Sequence[Job], batch_size: int) -> Iterator[list[Job]]:
 
 
 def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None) -> list[Outcome]:
+    plain = [j for j in batch if not any(j.inside.values())]
     specs = [
         RowSpec(j.ids, j.params, j.text, j.chat, None if on_step is None else _row_hook(on_step, r))
-        for r, j in enumerate(batch)
+        for r, j in enumerate(plain)
     ]
-    traces = generate_rows(lm, specs, max_batch=len(specs))
+    found = dict(zip((id(j) for j in plain), generate_rows(lm, specs, max_batch=len(specs)) if specs else []))
+    for group in dict.fromkeys(j.group for j in batch if any(j.inside.values())):
+        same = [j for j in batch if j.group == group]  # lens / attention: the engine's batch with a probe
+        each = generate_each(lm, [j.text for j in same], [j.ids for j in same], [j.params for j in same],
+                             chat=same[0].chat, on_step=on_step, **same[0].inside)  # fmt: skip
+        found.update(zip((id(j) for j in same), each))
+    traces = [found[id(j)] for j in batch]
     outcomes = []
     for job, trace in zip(batch, traces):
         if job.messages is not None:

@@ -30,10 +30,11 @@ class Job:
     params: SamplingParams
     chat: bool
     messages: list[dict[str, Any]] | None = None
+    inside: dict[str, bool] = field(default_factory=dict)  # lens / attention (lmtrace.inside)
     group: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.group = json.dumps([{**self.params.to_dict(), "seed": None}, self.chat], sort_keys=True)
+        self.group = json.dumps([{**self.params.to_dict(), "seed": None}, self.chat, self.inside], sort_keys=True)
 
 
 def defaults_of(params: SamplingParams, chat: bool = False) -> dict[str, Any]:
@@ -87,10 +88,22 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
     try:
         params, chat = line_params(line.data, defaults)
         text, ids, messages = _encode(lm, line.data, chat or "messages" in line.data)
+        inside_of(line.data, defaults)
         # the engine's own check, so a line's error reads as `lmtrace generate` would say it
         engine._check_context(lm.model, [ids], params)
     except InvalidParameter as e:
         return str(e)
     except (TypeError, ValueError) as e:  # a chat template missing or failing, odd field types
         return f"{type(e).__name__}: {' '.join(str(e).split())}"
-    return Job(line, text, ids, params, chat or messages is not None, messages)
+    return Job(line, text, ids, params, chat or messages is not None, messages, inside_of(line.data, defaults))
+
+
+def inside_of(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, bool]:
+    """The line's `lens` / `attention` over the command's (--lens, --attention)."""
+    out = {}
+    for name in ("lens", "attention"):
+        value = data.get(name, defaults.get(name, False))
+        if not isinstance(value, bool):
+            raise InvalidParameter(f"{name} must be true or false, got {value!r}")
+        out[name] = value
+    return out

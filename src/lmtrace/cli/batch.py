@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from lmtrace.cli.common import cli, device_map_option, load_model, model_options
-from lmtrace.cli.generate import params_from, sampling_options
+from lmtrace.cli.generate import inside_options, params_from, sampling_options
 from lmtrace.errors import InvalidParameter
 
 if TYPE_CHECKING:  # lmtrace.batch imports torch: the command imports it when it runs
@@ -183,6 +183,7 @@ def _report(status: Console, summary: Summary, out_path: str) -> None:
 @click.option("--kv-cache-gib", type=float, default=None, help="vLLM: memory for the paged KV cache (CPU default 1).")
 @click.option("--echo", is_flag=True, default=False, help="vLLM: also record the prompt's own logprobs.")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+@inside_options
 def batch(in_path, out_path, no_color, **kw):
     """Trace every line of IN.jsonl ({"id", "prompt" or "messages", sampling fields}) into
     OUT.jsonl ({"id", "trace"} or {"id", "error"}), appending; a rerun resumes."""
@@ -195,7 +196,8 @@ def batch(in_path, out_path, no_color, **kw):
     from lmtrace.batch.prepare import defaults_of
 
     status = Console(stderr=True, no_color=no_color, highlight=False)
-    engine = _engine(kw, status, defaults_of(params, kw["chat"]))
+    defaults = {**defaults_of(params, kw["chat"]), "lens": kw["lens"], "attention": kw["attention"]}
+    engine = _engine(kw, status, defaults)
     progress = BarProgress(status)
     try:
         summary = run_job(in_path, out_path, engine, progress)

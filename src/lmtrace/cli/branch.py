@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
-from lmtrace.cli.generate import params_from, sampling_options
+from lmtrace.cli.generate import inside_options, params_from, sampling_options
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.params import _integer
@@ -29,6 +29,7 @@ from lmtrace.params import _integer
 @click.option("--json", "json_path", default=None, metavar="FILE", help='Write {"branches": [trace, ...]} as JSON.')
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+@inside_options
 def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plot_path, no_color, **kw):
     """Decode PROMPT, then again with the token at step --at replaced by the K-th most likely
     token, continuing with the same settings (the shared prefix's cache is reused)."""
@@ -45,7 +46,8 @@ def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plo
     view, status = consoles(json_path, no_color)
     lm = load_model(status, *loading)
     with status.status("Decoding and branching…"):
-        result = run(lm, text, at, list(alternatives) or None, fan=fan, params=params, chat=kw["chat"])
+        result = run(lm, text, at, list(alternatives) or None, fan=fan, params=params, chat=kw["chat"],
+                     lens=kw["lens"], attention=kw["attention"])  # fmt: skip
     write_json(json_path, result.to_json(indent=2))
     print_branches(result, view)
     write_reports(result, html_path, plot_path, view)

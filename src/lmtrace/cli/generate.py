@@ -69,6 +69,13 @@ def print_extras(trace, waterfall: str | None, view) -> None:
         view.print(waterfall_view(step))
 
 
+def inside_options(f):
+    """--lens and --attention: what happens inside each step (lmtrace.lens, lmtrace.attention)."""
+    attention = "Record each step's attention over the cache per layer (top positions, sinks)."
+    f = click.option("--attention", is_flag=True, help=attention)(f)
+    return click.option("--lens", is_flag=True, help="Record every layer's prediction per step (logit lens).")(f)
+
+
 def progress_bar(console, total: int) -> Progress:
     columns = [TextColumn("Generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     return Progress(*columns, console=console, transient=True)
@@ -89,6 +96,7 @@ def progress_bar(console, total: int) -> Progress:
 @click.option(
     "--waterfall", default=None, metavar="STEP|all", help="Record the distribution after each sampling stage."
 )
+@inside_options
 def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, json_path, no_color, **kw):
     """Generate from PROMPT and show every token's probability, rank, entropy and alternatives."""
     params = params_from(kw)  # argument errors first: they need no torch
@@ -106,10 +114,14 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
         task = progress.add_task("generate", total=params.max_new_tokens)
         advance = lambda row, step: progress.advance(task)  # noqa: E731
         trace = run(lm, text, params, chat=kw["chat"], on_step=advance, echo=kw["echo"], waterfall=kw["waterfall"],
-                    compile=kw["compile_"])  # fmt: skip
+                    compile=kw["compile_"], lens=kw["lens"], attention=kw["attention"])  # fmt: skip
     write_json(json_path, trace.to_json(indent=2))
     print_trace(trace, view)
     print_extras(trace, kw["waterfall"], view)
+    if kw["lens"]:
+        from lmtrace.render.lens_terminal import settled_line
+
+        view.print(settled_line(trace))
     if json_path and json_path != "-":
         view.print(f"[dim]trace written to {json_path}[/dim]")
     write_reports(trace, html_path, plot_path, view)

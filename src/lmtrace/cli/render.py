@@ -51,16 +51,33 @@ def print_record(kind: str, d: dict[str, Any], path: str, console: Console) -> N
         print_trace(_trace(d, path), console)
 
 
+def _print_lens(kind: str, d: dict[str, Any], path: str, step: int | None, console: Console) -> None:
+    from lmtrace.render.lens_terminal import inside_table, pick_step, settled_line
+
+    if kind != "trace":
+        raise InvalidParameter(f"lens: {path!r} is a {kind} record, not a trace")
+    trace = _trace(d, path)
+    chosen = pick_step(trace, step)
+    if any(s.lens for s in trace.steps):
+        console.print(settled_line(trace))
+    console.print(inside_table(chosen))
+
+
 @cli.command()
 @click.argument("trace_path", metavar="TRACE.json")
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
-def render(trace_path, html_path, plot_path, no_color):
+@click.option("--lens", "lens", is_flag=True, help="A layer table of one step (--step): logit lens and attention.")
+@click.option("--step", "step", type=int, default=None, help="The step --lens shows (default 0).")
+def render(trace_path, html_path, plot_path, no_color, lens=False, step=None):
     """Show a saved TRACE.json (from --json) again, or write it as an HTML report (--html) or a
     PNG plot (--plot). Also reads score results and branches."""
     check_report_paths(html_path, plot_path)
     kind, d = read_record(trace_path)
     console = Console(no_color=no_color, highlight=False)
+    if lens:
+        _print_lens(kind, d, trace_path, step, console)
+        return
     if html_path is None and plot_path is None:
         print_record(kind, d, trace_path, console)
         return

@@ -10,7 +10,7 @@ from markupsafe import Markup
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.files import write_atomic
-from lmtrace.render import facts, sections, views
+from lmtrace.render import facts, inside, sections, views
 from lmtrace.render.kinds import BRANCHES, SCORE, TRACE, as_record
 from lmtrace.render.templating import env, parts, script_hash, script_json, static
 
@@ -112,6 +112,8 @@ def notebook_html(obj: Any) -> str:
             views=tv,
             legend=sections.LEGEND,
             sampled=views.sampling_differs(tv),
+            heatmap=inside.lens_heatmap(d["steps"]),
+            settled=[v["lens"]["settled"] for v in tv if "lens" in v],
             css=Markup(static("notebook.css")),
         )
     )

@@ -11,7 +11,7 @@ from typing import Any
 from markupsafe import Markup
 
 from lmtrace.render import anatomy as kv_anatomy
-from lmtrace.render import facts, views
+from lmtrace.render import facts, inside, views
 from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
 from lmtrace.render.templating import parts
 from lmtrace.render.tokens import SCALE
@@ -79,6 +79,26 @@ def kv_section(d: dict[str, Any]) -> Section | None:
     return Section("kv", "KV cache", body)
 
 
+def lens_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | None:
+    """The logit lens: a layer × step heatmap of the chosen token's probability."""
+    svg = inside.lens_heatmap(d["steps"])
+    if svg is None:
+        return None
+    how = (d.get("params") or {}).get("lens") or {}
+    settled = [v["lens"]["settled"] for v in tv if "lens" in v]
+    return Section("lens", "Logit lens", parts().lens(svg, how, settled, len(settled)))
+
+
+def attention_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | None:
+    """The prompt and generated text, shaded by the hovered step's attention (script)."""
+    shown = inside.positions(d, tv)
+    layers = next((len(v["att"]["layers"]) for v in tv if "att" in v), 0)
+    if shown is None or not layers:
+        return None
+    sinks = ((d.get("params") or {}).get("attention") or {}).get("sinks", 4)
+    return Section("attention", "Attention over the cache", parts().attention(shown, layers, sinks))
+
+
 def problems_section(tv: list[dict[str, Any]]) -> Section | None:
     """A watched loop's cache problems, each at the step (round) where it starts."""
     found = [(v["i"], m) for v in tv for m in v.get("problems") or []]
@@ -103,8 +123,10 @@ def origin_note(d: dict[str, Any]) -> str | None:
 
 def steps_table(tv: list[dict[str, Any]], sampled: bool) -> Section:
     """Every step's numbers in one table, folded away by default."""
+    lensed = any("lens" in v for v in tv)
     sampled = sampled or not views.raw_known(tv)
-    columns = ["#", "token", "prob", *(["sampled"] if sampled else []), "rank", "entropy", "KV positions", "ms"]
+    columns = ["#", "token", "prob", *(["sampled"] if sampled else []), "rank", "entropy"]
+    columns += [*(["settled at layer"] if lensed else []), "KV positions", "ms"]
     if any(v.get("problems") for v in tv):
         columns.append("problem")
     rows = []
@@ -113,6 +135,8 @@ def steps_table(tv: list[dict[str, Any]], sampled: bool) -> Section:
         row = {"#": v["i"], "token": v["shown"], "prob": facts.value(v["p"]), "rank": facts.value(v["rank"])}
         row |= {"sampled": facts.value(v["sp"]), "entropy": facts.value(v["H"])}
         row |= {"KV positions": facts.value(kv.get("seq_len")), "ms": facts.value(v.get("ms"))}
+        if lensed:
+            row["settled at layer"] = facts.value((v.get("lens") or {}).get("settled"))
         row["problem"] = "; ".join(v.get("problems") or [])
         rows.append(row)
     body = Markup("<details><summary>show all steps</summary>") + parts().table(rows, columns) + Markup("</details>")
@@ -124,6 +148,9 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
     tv = views.token_views(d["steps"])
     sampled = views.sampling_differs(tv)
     found = [
+        text_section(tv, (d.get("prompt") or {}).get("text"), sampled),
+        lens_section(d, tv),
+        attention_section(d, tv),
         problems_section(tv),
         text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat"))),
         step_charts(tv, sampled),

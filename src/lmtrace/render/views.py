@@ -8,6 +8,7 @@ import math
 import unicodedata
 from typing import Any
 
+from lmtrace.render import inside
 from lmtrace.render.tokens import SCALE, escape, show_bytes
 
 # step fields that token_view shows itself; other fields reach the panel as "extra"
@@ -105,6 +106,10 @@ def token_view(step: dict[str, Any], i: int) -> dict[str, Any]:
         view["kv"] = step["kv"]
     if isinstance(step.get("waterfall"), list):
         view["waterfall"] = step["waterfall"]
+    if isinstance(step.get("lens"), dict):  # lmtrace.lens / lmtrace.attention, compacted
+        view["lens"] = inside.lens_view(step["lens"])
+    if isinstance(step.get("attention"), dict):
+        view["att"] = inside.attention_view(step["attention"])
     if isinstance(step.get("problems"), list) and step["problems"]:  # a watched loop's cache misuse
         view["problems"] = [str(p.get("message", p)) if isinstance(p, dict) else str(p) for p in step["problems"]]
     extra = {k: v for k, v in step.items() if k not in _KNOWN and isinstance(v, (str, int, float, bool))}

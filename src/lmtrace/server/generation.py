@@ -67,7 +67,8 @@ def work(lm: LM, job: Job) -> Work:
                 emit(("step", first + row, step))
 
             traces += generate_ids(
-                lm, [p.ids] * job.n, job.params, prompt_texts=[p.text] * job.n, chat=job.chat, on_step=on_step
+                lm, [p.ids] * job.n, job.params, prompt_texts=[p.text] * job.n, chat=job.chat, on_step=on_step,
+                **job.inside,
             )
         emit(("done", traces))
 
@@ -76,7 +77,8 @@ def work(lm: LM, job: Job) -> Work:
 
 def start(state: ServerState, job: Job) -> Handle:
     try:
-        if isinstance(state.worker, BatchingWorker):
+        # lens / attention run the engine's own batch with a probe (not the continuous batcher)
+        if isinstance(state.worker, BatchingWorker) and not any(job.inside.values()):
             return state.worker.submit_job(job)
         return state.worker.submit(work(state.lm, job))
     except Busy as e:

@@ -4,7 +4,7 @@ request takes a place in the queue, so a bad request never waits for the model."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.loading import LM
@@ -41,6 +41,7 @@ class Job:
     echo: bool = False  # the prompt's tokens and their logprobs come first
     generate: bool = True  # False for echo with max_tokens 0: only the prompt is scored
     many: bool = False
+    inside: dict = field(default_factory=dict)  # /v1/traces: lens, attention
 
     @property
     def top_n(self) -> int:
@@ -218,4 +219,6 @@ def trace_job(lm: LM, body: TraceRequest) -> Job:
     for i, p in enumerate(prompts):
         check_fits(lm, p.ids, max_tokens, f"prompt[{i}]" if many else "prompt")
     sampled = body.logprobs_mode == "sampled"
-    return Job(prompts, params, 1, body.messages is not None, True, sampled, many=many)
+    job = Job(prompts, params, 1, body.messages is not None, True, sampled, many=many)
+    job.inside = {"lens": body.lens, "attention": body.attention}
+    return job

@@ -120,6 +120,9 @@ class TraceRequest(Sampling):
     messages: list[Message] | None = None
     # Alternatives recorded per step (0-100, as the CLI's --top-logprobs).
     top_logprobs: int = 5
+    # Record every layer's prediction per step (the logit lens) / the attention over the cache.
+    lens: bool = False
+    attention: bool = False
 
 
 class TokenizeRequest(BaseModel):

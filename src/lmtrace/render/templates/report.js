@@ -6,6 +6,7 @@
   var panel = document.getElementById("panel");
   var pinned = null; // [view, step] of the pinned token, or null
   var mode = "raw";
+  var hoverLayer = null; // the heatmap row under the pointer
   document.documentElement.classList.add("js"); // the raw/sampled switch only works with script
 
   function el(tag, cls, text) {
@@ -85,9 +86,11 @@
     box.appendChild(table);
     return box;
   }
+  var last = null; // the step shown last
   function show(v, i) {
     var view = data.views[v], s = view && view.steps[i];
     if (!s) return;
+    last = [v, i];
     panel.replaceChildren();
     var title = (data.views.length > 1 ? view.label + " · " : "") + (data.kind === "score" ? "token " : "step ") + s.i;
     panel.appendChild(el("h3", null, title));
@@ -124,7 +127,72 @@
       details.appendChild(grid(s.kv.layers));
       panel.appendChild(details);
     }
+    if (s.lens) lensPanel(s);
+    if (s.att) attentionText(v, i);
     mark(v, i);
+  }
+  // The logit lens of a step: per layer the chosen token's probability and rank, and the top
+  // tokens of the hovered layer (a heatmap cell) or of the settling layer.
+  function lensPanel(s) {
+    var at = hoverLayer !== null ? hoverLayer : (s.lens.settled !== null ? s.lens.settled : s.lens.layers.length - 1);
+    panel.appendChild(el("h4", null, "logit lens · settled at layer " + num(s.lens.settled)));
+    var layer = s.lens.layers[at];
+    if (layer) {
+      panel.appendChild(el("p", "meta", "layer " + layer.l + " top tokens:"));
+      var list = el("table", "alts");
+      layer.top.forEach(function (t) {
+        var tr = el("tr"), track = el("div", "bar-track"), td = el("td");
+        track.appendChild(bar(t[1]));
+        td.appendChild(track);
+        tr.appendChild(el("td", "t", t[0]));
+        tr.appendChild(td);
+        tr.appendChild(el("td", "n", num(t[1], 3)));
+        list.appendChild(tr);
+      });
+      panel.appendChild(list);
+    }
+    var table = el("table", "data lens"), head = el("tr");
+    ["layer", "p(chosen)", "rank", "top-1", "entropy", "KL"].forEach(function (h) { head.appendChild(el("th", null, h)); });
+    table.appendChild(head);
+    s.lens.layers.slice().reverse().forEach(function (x) {
+      var tr = el("tr", (x.l === at ? "here" : "") + (x.l === s.lens.settled ? " settled" : ""));
+      [x.l, num(x.p, 3), num(x.rank), x.top.length ? x.top[0][0] : "–", num(x.H, 3), num(x.kl, 3)].forEach(function (c) {
+        tr.appendChild(el("td", null, c));
+      });
+      table.appendChild(tr);
+    });
+    var box = el("div", "scroll");
+    box.appendChild(table);
+    panel.appendChild(box);
+  }
+  // Shades the attention text by the step's weights at the chosen layer (or their mean).
+  function attentionText(v, i) {
+    var s = data.views[v].steps[i], select = document.getElementById("att-layer");
+    var boxes = document.querySelectorAll(".att-text .pos");
+    if (!boxes.length || !select) return;
+    var layers = s.att.layers, pick = select.value, weights = {}, chosen = layers;
+    if (pick !== "mean") chosen = layers.filter(function (x) { return String(x.l) === pick; });
+    chosen.forEach(function (x) {
+      x.top.forEach(function (t) { weights[t[0]] = (weights[t[0]] || 0) + t[1] / chosen.length; });
+    });
+    var most = Math.max.apply(null, Object.keys(weights).map(function (k) { return weights[k]; }).concat([1e-9]));
+    var prompt = document.querySelectorAll(".att-text .pos.in-prompt").length, query = prompt + i - 1;
+    boxes.forEach(function (b) {
+      var pos = +b.dataset.pos, w = weights[pos] || 0;
+      b.style.background = w > 0 ? "rgba(37, 99, 235, " + (0.08 + 0.72 * w / most).toFixed(3) + ")" : "";
+      b.title = "position " + pos + (w > 0 ? " · weight " + num(w, 3) : "");
+      b.classList.toggle("future", pos > query);
+      b.classList.toggle("query", pos === query);
+    });
+    var one = chosen.length === 1 ? chosen[0] : null, note = document.getElementById("att-note");
+    note.textContent = "step " + s.i + " (" + s.shown + "), " + (one ? "layer " + one.l : "mean of " + chosen.length + " layers") +
+      (one ? ": sink mass " + num(one.sink, 3) + ", last-32 mass " + num(one.recent, 3) + ", entropy " + num(one.H, 3) + " nats" : "");
+    if (one) {
+      panel.appendChild(el("h4", null, "attention · layer " + one.l));
+      var dl = el("dl", "panel-nums");
+      rows(dl, [["sink mass", num(one.sink, 3)], ["last-32 mass", num(one.recent, 3)], ["entropy", num(one.H, 3) + " nats"]]);
+      panel.appendChild(dl);
+    }
   }
   function mark(v, i) {
     document.querySelectorAll(".tok.sel").forEach(function (t) { t.classList.remove("sel"); });
@@ -137,8 +205,9 @@
     });
   }
   function target(e) {
-    var t = e.target.closest ? e.target.closest(".tok[data-i], circle[data-i]") : null;
+    var t = e.target.closest ? e.target.closest(".tok[data-i], circle[data-i], rect[data-i]") : null;
     if (!t) return null;
+    hoverLayer = t.dataset.l !== undefined ? +t.dataset.l : null;
     var text = t.closest(".text");
     return [text ? +text.dataset.v : +t.dataset.v, +t.dataset.i];
   }
@@ -167,6 +236,11 @@
       show(pinned[0], next);
       e.preventDefault();
     }
+  });
+  var layerSelect = document.getElementById("att-layer");
+  if (layerSelect) layerSelect.addEventListener("change", function () {
+    var at = pinned || last;
+    if (at) show(at[0], at[1]);
   });
   document.querySelectorAll('input[name="dist"]').forEach(function (input) {
     input.addEventListener("change", function () {

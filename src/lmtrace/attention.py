@@ -1,0 +1,123 @@
+"""Attention over the KV cache at every step, captured without changing the numbers.
+
+A registered attention function (transformers' AttentionInterface, with the matching mask
+function) stands in for the model's own while a generation runs. Its output is the model's own
+kernel's (sdpa or eager), so the logits are unchanged bit for bit; beside it, the last query
+row's weights are computed with eager attention's arithmetic (one query row: cheap at prefill
+and at every one-query decode step). Only those weights, averaged over heads, are kept.
+Columns are key positions in the left-padded sequence; a sliding-window layer's cache holds
+only the most recent keys, so its column j is position (total - kv_len + j)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+
+from lmtrace.errors import InvalidParameter
+
+SINKS = 4  # the first positions, where attention sinks form
+RECENT = 32  # the most recent positions (the query's own included)
+# the model's own implementation -> the capturing one registered for it
+CAPTURE = {"sdpa": "lmtrace_sdpa", "eager": "lmtrace_eager"}
+
+
+def eager_weights(module: Any, query, key, value, mask, scaling: float | None, softcap: float | None):
+    """eager_attention_forward's own arithmetic (Llama's, with Gemma-2's soft-capping):
+    returns the output (batch, q, heads, dim) and the weights (batch, heads, q, kv)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    keys, values = repeat_kv(key, groups), repeat_kv(value, groups)
+    if scaling is None:
+        scaling = module.head_dim**-0.5
+    weights = torch.matmul(query, keys.transpose(2, 3)) * scaling
+    if softcap is not None:
+        weights = torch.tanh(weights / softcap) * softcap
+    if mask is not None:
+        if mask.dtype == torch.bool:  # sdpa's boolean mask as eager's additive one
+            mask = torch.where(mask, torch.tensor(0.0, dtype=weights.dtype), torch.finfo(weights.dtype).min)
+        weights = weights + mask
+    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, values).transpose(1, 2).contiguous()
+    return out, weights
+
+
+def _forward(kind: str):
+    def forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+        softcap = kwargs.get("softcap")
+        sink = getattr(module, "_lmtrace_attention", None)
+        if kind == "eager":  # the model's own arithmetic, weights included
+            out, weights = eager_weights(module, query, key, value, attention_mask, scaling, softcap)
+        else:  # sdpa's own output (the same logits, bit for bit); the last query's weights aside
+            out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+            weights = None
+            if sink is not None:
+                last = attention_mask[..., -1:, :] if attention_mask is not None else None
+                _, weights = eager_weights(module, query[:, :, -1:], key, value, last, scaling, softcap)
+        if sink is not None:
+            sink[module.layer_idx] = weights[:, :, -1, :].float().mean(1)  # (batch, heads, q, kv) -> (batch, kv)
+        return out, weights
+
+    return forward
+
+
+for _kind, _name in CAPTURE.items():
+    AttentionInterface.register(_name, _forward(_kind))
+    AttentionMaskInterface.register(_name, sdpa_mask if _kind == "sdpa" else eager_mask)
+
+
+@contextmanager
+def capturing(model) -> Iterator[dict[int, torch.Tensor]]:
+    """Switches the model to the capturing attention; yields the dict each forward fills with
+    {layer index: (batch, kv_len) weights of the last query, mean over heads}."""
+    original = model.config._attn_implementation
+    if original not in CAPTURE:
+        raise InvalidParameter(f"attention needs a model with sdpa or eager attention, got {original!r}")
+    sink: dict[int, torch.Tensor] = {}
+    modules = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "config")]
+    model.set_attn_implementation(CAPTURE[original])
+    for m in modules:
+        m._lmtrace_attention = sink
+    try:
+        yield sink
+    finally:
+        for m in modules:
+            del m._lmtrace_attention
+        model.set_attn_implementation(original)
+
+
+def summarize(weights: dict[int, torch.Tensor], total: int, pads: Sequence[int], top_n: int) -> list[list[dict]]:
+    """Per row, per layer: {layer, top: [{position, token_id?, weight}], sink_mass, recent_mass,
+    entropy} from `weights` {layer: (batch, kv_len)} over a left-padded sequence of `total`
+    columns; positions are absolute (padding removed) and padding never appears."""
+    rows: list[list[dict]] = [[] for _ in pads]
+    pad = torch.tensor(list(pads))[:, None]  # (batch, 1)
+    by_len: dict[int, list[int]] = {}
+    for layer, w in weights.items():
+        by_len.setdefault(w.shape[-1], []).append(layer)
+    for kv_len, layers in by_len.items():
+        w = torch.stack([weights[i] for i in layers]).cpu()  # (layers, batch, kv_len)
+        pos = torch.arange(total - kv_len, total)[None, :] - pad  # (batch, kv_len) absolute positions
+        valid = pos >= 0
+        w = w.masked_fill(~valid, 0.0)
+        query = total - 1 - pad  # (batch, 1) the query's own position
+        sink = (w * (valid & (pos < SINKS))).sum(-1)
+        recent = (w * (pos > query - RECENT)).sum(-1)
+        entropy = -torch.special.xlogy(w, w).sum(-1)
+        top_w, top_i = w.masked_fill(~valid, -1.0).topk(min(top_n, kv_len), dim=-1)
+        top_pos = pos.expand_as(w).gather(-1, top_i)
+        nums = zip(layers, sink.tolist(), recent.tolist(), entropy.tolist(), top_w.tolist(), top_pos.tolist())
+        for layer, sinks, recents, ents, tws, tps in nums:
+            for r in range(len(pads)):
+                # masked columns (outside a sliding window, padding) have weight 0: never listed
+                top = [{"position": p, "weight": x} for p, x in zip(tps[r], tws[r]) if p >= 0 and x > 0]
+                rows[r].append(
+                    {"layer": layer, "top": top, "sink_mass": sinks[r], "recent_mass": recents[r], "entropy": ents[r]}
+                )
+    for r in rows:
+        r.sort(key=lambda d: d["layer"])
+    return rows

@@ -1,0 +1,127 @@
+"""Inside each step in the HTML report: the logit lens as a layer × step heatmap of the chosen
+token's probability per layer (with the settling layer marked), and the prompt + generated text
+shaded by the hovered step's attention. Reads record dicts only: no torch here."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from markupsafe import Markup, escape
+
+from lmtrace.render.tokens import SCALE
+from lmtrace.render.tokens import escape as visible
+
+# the token colours of report.css (--b0 .. --b4, --bn), inline so the SVG shows in a notebook too
+FILLS = ["#a8e0a0", "#d4ecaa", "#fbe59a", "#f8c08a", "#f29a9a"]
+NO_DATA = "#e4e4e7"
+W, LEFT, TOP, BOTTOM = 560, 44, 8, 22
+
+
+def bucket(p: float) -> int:
+    """The token colour bucket of a probability (as views.bucket)."""
+    return next((i for i, (t, _) in enumerate(SCALE) if p >= t), len(SCALE) - 1)
+
+
+def _p(logprob: float | None) -> float | None:
+    return None if logprob is None else math.exp(logprob)
+
+
+def _r(x: Any, digits: int = 4) -> Any:
+    return float(f"{x:.{digits}g}") if isinstance(x, float) and math.isfinite(x) else x
+
+
+def lens_view(lens: dict[str, Any]) -> dict[str, Any]:
+    """The page script's data for one step's lens: per layer the chosen token's probability and
+    rank, entropy, KL to the final layer and the top tokens as [text, probability]."""
+    layers = [
+        {
+            "l": x["layer"],
+            "p": _r(_p(x.get("chosen_logprob"))),
+            "rank": x.get("chosen_rank"),
+            "H": _r(x.get("entropy")),
+            "kl": _r(x.get("kl_to_final")),
+            "top": [[visible(t.get("text", "")), _r(_p(t.get("logprob")))] for t in x.get("top") or []],
+        }
+        for x in lens.get("layers") or []
+    ]
+    return {"settled": lens.get("settled_at"), "layers": layers}
+
+
+def attention_view(attention: dict[str, Any]) -> dict[str, Any]:
+    """The page script's data for one step's attention: per layer [position, weight] pairs,
+    the sink and recent masses and the entropy."""
+    layers = [
+        {
+            "l": x["layer"],
+            "top": [[t["position"], _r(t["weight"])] for t in x.get("top") or []],
+            "sink": _r(x.get("sink_mass")),
+            "recent": _r(x.get("recent_mass")),
+            "H": _r(x.get("entropy")),
+        }
+        for x in attention.get("layers") or []
+    ]
+    return {"layers": layers}
+
+
+def _cell_title(step: int, token: str, layer: dict[str, Any], settled: int | None) -> str:
+    top = ", ".join(f"{visible(t.get('text', ''))!r} {_p(t.get('logprob')) or 0:.3f}" for t in layer.get("top") or [])
+    p = _p(layer.get("chosen_logprob"))
+    mark = " · settled here" if settled == layer["layer"] else ""
+    chosen = f"{p:.3f}" if p is not None else "–"
+    head = f"step {step} {token!r} · layer {layer['layer']}{mark}"
+    return f"{head}: p(chosen) {chosen}, rank {layer.get('chosen_rank')}; top: {top}"
+
+
+def _cell(x: float, y: float, cw: float, ch: float, view: int, i: int, layer: dict, title: str, settled: bool) -> str:
+    p = _p(layer.get("chosen_logprob"))
+    fill = FILLS[bucket(p)] if p is not None else NO_DATA
+    edge = ' stroke="#1f2328" stroke-width="1.5"' if settled else ""
+    return (
+        f'<rect class="cell{" settled" if settled else ""}" x="{x:.1f}" y="{y:.1f}" width="{cw:.1f}" '
+        f'height="{ch:.1f}" fill="{fill}"{edge} data-v="{view}" data-i="{i}" data-l="{layer["layer"]}">'
+        f"<title>{escape(title)}</title></rect>"
+    )
+
+
+def lens_heatmap(steps: list[dict[str, Any]], view: int = 0) -> Markup | None:
+    """An SVG heatmap: a column per step, a row per layer (the final layer on top), each cell
+    coloured by the chosen token's probability at that layer; the settling layer outlined.
+    Every cell has a <title> (its layer's top tokens) and selects its step in the page."""
+    lensed = [s for s in steps if isinstance(s.get("lens"), dict)]
+    if not lensed:
+        return None
+    n_layers = max(len(s["lens"].get("layers") or []) for s in lensed)
+    n = len(steps)
+    cw = max(3.0, min(28.0, (W - LEFT - 8) / max(n, 1)))
+    ch = max(5.0, min(16.0, 300 / max(n_layers, 1)))
+    width, height = LEFT + cw * n + 8, TOP + ch * n_layers + BOTTOM
+    out = [f'<svg class="heatmap" viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
+           f'aria-label="chosen token probability per layer and step">']  # fmt: skip
+    for k in sorted({0, n_layers // 2, n_layers - 1}):
+        y = TOP + ch * (n_layers - 1 - k) + ch * 0.75
+        out.append(f'<text class="tick" x="{LEFT - 4}" y="{y:.1f}" text-anchor="end">{k}</text>')
+    out.append(f'<text class="tick" x="4" y="{TOP + 8}">layer</text>')
+    for i, s in enumerate(steps):
+        x = LEFT + cw * i
+        lens = s.get("lens") if isinstance(s.get("lens"), dict) else {}
+        settled, token = lens.get("settled_at"), s.get("text", "")
+        for layer in lens.get("layers") or []:
+            y = TOP + ch * (n_layers - 1 - layer["layer"])
+            title = _cell_title(s.get("index", i), token, layer, settled)
+            out.append(_cell(x, y, cw, ch, view, i, layer, title, settled == layer["layer"]))
+        if n <= 40 or i % max(1, n // 20) == 0:
+            out.append(f'<text class="tick" x="{x + cw / 2:.1f}" y="{height - 8:.0f}" text-anchor="middle">{i}</text>')
+    out.append("</svg>")
+    return Markup("".join(out))
+
+
+def positions(d: dict[str, Any], views: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Every position of prompt + generated text as {pos, shown, prompt}, where the trace knows
+    its prompt's tokens (recorded with attention)."""
+    tokens = (d.get("prompt") or {}).get("tokens")
+    if not isinstance(tokens, list):
+        return None
+    out = [{"pos": k, "shown": visible(t), "prompt": True} for k, t in enumerate(tokens)]
+    out += [{"pos": len(tokens) + k, "shown": v["shown"], "prompt": False} for k, v in enumerate(views)]
+    return out

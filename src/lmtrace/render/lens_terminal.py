@@ -1,0 +1,94 @@
+"""The terminal view of inside a step: one row per layer, the logit lens (what that layer
+predicts, the chosen token's probability and rank) beside the attention over the cache (where
+that layer looked), and a line of settling layers for the whole trace."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from lmtrace.errors import InvalidParameter
+from lmtrace.records import Step, Trace
+from lmtrace.render.tokens import colour, escape
+
+
+def _p(logprob: float | None) -> float | None:
+    return None if logprob is None else math.exp(logprob)
+
+
+def _top1(layer: dict[str, Any]) -> Text:
+    top = layer.get("top") or []
+    if not top:
+        return Text("–")
+    p = _p(top[0].get("logprob")) or 0.0
+    return Text(f"{escape(top[0].get('text', ''))!r} {p:.2f}")
+
+
+def _looked(layer: dict[str, Any] | None) -> str:
+    if not layer or not layer.get("top"):
+        return "–"
+    t = layer["top"][0]
+    return f"{t['position']} {escape(t.get('text', ''))!r} {t['weight']:.2f}"
+
+
+def inside_table(step: Step) -> Table:
+    """A row per layer (final layer first): lens columns where the step has a lens (top-1 with
+    its probability, the chosen token's probability and rank, entropy, KL to the final layer),
+    attention columns where it has attention (the most attended position, sink and last-32
+    masses, attention entropy)."""
+    lens = {x["layer"]: x for x in (step.lens or {}).get("layers") or []}
+    att = {x["layer"] + 1: x for x in (step.attention or {}).get("layers") or []}  # decoder layer i -> row i+1
+    settled = (step.lens or {}).get("settled_at")
+    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
+    where = f", settled at layer {settled}" if step.lens else ""
+    table.title = Text(f"step {step.index}: {escape(step.text)!r}{where}")
+    if step.attention:  # row n is the output of decoder layer n - 1: its attention sits beside it
+        table.caption = Text("p, rank: the chosen token's; attention columns: decoder layer n-1 (it wrote row n)")
+    right = {"no_wrap": True, "justify": "right"}
+    table.add_column("layer", **right)
+    if step.lens:
+        for name in ("top-1", "p", "rank", "H", "KL"):
+            table.add_column(name, **(right if name != "top-1" else {"no_wrap": True}))
+    if step.attention:
+        table.add_column("looks at", no_wrap=True)
+        for name in ("sinks", "last32", "attn H"):
+            table.add_column(name, **right)
+    for n in sorted(set(lens) | set(att), reverse=True):
+        row: list[Any] = [f"{n}{' ✓' if n == settled else ''}"]
+        if step.lens:
+            x = lens.get(n, {})
+            p = _p(x.get("chosen_logprob"))
+            shown = Text(f"{p:.3f}", style=colour(p)) if p is not None else Text("–")
+            row += [_top1(x), shown, str(x.get("chosen_rank", "–")), f"{x.get('entropy', 0):.2f}",
+                    f"{x.get('kl_to_final', 0):.2f}"]  # fmt: skip
+        if step.attention:
+            a = att.get(n)
+            masses = ["–"] * 3 if a is None else [f"{a[k]:.2f}" for k in ("sink_mass", "recent_mass", "entropy")]
+            row += [_looked(a), *masses]
+        table.add_row(*row)
+    return table
+
+
+def settled_line(trace: Trace) -> Text:
+    """The settling layer of every step (– where the final top-1 is not the chosen token)."""
+    found = [s.lens.get("settled_at") for s in trace.steps if s.lens]
+    shown = ", ".join("–" if x is None else str(x) for x in found)
+    return Text(f"logit lens: settled at layer {shown} (of {_layers(trace)}; 0 = embeddings)")
+
+
+def _layers(trace: Trace) -> int:
+    first = next((s.lens for s in trace.steps if s.lens), None)
+    return len(first["layers"]) - 1 if first else 0
+
+
+def pick_step(trace: Trace, index: int | None) -> Step:
+    """The step to show: `index`, or the first one; named errors for a trace without records."""
+    if not any(s.lens or s.attention for s in trace.steps):
+        raise InvalidParameter("lens: this trace has no lens or attention records (generate with --lens/--attention)")
+    at = 0 if index is None else index
+    if not 0 <= at < len(trace.steps):
+        raise InvalidParameter(f"step must be in 0..{len(trace.steps) - 1}, got {at}")
+    return trace.steps[at]

@@ -1,0 +1,91 @@
+"""Attention over the cache: the captured weights are eager attention's (mean over heads, the
+last query row), columns map to absolute positions (sliding-window layers and left padding
+included), and capturing changes no logit."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import lmtrace
+from lmtrace import attention
+from tests.tiny_archs import ARCHS, tiny_arch
+
+PROMPTS = ["Hello world, the quick brown", "很久"]  # the second row is left-padded in the batch
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch_lm(request, tiny_tok):
+    return request.param, tiny_arch(request.param, tiny_tok)
+
+
+def _eager_rows(lm, ids: list[int]) -> list[torch.Tensor]:
+    """Per layer, the last query's weights over positions 0..len-1 (mean over heads), from
+    transformers' own eager attention on an unpadded copy of the model."""
+    model = copy.deepcopy(lm.model)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_attentions=True)
+    return [a[0, :, -1, :].float().mean(0) for a in out.attentions]  # (heads, q, kv) -> (kv,)
+
+
+def _dense(layer: dict, n: int) -> torch.Tensor:
+    w = torch.zeros(n)
+    for t in layer["top"]:
+        w[t["position"]] = t["weight"]
+    return w
+
+
+def test_weights_equal_eager_attention_at_absolute_positions(arch_lm):
+    arch, lm = arch_lm
+    # top_logprobs above the sequence length: every attended position is listed
+    traces = lmtrace.generate(lm, PROMPTS, max_new_tokens=6, temperature=0, top_logprobs=30, attention=True)
+    windows = getattr(lm.model.config, "layer_types", None) or []
+    for trace in traces:
+        seq = trace.prompt["token_ids"] + trace.token_ids
+        for i, step in enumerate(trace.steps):
+            n = len(trace.prompt["token_ids"]) + i  # positions the step's query sees
+            oracle = _eager_rows(lm, seq[:n])
+            layers = step.attention["layers"]
+            assert [x["layer"] for x in layers] == list(range(len(oracle)))
+            for rec, want in zip(layers, oracle):
+                assert all(0 <= t["position"] < n for t in rec["top"])  # padding never shows
+                assert all(t["token_id"] == seq[t["position"]] for t in rec["top"])
+                assert (_dense(rec, n) - want).abs().max() < 1e-6
+                assert rec["sink_mass"] == pytest.approx(want[: attention.SINKS].sum().item(), abs=1e-6)
+                assert rec["recent_mass"] == pytest.approx(want[-attention.RECENT :].sum().item(), abs=1e-6)
+                ent = -torch.special.xlogy(want, want).sum().item()
+                assert rec["entropy"] == pytest.approx(ent, abs=1e-5)
+            for rec, kind in zip(layers, windows):
+                if kind == "sliding_attention" and n > 4:  # only the window's positions
+                    assert {t["position"] for t in rec["top"]} <= set(range(n - 4, n))
+
+
+def test_capturing_changes_no_logit_and_restores_the_model(arch_lm):
+    _, lm = arch_lm
+    before = lm.model.config._attn_implementation
+    kw = dict(max_new_tokens=6, temperature=0.8, seed=5, top_logprobs=3)
+    plain = lmtrace.generate(lm, PROMPTS, **kw)
+    seen = lmtrace.generate(lm, PROMPTS, **kw, attention=True, lens=True)
+    for a, b in zip(plain, seen):
+        assert a.token_ids == b.token_ids
+        assert [s.logprob for s in a.steps] == [s.logprob for s in b.steps]
+        assert [[x.logprob for x in s.top] for s in a.steps] == [[x.logprob for x in s.top] for s in b.steps]
+    assert lm.model.config._attn_implementation == before
+    assert not any(hasattr(m, "_lmtrace_attention") for m in lm.model.modules())
+
+
+def test_attention_record_shape(tiny_lm):
+    trace = lmtrace.generate(tiny_lm, "Hello world", max_new_tokens=3, temperature=0, attention=True)
+    layer = trace.steps[1].attention["layers"][0]
+    assert set(layer) == {"layer", "top", "sink_mass", "recent_mass", "entropy"}
+    assert list(layer["top"][0]) == ["position", "token_id", "text", "weight"]
+    assert trace.params["attention"]["sinks"] == attention.SINKS
+    assert lmtrace.Trace.from_json(trace.to_json()).to_dict() == trace.to_dict()
+
+
+def test_compile_with_lens_is_refused(tiny_lm):
+    with pytest.raises(lmtrace.InvalidParameter, match="compile"):
+        lmtrace.generate(tiny_lm, "Hi", max_new_tokens=2, compile=True, lens=True)
