@@ -128,17 +128,19 @@ def kvlab(
     free: bool = False,
     map_step: int | None = None,
     on_step: Callable[[int, int], None] | None = None,
+    params: Any = None,
     **sampling: Any,
 ) -> LabResult:
     """Runs the reference and one arm per policy spec (see `lmtrace.kvlab.spec`); `sampling`
     goes to the reference's generation (max_new_tokens, temperature, seed, ...). With
     `continuation`, that text is the reference, teacher-forced. `map_step` (default: the last
     step) is where each arm's kept positions are recorded for the layer x position map;
-    `free` lets each arm generate alone from its divergence step."""
+    `free` lets each arm generate alone from its divergence step; `on_step(index, total)` is
+    called after each step (a progress bar); `params` a SamplingParams instead of `sampling`."""
     from lmtrace.tracing import _seeded, encode_prompt, generate, make_params
 
     chosen = parse_policies(list(policies))
-    params = _seeded(make_params(**sampling))
+    params = _seeded(make_params(params, **sampling))
     ids = encode_prompt(lm, prompt, chat)
     started = time.perf_counter()
     if continuation is not None:
