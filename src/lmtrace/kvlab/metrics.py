@@ -34,6 +34,8 @@ def evicted_mass(ref_weights: dict[int, torch.Tensor], ref_positions: list[torch
     not hold at the same pass (`ref_weights[layer]`: (1, ref slots))."""
     masses = []
     for layer, w in sorted(ref_weights.items()):
+        if w.shape[-1] != ref_positions[layer].numel():
+            continue  # a sliding layer's prefill attends to more than it keeps; no policy touches it
         missing = ~torch.isin(ref_positions[layer], arm_positions[layer])
         masses.append(float(w[0].cpu()[missing].sum()))
     return sum(masses) / len(masses) if masses else None

@@ -44,8 +44,9 @@ class IntQ(Policy):
         group = self["group"]
 
         def packed(slots: int) -> int:
-            elements = batch * kv_heads * slots * head_dim
-            return math.ceil(elements * self.bits / 8) + 2 * math.ceil(elements / group) * dtype_size
+            # optimum-quanto reshapes to (groups, group) and packs 8 / bits rows into each byte row
+            groups = math.ceil(batch * kv_heads * slots * head_dim / group)
+            return math.ceil(groups * self.bits / 8) * group + 2 * groups * dtype_size  # + scale, shift
 
         def formula(layer: int, slots: int, residual: int = 0) -> int:
             quantized = slots - residual
