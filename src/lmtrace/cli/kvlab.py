@@ -18,7 +18,8 @@ POLICY_HELP = (
 
 def _sampling(f):
     options = [
-        click.option("--max-new-tokens", type=int, default=32, show_default=True, help="Reference tokens to generate."),
+        click.option("--max-new-tokens", type=int, default=None,
+                     help="Reference tokens: generated (default 32), or the first N of --continuation (default all)."),
         click.option("--temperature", type=float, default=0.0, show_default=True, help="0 means greedy."),
         click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k most likely (0: off)."),
         click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus mass (1: off)."),
@@ -61,7 +62,8 @@ def kv_lab(prompt, prompt_file, policies, continuation, continuation_file, free,
     keys = ("model", "device", "dtype", "allow_pickle", "trust_remote_code")
     loading = [options.pop(k) for k in keys]
     chat = options.pop("chat")
-    params = SamplingParams(**options)  # validated before the model loads
+    limit = options.pop("max_new_tokens")
+    params = SamplingParams(max_new_tokens=32 if limit is None else limit, **options)  # checked before loading
     chosen = parse_policies(list(policies))
     if continuation is not None or continuation_file is not None:
         continuation = read_text(continuation, continuation_file, "continuation", "continuation-file", "")
@@ -74,8 +76,12 @@ def kv_lab(prompt, prompt_file, policies, continuation, continuation_file, free,
     columns = [TextColumn("Comparing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=status, transient=True) as progress:
         task = progress.add_task("lab", total=None)
-        result = kvlab(lm, text, chosen, continuation=continuation, chat=chat, free=free, map_step=map_step,
-                       params=params, on_step=lambda i, n: progress.update(task, completed=i + 1, total=n))  # fmt: skip
+
+        def advance(index: int, total: int) -> None:
+            progress.update(task, completed=index + 1, total=total)
+
+        result = kvlab(lm, text, chosen, continuation=continuation, max_continuation_tokens=limit, chat=chat,
+                       free=free, map_step=map_step, params=params, on_step=advance)  # fmt: skip
     write_json(json_path, result.to_json(indent=2))
     print_lab(result, view)
     if html_path is not None:

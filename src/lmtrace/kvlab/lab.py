@@ -124,6 +124,7 @@ def kvlab(
     policies: Sequence[str | Policy] = ("full",),
     *,
     continuation: str | None = None,
+    max_continuation_tokens: int | None = None,
     chat: bool = False,
     free: bool = False,
     map_step: int | None = None,
@@ -133,7 +134,8 @@ def kvlab(
 ) -> LabResult:
     """Runs the reference and one arm per policy spec (see `lmtrace.kvlab.spec`); `sampling`
     goes to the reference's generation (max_new_tokens, temperature, seed, ...). With
-    `continuation`, that text is the reference, teacher-forced. `map_step` (default: the last
+    `continuation`, that text is the reference, teacher-forced (its first
+    `max_continuation_tokens` tokens where given). `map_step` (default: the last
     step) is where each arm's kept positions are recorded for the layer x position map;
     `free` lets each arm generate alone from its divergence step; `on_step(index, total)` is
     called after each step (a progress bar); `params` a SamplingParams instead of `sampling`."""
@@ -145,6 +147,9 @@ def kvlab(
     started = time.perf_counter()
     if continuation is not None:
         tokens = list(lm.tokenizer(continuation, add_special_tokens=False)["input_ids"])
+        if max_continuation_tokens is not None:
+            tokens = tokens[:max_continuation_tokens]
+            continuation = lm.tokenizer.decode(tokens)
         if not tokens:
             raise InvalidParameter("continuation: the text has no tokens")
         steps, build = _reference_steps(lm, tokens, params.top_logprobs)
