@@ -3,6 +3,7 @@
 from lmtrace.branch import Branches, branch
 from lmtrace.comparison import compare
 from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError
+from lmtrace.kvlab import LabResult, kvlab  # the function shadows the package name on purpose
 from lmtrace.loading import LM, load
 from lmtrace.params import SamplingParams
 from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace
@@ -19,6 +20,7 @@ __all__ = [
     "Candidate",
     "GenerationError",
     "InvalidParameter",
+    "LabResult",
     "LmtraceError",
     "ModelLoadError",
     "SamplingParams",
@@ -31,6 +33,7 @@ __all__ = [
     "encode_prompt",
     "generate",
     "generate_steps",
+    "kvlab",
     "load",
     "rescore",
     "score",

@@ -103,7 +103,7 @@ def render_lab_html(result: Any) -> str:
     arms = d["arms"]
     colours = [PALETTE[i % len(PALETTE)] for i in range(len(arms))]
     map_step = d.get("map_step") or 0
-    width = d["prompt_tokens"] + map_step + 1
+    width = d["prompt_tokens"] + map_step  # the pass that produced step s held prompt + s positions
     model = ref.get("model") or {}
     return env().get_template("kvlab.html.j2").render(
         model=model.get("source", ""),
