@@ -64,9 +64,10 @@ def test_quanto_int4_layers_are_counted_from_the_packed_storage(tiny_lm):
     assert state.layers[0]["dtype"] == "qint4"
 
 
-def test_int4_arm_bytes_match_the_formula(tiny_lm):
-    pytest.importorskip("optimum.quanto")
-    specs = ["int4:group=16,residual=4", "int2:group=16,residual=4"]
+@pytest.mark.parametrize("backend,package", [("quanto", "optimum.quanto"), ("hqq", "hqq")])
+def test_int4_arm_bytes_match_the_formula(tiny_lm, backend, package):
+    pytest.importorskip(package)
+    specs = [f"int4:group=16,residual=4,backend={backend}", f"int2:group=16,residual=4,backend={backend}"]
     result = kvlab(tiny_lm, "Hello world, the quick brown fox", specs, max_new_tokens=6, temperature=0)
     for arm in result.arms:
         assert arm["steps"][0]["delta"] == 0  # the prefill attends with the unquantized states

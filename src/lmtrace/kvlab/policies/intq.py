@@ -1,8 +1,8 @@
 """`int4` / `int2` (`:group=G,residual=R,backend=quanto|hqq`): KIVI-style integer KV through
 transformers' QuantizedCache: keys and values quantized in groups of G with a scale and a
 zero point per group; the R most recent positions wait in full precision until R of them
-have gathered, then everything is re-quantized. Needs the optional backend package:
-`pip install 'lmtrace[kvquant]'` (optimum-quanto)."""
+have gathered, then everything is re-quantized. Needs an optional backend package:
+`pip install 'lmtrace[kvquant]'` (optimum-quanto and hqq)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,7 @@ class IntQ(Policy):
         except ModuleNotFoundError:
             found = False
         if not found:
-            hint = "pip install 'lmtrace[kvquant]'" if self["backend"] == "quanto" else "pip install hqq"
-            raise invalid(self.name, f"backend {self['backend']} is not installed ({hint})")
+            raise invalid(self.name, f"backend {self['backend']} is not installed (pip install 'lmtrace[kvquant]')")
 
     def make_cache(self, model: Any) -> Any:
         from transformers import QuantizedCache
@@ -43,10 +42,14 @@ class IntQ(Policy):
     def layer_formula(self, kv_heads: int, head_dim: int, dtype_size: int, batch: int = 1):
         group = self["group"]
 
+        hqq = self["backend"] == "hqq"
+
         def packed(slots: int) -> int:
-            # optimum-quanto reshapes to (groups, group) and packs 8 / bits rows into each byte row
             groups = math.ceil(batch * kv_heads * slots * head_dim / group)
-            return math.ceil(groups * self.bits / 8) * group + 2 * groups * dtype_size  # + scale, shift
+            # both reshape to (groups, group); optimum-quanto packs 8 / bits group rows into one byte
+            # row (rounding the rows up), hqq packs within each group (rounding the columns up)
+            data = groups * math.ceil(group * self.bits / 8) if hqq else math.ceil(groups * self.bits / 8) * group
+            return data + 2 * groups * dtype_size  # + a scale and a zero point per group
 
         def formula(layer: int, slots: int, residual: int = 0) -> int:
             quantized = slots - residual
