@@ -185,3 +185,25 @@ def test_bad_specs_name_the_policy_and_the_parameter(spec, words):
 def test_spec_round_trip():
     assert parse_policy("streaming:window=8").spec == "streaming:sinks=4,window=8"
     assert parse_policy("h2o:budget=64").spec == "h2o:budget=64,recent=0.5"
+
+
+def test_rerotated_keys_equal_the_keys_computed_at_their_slots(tiny_lm):
+    """Layer 0's keys depend only on the token and the position: after the prefill's eviction,
+    the kept keys re-rotated onto slots 0..3 equal a fresh forward of those tokens at 0..3."""
+    from lmtrace.kvlab import runner
+    from lmtrace.params import SamplingParams
+
+    ids = tiny_lm.tokenizer(PROMPT)["input_ids"]
+    arm = runner.new_arm(tiny_lm.model, parse_policy("window:size=4,rerotate=1"), SamplingParams(temperature=0))
+    with torch.no_grad():
+        runner.forward(tiny_lm.model, arm, ids, 0)
+        fresh = tiny_lm.model(input_ids=torch.tensor([ids[-4:]]), position_ids=torch.arange(4)[None]).past_key_values
+    assert arm.lab.positions[0].tolist() == list(range(len(ids) - 4, len(ids)))
+    assert torch.allclose(arm.lab.cache.layers[0].keys, fresh.layers[0].keys, atol=1e-5)
+    assert arm.lab.next_position(len(ids)) == 4
+
+
+def test_rerotate_without_eviction_changes_nothing(tiny_lm):
+    result = kvlab(tiny_lm, PROMPT, ["streaming:sinks=4,window=64,rerotate=1"], max_new_tokens=6, temperature=0)
+    assert [s["logprob"] for s in result.arms[0]["steps"]] == [s.logprob for s in result.reference.steps]
+    assert result.arms[0]["policy"] == "streaming:sinks=4,window=64,rerotate=1"

@@ -19,10 +19,14 @@ from lmtrace.errors import InvalidParameter
 class LabCache:
     """A transformers cache plus, per layer, the absolute positions of its slots."""
 
-    def __init__(self, cache: Any, evicting: bool):
+    def __init__(self, cache: Any, evicting: bool, rope: Any = None):
         self.cache = cache
         self.evicting = evicting
         self.positions: list[torch.Tensor] = []  # per layer: (slots,) long, ascending
+        # with re-rotation (StreamingLLM's positions within the cache): the model's rotary
+        # embedding, and per layer the position each slot's key is rotated to now
+        self.rope = rope
+        self.rotary: list[torch.Tensor] = []
 
     @property
     def layers(self) -> list[Any]:
@@ -37,6 +41,33 @@ class LabCache:
         for i, layer in enumerate(self.cache.layers):
             held = torch.cat([self.positions[i], new])
             self.positions[i] = held[held.numel() - self.slots(layer) :] if self.slots(layer) else held[:0]
+        if self.rope is not None:
+            fed = torch.arange(self.next_position(start), self.next_position(start) + count)
+            if not self.rotary:
+                self.rotary = [torch.empty(0, dtype=torch.long) for _ in self.cache.layers]
+            self.rotary = [torch.cat([r, fed]) for r in self.rotary]
+
+    def next_position(self, absolute: int) -> int:
+        """The position id the next token is fed at: its absolute position, or with re-rotation
+        the number of slots the cache holds (every full-attention layer holds as many)."""
+        if self.rope is None or not self.rotary:
+            return absolute
+        return int(self.rotary[0].numel())
+
+    def rerotate(self) -> None:
+        """Rotates every kept key from the position it was rotated to onto its slot index:
+        RoPE rotations compose, so rotating by (slot - rotated) gives the key at the slot."""
+        from transformers.models.llama.modeling_llama import rotate_half
+
+        for i, layer in enumerate(self.cache.layers):
+            target = torch.arange(self.positions[i].numel())
+            delta = target - self.rotary[i]
+            if bool((delta == 0).all()):
+                continue
+            keys = layer.keys  # (b, h, slots, d), rotated to self.rotary[i]
+            cos, sin = self.rope(keys, delta[None].to(keys.device))  # (1, slots, d) each
+            layer.keys = keys * cos[:, None] + rotate_half(keys) * sin[:, None]
+            self.rotary[i] = target
 
     @staticmethod
     def slots(layer: Any) -> int:
@@ -62,6 +93,8 @@ class LabCache:
         layer.keys = layer.keys.index_select(-2, slots)  # (b, h, kept, d)
         layer.values = layer.values.index_select(-2, slots)
         self.positions[index] = self.positions[index][slots.cpu()]
+        if self.rotary:
+            self.rotary[index] = self.rotary[index][slots.cpu()]
 
     def kept(self) -> list[list[int]]:
         """Absolute positions held per layer."""

@@ -49,20 +49,36 @@ def new_arm(model: Any, policy: Policy, params: SamplingParams, recorder: captur
     formulas = [policy.layer_formula(s.kv_heads, s.head_dim, _dtype_size(model)) for s in specs]
     rng = None if params.greedy else torch.Generator(device=model.device).manual_seed(params.seed)
     rec = recorder if recorder is not None else policy.recorder()
-    return Arm(policy, LabCache(policy.make_cache(model), policy.evicting), rec,
+    rope = rotary_embedding(model) if policy.rerotates else None
+    return Arm(policy, LabCache(policy.make_cache(model), policy.evicting, rope), rec,
                lambda layer, slots, residual=0: formulas[layer](layer, slots, residual), rng)  # fmt: skip
 
 
+def rotary_embedding(model: Any) -> Any:
+    """The model's rotary embedding module, for re-rotating keys; refused where the rotation is
+    not the plain one (scaled cos/sin, or no rotary module found)."""
+    from lmtrace.kvlab.policies.base import invalid
+
+    rope = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rope is None or getattr(rope, "attention_scaling", 1.0) != 1.0:
+        raise invalid("rerotate", "needs a model with a plain rotary embedding (model.model.rotary_emb)")
+    if any(spec.kind != kv.FULL for spec in kv.layer_layout(model.config)):
+        raise invalid("rerotate", "works on models whose layers all use full attention (no sliding window)")
+    return rope
+
+
 def forward(model: Any, arm: Arm, ids: list[int], start: int) -> None:
-    """Feeds `ids` at positions start.. (as engine.prefill / decode_step do), then evicts."""
+    """Feeds `ids` at positions start.. (as engine.prefill / decode_step do), then evicts; with
+    re-rotation the ids go in at the cache's own length instead and the kept keys are rotated."""
     capture.use(arm.recorder)
     if arm.recorder is not None:
         arm.recorder.clear()
     device = model.device
+    fed = arm.lab.next_position(start)
     out = model(
         input_ids=torch.tensor([ids], device=device),  # (1, n)
         attention_mask=None,
-        position_ids=torch.arange(start, start + len(ids), device=device)[None],  # (1, n)
+        position_ids=torch.arange(fed, fed + len(ids), device=device)[None],  # (1, n)
         logits_to_keep=1,
         **kv.cache_kwargs(model, arm.lab.cache),
     )
@@ -70,6 +86,8 @@ def forward(model: Any, arm: Arm, ids: list[int], start: int) -> None:
     arm.lab.appended(start, len(ids))
     arm.seen = [p.clone() for p in arm.lab.positions]
     arm.policy.after_forward(arm.lab, arm.recorder, prefill=start == 0)
+    if arm.lab.rope is not None:
+        arm.lab.rerotate()
 
 
 def _choose(arm: Arm, params: SamplingParams, seen_ids: torch.Tensor | None) -> int:

@@ -23,6 +23,7 @@ class Param:
     default: Any
     low: int = 1
     choices: tuple[str, ...] = ()
+    quiet: bool = False  # left out of the canonical spec while at its default
 
 
 @dataclass
@@ -42,9 +43,15 @@ class Policy:
     @property
     def spec(self) -> str:
         """The canonical spec, every parameter written out: `streaming:sinks=4,window=32`."""
-        if not self.values:
+        shown = {k: v for k, v in self.values.items() if not (self.params[k].quiet and v == self.params[k].default)}
+        if not shown:
             return self.name
-        return self.name + ":" + ",".join(f"{k}={_fmt(v)}" for k, v in self.values.items())
+        return self.name + ":" + ",".join(f"{k}={_fmt(v)}" for k, v in shown.items())
+
+    @property
+    def rerotates(self) -> bool:
+        """StreamingLLM's positions within the cache: keys re-rotated after each eviction."""
+        return bool(self.values.get("rerotate", 0))
 
     def validate(self) -> None:
         """Checks across parameters, after each was parsed."""
@@ -69,6 +76,9 @@ class Policy:
         slots (`residual`: those a quantized layer still holds in full precision)."""
         per_slot = 2 * batch * kv_heads * head_dim * dtype_size
         return lambda layer, slots, residual=0: slots * per_slot
+
+
+REROTATE = Param("int", 0, low=0, quiet=True)
 
 
 def _fmt(v: Any) -> str:
