@@ -207,3 +207,10 @@ def test_rerotate_without_eviction_changes_nothing(tiny_lm):
     result = kvlab(tiny_lm, PROMPT, ["streaming:sinks=4,window=64,rerotate=1"], max_new_tokens=6, temperature=0)
     assert [s["logprob"] for s in result.arms[0]["steps"]] == [s.logprob for s in result.reference.steps]
     assert result.arms[0]["policy"] == "streaming:sinks=4,window=64,rerotate=1"
+
+
+def test_sampled_reference_full_arm_never_diverges(tiny_lm):
+    result = kvlab(tiny_lm, PROMPT, ["full", "window:size=2"], max_new_tokens=8, temperature=1.0, seed=3)
+    assert result.reference.params["seed"] == 3
+    assert result.arm("full")["summary"]["divergence_step"] is None
+    assert result.arm("full")["summary"]["mean_kl"] == 0

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from lmtrace import kv, sampling
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.errors import InvalidParameter
 from lmtrace.kvlab import metrics, runner
@@ -77,8 +78,6 @@ def _reference_steps(lm: LM, tokens: list[int], top_n: int) -> tuple[list[Step],
         top_lp, top_ids = torch.topk(lp, top_n) if top_n else (lp[:0], lp[:0].long())
         last = index == len(tokens) - 1
         piece = detok.add(token) + (detok.flush() if last else "")
-        from lmtrace import kv, sampling
-
         steps.append(Step(
             index=index, token_id=token, text=piece, bytes=list(tb(token)),
             logprob=float(chosen), sampled_logprob=float(chosen), rank=int((lp > chosen).sum()) + 1,
@@ -173,7 +172,7 @@ def kvlab(
     if continuation is not None:
         trace = _forced_trace(lm, prompt, ids, continuation, tokens, steps, {**params.to_dict(), "chat": chat},
                               (time.perf_counter() - started) * 1000)  # fmt: skip
-    frees = [runner.run_free(lm.model, a, len(ids), len(tokens), params, lm.eos_token_ids) if free else None
+    frees = [runner.run_free(lm.model, a, ids, tokens, params, lm.eos_token_ids) if free else None
              for a in arms]  # fmt: skip
     return LabResult(
         reference=trace,

@@ -149,18 +149,25 @@ def lockstep(
     return ref, arms
 
 
-def run_free(model: Any, arm: Arm, prompt_len: int, steps: int, params: SamplingParams,
-             eos: list[int], seen_ids: torch.Tensor | None = None) -> list[int]:  # fmt: skip
-    """Continues a forked arm alone from its divergence step: its own tokens to `steps`."""
+def run_free(model: Any, arm: Arm, prompt_ids: list[int], tokens: list[int], params: SamplingParams,
+             eos: list[int]) -> list[int]:  # fmt: skip
+    """Continues a forked arm alone from its divergence step: its own tokens up to as many
+    steps as the reference has, or its end token."""
     if arm.fork is None:
         return []
     lab, policy, rng, own = arm.fork
     alone = Arm(policy, lab, arm.recorder, arm.formula, rng)
     out = [own]
+    seen = None
+    if params.repetition_penalty != 1.0:  # the penalty's view: prompt, the shared tokens, its own
+        seen = torch.zeros((1, model.config.get_text_config().vocab_size), dtype=torch.bool, device=model.device)
+        seen[0, prompt_ids + tokens[: arm.divergence] + [own]] = True
     with torch.inference_mode(), capture.capturing(model):
-        for index in range(arm.divergence + 1, steps):
+        for index in range(arm.divergence + 1, len(tokens)):
             if out[-1] in eos:
                 break
-            forward(model, alone, [out[-1]], prompt_len + index - 1)
-            out.append(_choose(alone, params, seen_ids))
+            forward(model, alone, [out[-1]], len(prompt_ids) + index - 1)
+            out.append(_choose(alone, params, seen))
+            if seen is not None:
+                seen[0, out[-1]] = True
     return out
