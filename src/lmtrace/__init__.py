@@ -20,6 +20,8 @@ _NAMES = {
     "InvalidParameter": "lmtrace.errors",
     "LmtraceError": "lmtrace.errors",
     "ModelLoadError": "lmtrace.errors",
+    "LabResult": "lmtrace.kvlab",
+    "kvlab": "lmtrace.kvlab",
     "from_generate": "lmtrace.from_generate",
     "LM": "lmtrace.loading",
     "load": "lmtrace.loading",
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from lmtrace.comparison import compare  # noqa: F401
     from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError  # noqa: F401
     from lmtrace.from_generate import from_generate  # noqa: F401
+    from lmtrace.kvlab import LabResult, kvlab  # noqa: F401
     from lmtrace.loading import LM, load  # noqa: F401
     from lmtrace.params import SamplingParams  # noqa: F401
     from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace  # noqa: F401

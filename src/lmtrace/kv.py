@@ -113,7 +113,25 @@ def layer_layout(config: Any) -> list[LayerSpec]:
 
 
 def _nbytes(t: Any) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+    """Bytes held by a tensor, or by the storage a quantized layer keeps: a tensor subclass
+    (optimum-quanto's packed QTensor) through its inner tensors, a (tensor, scale) tuple
+    (transformers' fp8 layer), a dict of tensors (hqq's metadata)."""
+    if isinstance(t, torch.Tensor):
+        flatten = getattr(type(t), "__tensor_flatten__", None)
+        if flatten is not None and type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+            names, _ = t.__tensor_flatten__()
+            return sum(_nbytes(getattr(t, name)) for name in names)
+        return t.numel() * t.element_size()
+    if isinstance(t, (tuple, list)):
+        return sum(_nbytes(x) for x in t)
+    if isinstance(t, dict):
+        return sum(_nbytes(x) for x in t.values())
+    return 0
+
+
+def quantized_storage(layer: Any) -> tuple[Any, Any]:
+    """(keys, values) a quantized layer keeps outside `.keys/.values` (None, None for others)."""
+    return getattr(layer, "_quantized_keys", None), getattr(layer, "_quantized_values", None)
 
 
 def _shape(t: Any) -> list[int] | None:
@@ -125,6 +143,13 @@ def _layer_entry(index: int, layer: Any) -> dict[str, Any]:
     held = keys.shape[-2] if isinstance(keys, torch.Tensor) and keys.dim() == 4 else 0
     filled = min(int(layer.get_seq_length()), held) if held else 0
     allocated = _nbytes(keys) + _nbytes(values)
+    qkeys, qvalues = quantized_storage(layer)
+    quantized = _nbytes(qkeys) + _nbytes(qvalues)
+    if quantized:  # a quantized layer: packed storage plus its full-precision residual, all in use
+        entry = {"layer": index, "kind": FULL, "window": None, "keys": _shape(keys), "values": _shape(values),
+                 "dtype": _quantized_dtype(qkeys), "bytes": allocated + quantized,
+                 "bytes_used": allocated + quantized, "quantized_bytes": quantized}  # fmt: skip
+        return entry
     return {
         "layer": index,
         "kind": SLIDING if getattr(layer, "is_sliding", False) else FULL,
@@ -136,6 +161,14 @@ def _layer_entry(index: int, layer: Any) -> dict[str, Any]:
         # a static cache allocates its maximum length up front; only `filled` positions hold tokens
         "bytes_used": allocated * filled // held if held else 0,
     }
+
+
+def _quantized_dtype(q: Any) -> str:
+    data = q[0] if isinstance(q, (tuple, list)) else q
+    name = getattr(getattr(data, "qtype", None), "name", None)  # optimum-quanto: qint4, qint2
+    if name is None and isinstance(data, torch.Tensor):
+        name = str(data.dtype).replace("torch.", "")
+    return str(name)
 
 
 def seq_length(cache: Any) -> int:

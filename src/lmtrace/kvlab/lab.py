@@ -1,0 +1,184 @@
+"""`lmtrace.kvlab(lm, prompt, policies=[...], **sampling)`: one reference run with the full
+cache, and for each policy an arm fed the reference's tokens at the same positions.
+
+The reference is a generated Trace (`lmtrace.generate`), or with `continuation` a given text
+teacher-forced after the prompt (a Trace built from the full-cache replay's own numbers)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lmtrace import kv, sampling
+from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
+from lmtrace.errors import InvalidParameter
+from lmtrace.kvlab import metrics, runner
+from lmtrace.kvlab.policies.base import Policy
+from lmtrace.kvlab.spec import parse_policies
+from lmtrace.loading import LM
+from lmtrace.records import Alternative, Step, Trace
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no infinities or NaN: they become null, as in the trace JSON."""
+    if isinstance(x, float):
+        return x if x == x and abs(x) != float("inf") else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+@dataclass
+class LabResult:
+    """The reference trace and one dict per arm: {policy, steps, summary, kept_map, free}."""
+
+    reference: Trace
+    arms: list[dict[str, Any]]
+    prompt_tokens: int
+    teacher_forced: bool
+    map_step: int | None
+    reference_bytes: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "kvlab",
+            "reference": self.reference.to_dict(),
+            "arms": self.arms,
+            "prompt_tokens": self.prompt_tokens,
+            "teacher_forced": self.teacher_forced,
+            "map_step": self.map_step,
+            "reference_bytes": self.reference_bytes,
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(_finite(self.to_dict()), ensure_ascii=False, allow_nan=False, indent=indent)
+
+    def arm(self, spec: str) -> dict[str, Any]:
+        for a in self.arms:
+            if a["policy"] == spec or a["policy"].split(":")[0] == spec:
+                return a
+        raise KeyError(spec)
+
+
+def _reference_steps(lm: LM, tokens: list[int], top_n: int) -> tuple[list[Step], Callable]:
+    """Steps of a teacher-forced continuation, filled in from the replay as it runs."""
+    steps: list[Step] = []
+    detok, tb = IncrementalDetokenizer(lm.tokenizer), TokenBytes(lm.tokenizer)
+
+    def on_step(index: int, ref: runner.Arm, lp: torch.Tensor) -> None:
+        token = tokens[index]
+        chosen = lp[token]
+        top_lp, top_ids = torch.topk(lp, top_n) if top_n else (lp[:0], lp[:0].long())
+        last = index == len(tokens) - 1
+        piece = detok.add(token) + (detok.flush() if last else "")
+        steps.append(Step(
+            index=index, token_id=token, text=piece, bytes=list(tb(token)),
+            logprob=float(chosen), sampled_logprob=float(chosen), rank=int((lp > chosen).sum()) + 1,
+            entropy=float(sampling.entropy(lp[None])[0]), sampled_entropy=float(sampling.entropy(lp[None])[0]),
+            top=[Alternative(t, tb.text(t), list(tb(t)), v, v) for t, v in zip(top_ids.tolist(), top_lp.tolist())],
+            kv=kv.state(ref.lab.cache).to_dict(), time_ms=0.0,
+        ))  # fmt: skip
+
+    return steps, on_step
+
+
+def _forced_trace(lm: LM, prompt: str, ids: list[int], text: str, tokens: list[int], steps: list[Step],
+                  params: dict[str, Any], elapsed_ms: float) -> Trace:  # fmt: skip
+    from lmtrace.versions import versions
+
+    summary = lm.summary.to_dict()
+    return Trace(
+        model={"source": lm.source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]},
+        params={**params, "teacher_forced": True},
+        prompt={"text": prompt, "token_ids": ids},
+        text=text, token_ids=tokens, finish_reason="length", stop_reason=None,
+        timing={"total_ms": elapsed_ms, "prompt_tokens": len(ids), "generated_tokens": len(tokens)},
+        versions=versions(), steps=steps,
+    )  # fmt: skip
+
+
+def _arm_dict(arm: runner.Arm, ref: runner.Arm, free: list[int] | None, lm: LM) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "policy": arm.policy.spec,
+        "about": arm.policy.about,
+        "steps": arm.steps,
+        "summary": metrics.summary(arm.steps, [s["bytes"] for s in ref.steps], arm.divergence),
+        "kept_map": arm.kept_map,
+    }
+    if free is not None:
+        d["free"] = {"divergence_step": arm.divergence, "token_ids": free, "text": lm.tokenizer.decode(free)}
+    return d
+
+
+def kvlab(
+    lm: LM,
+    prompt: str,
+    policies: Sequence[str | Policy] = ("full",),
+    *,
+    continuation: str | None = None,
+    max_continuation_tokens: int | None = None,
+    chat: bool = False,
+    free: bool = False,
+    map_step: int | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+    params: Any = None,
+    **sampling: Any,
+) -> LabResult:
+    """Runs the reference and one arm per policy spec (see `lmtrace.kvlab.spec`); `sampling`
+    goes to the reference's generation (max_new_tokens, temperature, seed, ...). With
+    `continuation`, that text is the reference, teacher-forced (its first
+    `max_continuation_tokens` tokens where given). `map_step` (default: the last
+    step) is where each arm's kept positions are recorded for the layer x position map;
+    `free` lets each arm generate alone from its divergence step; `on_step(index, total)` is
+    called after each step (a progress bar); `params` a SamplingParams instead of `sampling`."""
+    from lmtrace.tracing import _seeded, encode_prompt, generate, make_params
+
+    chosen = parse_policies(list(policies))
+    params = _seeded(make_params(params, **sampling))
+    ids = encode_prompt(lm, prompt, chat)
+    started = time.perf_counter()
+    if continuation is not None:
+        tokens = list(lm.tokenizer(continuation, add_special_tokens=False)["input_ids"])
+        if max_continuation_tokens is not None:
+            tokens = tokens[:max_continuation_tokens]
+            continuation = lm.tokenizer.decode(tokens)
+        if not tokens:
+            raise InvalidParameter("continuation: the text has no tokens")
+        steps, build = _reference_steps(lm, tokens, params.top_logprobs)
+    else:
+        trace = generate(lm, prompt, params, chat=chat)
+        tokens, build = list(trace.token_ids), None
+    limit = getattr(lm.model.config, "max_position_embeddings", None)
+    if limit and len(ids) + len(tokens) > limit:
+        raise InvalidParameter(f"continuation: prompt {len(ids)} + {len(tokens)} tokens > {limit} positions")
+    last = len(tokens) - 1 if map_step is None else map_step
+    if not 0 <= last < len(tokens):
+        raise InvalidParameter(f"map_step must be a step in 0..{len(tokens) - 1}, got {map_step}")
+
+    def each(index: int, ref: runner.Arm, lp: torch.Tensor) -> None:
+        if build is not None:
+            build(index, ref, lp)
+        if on_step is not None:
+            on_step(index, len(tokens))
+
+    ref, arms = runner.lockstep(lm.model, ids, tokens, chosen, params, free=free, map_step=last, on_step=each)
+    if continuation is not None:
+        trace = _forced_trace(lm, prompt, ids, continuation, tokens, steps, {**params.to_dict(), "chat": chat},
+                              (time.perf_counter() - started) * 1000)  # fmt: skip
+    frees = [runner.run_free(lm.model, a, ids, tokens, params, lm.eos_token_ids) if free else None
+             for a in arms]  # fmt: skip
+    return LabResult(
+        reference=trace,
+        arms=[_arm_dict(a, ref, f, lm) for a, f in zip(arms, frees)],
+        prompt_tokens=len(ids),
+        teacher_forced=continuation is not None,
+        map_step=last,
+        reference_bytes=[s["bytes"] for s in ref.steps],
+    )
