@@ -26,6 +26,7 @@ DTYPES = {
 }
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+WEIGHTS = ("float", "packed")  # packed: a GGUF's own 4-bit blocks (lmtrace.packed)
 
 
 @dataclass
@@ -164,10 +165,12 @@ def load(
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
     device_map: str | dict[str, Any] | None = None,
+    weights: str = "float",
 ) -> LM:
     """Loads a causal LM and its tokenizer. `source` None means the bundled SmolLM2-135M-Instruct.
     `device_map="auto"` spreads the layers over the GPUs present (through accelerate) instead
-    of putting the model on one `device`."""
+    of putting the model on one `device`. `weights="packed"` runs a GGUF's own Q4_0/Q4_1/Q8_0
+    weights at 4 bits (CPU; lmtrace.packed) instead of dequantizing them to `dtype`."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if device_map is not None and device != "auto":
@@ -175,6 +178,7 @@ def load(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     where, extra, name = _locate(source, allow_pickle, trust_remote_code)
+    _check_weights(weights, extra, torch_device, name)
     common = {"trust_remote_code": trust_remote_code, **{k: v for k, v in extra.items() if k == "gguf_file"}}
     try:
         config = AutoConfig.from_pretrained(where, **common)
@@ -197,7 +201,20 @@ def load(
         raise ModelLoadError(f"{name}: cannot load model ({type(e).__name__}: {_one_line(e)})") from e
     if device_map is None:  # with a device map accelerate has placed every layer already
         model.to(torch_device)
+    if weights == "packed":
+        from lmtrace.packed import pack_gguf
+
+        pack_gguf(model, Path(where) / extra["gguf_file"])
     return LM.from_objects(model, tokenizer, name)
+
+
+def _check_weights(weights: str, extra: dict[str, Any], device: torch.device, name: str) -> None:
+    if weights not in WEIGHTS:
+        raise InvalidParameter(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    if weights == "packed" and "gguf_file" not in extra:
+        raise InvalidParameter(f"weights: 'packed' runs a GGUF file's own quantized weights; {name} is not a .gguf")
+    if weights == "packed" and device.type != "cpu":
+        raise InvalidParameter(f"weights: 'packed' runs on the CPU only, got device {device.type!r}")
 
 
 def load_config(source: str | Path | None = None, *, trust_remote_code: bool = False) -> Any:
