@@ -197,3 +197,19 @@ def test_bundled_packed_against_float32(bundled_packed, bundled_lm):
     diffs = [abs(s.logprob - float(ref[i, s.token_id])) for i, s in enumerate(got.steps)]
     assert max(diffs) < 0.1 and sum(diffs) / len(diffs) < 0.03
     assert got.steps[0].text == " Paris"
+
+
+def test_verify_reports_the_packed_cost_against_float32(tiny_packed, tiny_tok):
+    from lmtrace.loading import LM
+    from lmtrace.verify import verify
+
+    model, _, fast, _ = tiny_packed
+    fast.generation_config.eos_token_id = tiny_tok.eos_token_id
+    lm = LM.from_objects(fast, tiny_tok, source="tiny-packed")
+    report = verify(lm, tiny_tok("Hello world")["input_ids"], max_new_tokens=6)
+    d = report.to_dict()
+    assert d["weights"] == "packed" and len(report.steps) >= 1
+    assert 0 < d["float32_max_logprob_diff"] < 0.1
+    assert 0 <= d["float32_mean_logprob_diff"] <= d["float32_max_logprob_diff"]
+    assert 0 <= d["float32_top1_agreement"] <= 1
+    assert report.first_divergence is None  # cached, uncached and model.generate: the same packed path

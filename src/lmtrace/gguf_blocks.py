@@ -36,12 +36,11 @@ class Int4Form:
 
     def dequantize(self) -> torch.Tensor:
         """(out, in) float32: what the kernel multiplies by, in exact arithmetic."""
-        per_group = self.codes.reshape(self.codes.shape[0], -1, GROUP).float() - 8  # (out, groups, 32)
-        w = per_group * self.scales.t()[:, :, None] + self.zeros.t()[:, :, None]
-        w = w.reshape(self.codes.shape[0], -1)
+        w = self.codes.reshape(self.codes.shape[0], -1, GROUP).float().sub_(8)  # (out, groups, 32)
+        w = w.mul_(self.scales.t()[:, :, None]).add_(self.zeros.t()[:, :, None]).reshape(self.codes.shape[0], -1)
         if self.doubled:
             high, low = w.split(self.in_features, dim=1)
-            return high + low
+            return high.add_(low)
         return w
 
 

@@ -61,6 +61,18 @@ def device_map_option(f):
     )(f)
 
 
+def weights_option(f):
+    """Adds --weights: float (the default) or packed (a GGUF's own 4-bit weights, CPU)."""
+    return click.option(
+        "--weights",
+        type=click.Choice(["float", "packed"]),
+        default="float",
+        show_default=True,
+        help="packed: run a .gguf's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU, bfloat16 activations) "
+        "instead of dequantizing them to --dtype.",
+    )(f)
+
+
 def read_text(value: str | None, path: str | None, name: str, file_option: str, none_given: str) -> str:
     """A text argument, or the file named by its option, or standard input when piped; the
     errors name `name` / `file_option` (e.g. "prompt" / "prompt-file")."""
@@ -108,8 +120,10 @@ def load_model(
     allow_pickle: bool,
     trust_remote_code: bool,
     device_map: str | None = None,
+    weights: str = "float",
 ):
-    """lmtrace.load with a spinner on `console` (stderr) instead of transformers' progress bars."""
+    """lmtrace.load with a spinner on `console` (stderr) instead of transformers' progress bars;
+    with packed weights, one status line says what runs packed and what stays float."""
     from transformers.utils import logging as hf_logging
 
     from lmtrace.loading import load
@@ -117,14 +131,20 @@ def load_model(
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     with no_gguf_bar(), console.status(f"Loading {model or 'the bundled SmolLM2-135M-Instruct'}…"):
-        return load(
+        lm = load(
             model,
             device=device,
             dtype=dtype,
             allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code,
             device_map=device_map,
+            **({"weights": weights} if weights != "float" else {}),
         )
+    if weights == "packed":
+        from lmtrace.packed import report_of
+
+        console.print(f"[dim]{report_of(lm.model).line()}[/dim]")
+    return lm
 
 
 def consoles(json_path: str | None, no_color: bool) -> tuple[Console, Console]:
