@@ -51,6 +51,19 @@ def test_kernel_multiplies_by_the_dequantized_weights(qtype):
     assert (got - want).abs().max() < 0.02 * want.abs().max()  # bfloat16 input and scales
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_packed_head_refines_the_top_logits_in_float32(qtype):
+    """The lm_head's kernel output is bfloat16; its best `refine` logits per row are recomputed
+    from the exact weights, so they equal float32 to rounding, the rest stay coarse."""
+    raw, reference = _blocks(qtype, 256, 64, seed=2)
+    head = packed.PackedHead(int4_form(qtype.name, raw, 256, 64), None, torch.bfloat16, qtype.name, refine=16)
+    x = torch.randn(2, 3, 64) * 4
+    got, want = head(x), torch.nn.functional.linear(x, reference)
+    top = want.topk(8, dim=-1).indices  # well inside the 16 refined ones
+    torch.testing.assert_close(got.gather(-1, top), want.gather(-1, top), rtol=1e-5, atol=1e-5)
+    assert (got - want).abs().max() > 1e-4  # the tail is the coarse bfloat16 product
+
+
 def test_unsupported_type_has_no_int4_form():
     with pytest.raises(ValueError, match="Q6_K"):
         int4_form("Q6_K", np.zeros((4, 210), np.uint8), 4, 256)
@@ -123,7 +136,7 @@ def test_every_quantized_linear_is_packed_and_the_rest_said(tiny_packed):
     assert set(report.kept_float) == {"model.layers.1.self_attn.v_proj"}
     assert "F16" in report.kept_float["model.layers.1.self_attn.v_proj"]
     assert len(report.packed) == 14 and "kept in float" in report.line()
-    assert isinstance(fast.lm_head, packed.PackedLinear)
+    assert isinstance(fast.lm_head, packed.PackedHead) and not isinstance(exact.lm_head, packed.PackedHead)
     assert isinstance(fast.model.embed_tokens, torch.nn.Embedding)  # lookups stay float
     assert packed.report_of(fast) is report and packed.report_of(model) is None
 

@@ -51,6 +51,35 @@ class PackedLinear(nn.Module):
         return f"{self.kind}, in={self.in_features}, out={self.out_features}, compute={self.compute_dtype}"
 
 
+class PackedHead(PackedLinear):
+    """The lm_head, packed, with its best `refine` logits of every row recomputed in float32 from
+    the exact dequantized rows: the kernel stores its output in bfloat16, whose spacing at a
+    logit of 20 is 0.125, too coarse for logprobs; the rows a step reads (the chosen token, the
+    top alternatives) then carry float32 logits, and only the far tail keeps the coarse ones."""
+
+    def __init__(self, form: Int4Form, bias: torch.Tensor | None, compute_dtype: torch.dtype, kind: str,
+                 source: str = "", refine: int = 64) -> None:  # fmt: skip
+        super().__init__(form, bias, compute_dtype, kind, source)
+        self.refine = min(refine, self.out_features)
+        self.codes = form.codes.to(torch.uint8)  # (out, in') 1 byte a weight, read only for `refine` rows a step
+        self.scales, self.zeros = form.scales.t().contiguous(), form.zeros.t().contiguous()  # (out, groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        coarse = super().forward(x)  # (..., out)
+        flat, logits = x.reshape(-1, x.shape[-1]).float(), coarse.reshape(-1, self.out_features)
+        idx = logits.topk(self.refine, dim=-1).indices  # (rows, refine)
+        w = self.codes[idx].float().sub_(8)  # (rows, refine, in')
+        groups = w.shape[-1] // GROUP
+        w = w.view(*idx.shape, groups, GROUP).mul_(self.scales[idx][..., None]).add_(self.zeros[idx][..., None])
+        w = w.view(*idx.shape, -1)
+        if self.doubled:
+            w = w[..., : self.in_features] + w[..., self.in_features :]
+        exact = torch.einsum("rki,ri->rk", w, flat)  # (rows, refine)
+        if self.bias is not None:
+            exact = exact + self.bias[idx]
+        return logits.scatter(-1, idx, exact.to(logits.dtype)).reshape(coarse.shape)
+
+
 @dataclass
 class PackReport:
     """What `pack_gguf` did: which layers run packed, which keep float weights and why."""
@@ -123,6 +152,8 @@ def _pack_one(model: nn.Module, name: str, module: nn.Linear, tensor: Any, compu
     form = _form(model, name, module.out_features, module.in_features, tensor)
     if not torch.equal(form.dequantize(), module.weight.detach().float()):
         raise ValueError("the blocks do not reproduce the loaded weights")
+    if module is model.get_output_embeddings() and compute != torch.float32:
+        return PackedHead(form, module.bias, compute, kind, tensor.name)
     return PackedLinear(form, module.bias, compute, kind, tensor.name)
 
 
