@@ -318,6 +318,7 @@ def main() -> None:
                 r["bound"] = batch * record["bandwidth"]["best"] * 1e9 / bench.step_bytes[r["weights"]]
                 r["median"] = statistics.median(r["runs"]) if r["runs"] else None
                 record["results"][f"{name} @ batch {batch}"] = r
+            _write(out, record)  # what is measured so far survives a run cut short
         record["fidelity"] = fidelity(bench, args.fidelity_tokens)
     except BaseException as e:  # noqa: BLE001 - whatever happens, what was measured is written
         record["errors"]["run"] = _one_line(e)
@@ -325,9 +326,15 @@ def main() -> None:
     finally:
         print(f"bundled SmolLM2-135M-Instruct, CPU, greedy, {args.tokens} new tokens, {args.rounds} rounds\n")
         print(table(record))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=2))
+        _write(out, record)
         print(f"\nwritten to {out}")
+
+
+def _write(out: Path, record: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(out)
 
 
 def _cpu_name() -> str:
