@@ -226,3 +226,27 @@ def test_verify_reports_the_packed_cost_against_float32(tiny_packed, tiny_tok):
     assert 0 <= d["float32_mean_logprob_diff"] <= d["float32_max_logprob_diff"]
     assert 0 <= d["float32_top1_agreement"] <= 1
     assert report.first_divergence is None  # cached, uncached and model.generate: the same packed path
+
+
+def test_cli_weights_packed_needs_a_gguf(capsys, tiny_dir):
+    from lmtrace.cli import main
+
+    code = main(["generate", "Hello", "--model", str(tiny_dir), "--weights", "packed"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("lmtrace: error: weights: 'packed' runs a GGUF file's own quantized weights")
+
+
+@pytest.mark.integration
+def test_cli_verify_packed_on_the_bundled_model(capsys):
+    """`lmtrace verify --weights packed` says what runs packed and what it costs against float32."""
+    import json
+
+    from lmtrace.cli import main
+
+    code = main(["verify", "The capital of France is", "--weights", "packed", "--max-new-tokens", "4",
+                 "--json", "-", "--no-color"])  # fmt: skip
+    out = capsys.readouterr()
+    d = json.loads(out.out)
+    assert code == 0 and d["weights"] == "packed" and d["float32_top1_agreement"] == 1.0
+    assert "packed weights: 211 linear layers at 4 bits" in out.err

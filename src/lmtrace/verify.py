@@ -104,8 +104,12 @@ def generate_oracle(lm: LM, prompt_ids: list[int], max_new_tokens: int) -> tuple
     return out.sequences[0, len(prompt_ids) :].tolist(), torch.cat([x.float() for x in out.logits])
 
 
-def default_tolerance(dtype: str) -> float:
-    """1e-4 in log-probability for float32; half precision rounds far more coarsely."""
+def default_tolerance(dtype: str, packed: bool = False) -> float:
+    """1e-4 in log-probability for float32; half precision rounds far more coarsely. Packed
+    weights round each matmul's input to bfloat16, which can turn a float32-sized difference
+    between the cached and uncached paths into a bfloat16-sized one: 1e-2."""
+    if packed and dtype == "float32":
+        return 1e-2
     return 1e-4 if dtype == "float32" else 0.1
 
 
@@ -141,7 +145,7 @@ def verify(lm: LM, prompt_ids: list[int], max_new_tokens: int = 32, tolerance: f
 
     dtype = str(next(lm.model.parameters()).dtype).replace("torch.", "")
     packed = report_of(lm.model) is not None
-    tolerance = default_tolerance(dtype) if tolerance is None else tolerance
+    tolerance = default_tolerance(dtype, packed) if tolerance is None else tolerance
     tokens, cached = cached_greedy(lm, prompt_ids, max_new_tokens)
     full = uncached_logits(lm, prompt_ids, tokens)
     hf_ids, hf_logits = generate_oracle(lm, prompt_ids, max_new_tokens)

@@ -138,7 +138,7 @@ def load_model(
             allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code,
             device_map=device_map,
-            **({"weights": weights} if weights != "float" else {}),
+            weights=weights,
         )
     if weights == "packed":
         from lmtrace.packed import report_of
