@@ -139,6 +139,12 @@ def test_every_quantized_linear_is_packed_and_the_rest_said(tiny_packed):
     assert isinstance(fast.lm_head, packed.PackedHead) and not isinstance(exact.lm_head, packed.PackedHead)
     assert isinstance(fast.model.embed_tokens, torch.nn.Embedding)  # lookups stay float
     assert packed.report_of(fast) is report and packed.report_of(model) is None
+    from lmtrace.arch import summarize
+
+    want = "packed 4-bit (Q4_0 x2, Q4_1 x11, Q8_0 x1), bfloat16 activations; kept float: 1"
+    assert summarize(fast.config, fast).weights == want
+    assert summarize(fast.config, fast).parameters == summarize(model.config, model).parameters
+    assert summarize(model.config, model).weights is None
 
 
 def test_packed_model_against_its_dequantized_float32(tiny_packed):

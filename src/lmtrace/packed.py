@@ -34,6 +34,7 @@ class PackedLinear(nn.Module):
         self.register_buffer("packed", packed)
         self.register_buffer("scale_zeros", torch.stack([form.scales, form.zeros], -1).to(compute_dtype))
         self.source = source  # the GGUF tensor's name
+        self.packed_numel = self.out_features * self.in_features  # weights it stands for (arch.summarize)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -101,6 +102,15 @@ class PackReport:
             text += f"; kept in float: {', '.join(reasons[:3])}" + (" …" if len(reasons) > 3 else "")
         return text
 
+    def short(self) -> str:
+        """e.g. "packed 4-bit (Q4_1 x210, Q8_0 x1), bfloat16 activations; kept float: 1" """
+        counts: dict[str, int] = {}
+        for kind in self.packed.values():
+            counts[kind] = counts.get(kind, 0) + 1
+        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
+        text = f"packed 4-bit ({kinds}), {self.compute_dtype} activations"
+        return text + (f"; kept float: {len(self.kept_float)}" if self.kept_float else "")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -152,9 +162,11 @@ def _pack_one(model: nn.Module, name: str, module: nn.Linear, tensor: Any, compu
     form = _form(model, name, module.out_features, module.in_features, tensor)
     if not torch.equal(form.dequantize(), module.weight.detach().float()):
         raise ValueError("the blocks do not reproduce the loaded weights")
-    if module is model.get_output_embeddings() and compute != torch.float32:
-        return PackedHead(form, module.bias, compute, kind, tensor.name)
-    return PackedLinear(form, module.bias, compute, kind, tensor.name)
+    head = module is model.get_output_embeddings() and compute != torch.float32
+    layer = (PackedHead if head else PackedLinear)(form, module.bias, compute, kind, tensor.name)
+    if module.weight is model.get_input_embeddings().weight:
+        layer.packed_numel = 0  # tied: the embedding's parameters count these weights already
+    return layer
 
 
 def pack_gguf(model: nn.Module, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16) -> PackReport:
