@@ -106,10 +106,11 @@ def generate_oracle(lm: LM, prompt_ids: list[int], max_new_tokens: int) -> tuple
 
 def default_tolerance(dtype: str, packed: bool = False) -> float:
     """1e-4 in log-probability for float32; half precision rounds far more coarsely. Packed
-    weights round each matmul's input to bfloat16, which can turn a float32-sized difference
-    between the cached and uncached paths into a bfloat16-sized one: 1e-2."""
+    weights round each matmul's input to bfloat16, and the lm_head's logits outside its 64
+    refined ones keep the kernel's bfloat16 output (0.125 apart at a logit of 20), so a
+    float32-sized difference between the cached and uncached paths can flip one: 0.25."""
     if packed and dtype == "float32":
-        return 1e-2
+        return 0.25
     return 1e-4 if dtype == "float32" else 0.1
 
 
