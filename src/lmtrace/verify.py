@@ -107,10 +107,11 @@ def generate_oracle(lm: LM, prompt_ids: list[int], max_new_tokens: int) -> tuple
 def default_tolerance(dtype: str, packed: bool = False) -> float:
     """1e-4 in log-probability for float32; half precision rounds far more coarsely. Packed
     weights round each matmul's input to bfloat16, and the lm_head's logits outside its 64
-    refined ones keep the kernel's bfloat16 output (0.125 apart at a logit of 20), so a
-    float32-sized difference between the cached and uncached paths can flip one: 0.25."""
+    refined ones keep the kernel's bfloat16 output (0.125 apart at a logit of 20, 0.25 past
+    32), so a float32-sized difference between the cached and uncached paths can flip one by a
+    spacing (0.26 measured on the bundled model): 0.5."""
     if packed and dtype == "float32":
-        return 0.25
+        return 0.5
     return 1e-4 if dtype == "float32" else 0.1
 
 

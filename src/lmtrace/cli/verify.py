@@ -19,7 +19,7 @@ from lmtrace.errors import InvalidParameter
 @weights_option
 @click.option("--max-new-tokens", type=int, default=32, show_default=True, help="Greedy steps to check.")
 @click.option("--tolerance", type=float, default=None,
-              help="Largest log-probability difference (default 1e-4 in float32, 0.25 with packed weights, "
+              help="Largest log-probability difference (default 1e-4 in float32, 0.5 with packed weights, "
                    "0.1 in 16-bit dtypes).")  # fmt: skip
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the chat template.")
 @click.option("--rescore", is_flag=True,
