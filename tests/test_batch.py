@@ -60,7 +60,7 @@ def generate_alone(tiny_dir, tmp_path, line):
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory, tiny_dir):
-    """The mixed file run with batch size 4 (the rows with the same settings share batches)."""
+    """The mixed file run with batch size 4 (rows of different settings share batches)."""
     tmp = tmp_path_factory.mktemp("mixed")
     out = tmp / "out.jsonl"
     assert run_batch(tiny_dir, write_input(tmp / "in.jsonl"), out, "--batch-size", "4") == 0
@@ -166,14 +166,14 @@ def test_messages_go_through_the_chat_template_like_a_chat_prompt(tiny_lm):
 def test_a_line_that_fails_while_decoding_fails_alone(tiny_lm, monkeypatch):
     from lmtrace.batch import local
 
-    real = local.generate_each
+    real = local.generate_rows
 
-    def flaky(lm, prompts, *args, **kwargs):
-        if "boom" in prompts:
+    def flaky(lm, specs, *args, **kwargs):
+        if "boom" in [s.text for s in specs]:
             raise RuntimeError("out of memory")
-        return real(lm, prompts, *args, **kwargs)
+        return real(lm, specs, *args, **kwargs)
 
-    monkeypatch.setattr(local, "generate_each", flaky)
+    monkeypatch.setattr(local, "generate_rows", flaky)
     lines = [InputLine(i, p, {"id": p, "prompt": p}) for i, p in enumerate(["Hello", "boom", "world"], start=1)]
     outcomes = list(local.trace_lines(tiny_lm, lines, defaults_of(SamplingParams(temperature=0, max_new_tokens=2)), 3))
     records = {json.loads(o.line)["id"]: json.loads(o.line) for o in outcomes}

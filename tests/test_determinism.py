@@ -124,3 +124,42 @@ def test_bundled_greedy_batch_equals_alone_within_the_bound(bundled_lm):
         worst = max(worst, worst_difference(batched, alone))
     assert worst < BUNDLED_BOUND
     print(f"\nbundled model, batch of 4 vs alone, largest logprob difference: {worst:.2e}")
+
+
+# rows of one continuous batch, each with its own settings and length (lmtrace.continuous)
+MIXED = [
+    {"temperature": 0, "max_new_tokens": 8, "top_logprobs": 5},
+    {"temperature": 0.8, "top_k": 40, "seed": 1, "max_new_tokens": 3, "top_logprobs": 5},
+    {"temperature": 0.9, "min_p": 0.05, "repetition_penalty": 1.2, "seed": 2, "max_new_tokens": 6, "top_logprobs": 5},
+    {"temperature": 0, "repetition_penalty": 1.3, "max_new_tokens": 5, "top_logprobs": 5},
+    {"temperature": 1.1, "top_p": 0.9, "seed": 3, "max_new_tokens": 7, "top_logprobs": 5},
+]
+
+
+def mixed_rows_vs_alone(lm, prompts: list[str], max_batch: int) -> float:
+    """Decodes the prompts with MIXED settings, `max_batch` rows at a time (so rows join while
+    others are mid-flight); asserts each row's tokens are its alone tokens; the worst difference."""
+    from lmtrace.continuous import RowSpec, generate_rows
+
+    params = [lmtrace.SamplingParams(**kw) for kw in MIXED]
+    specs = [RowSpec(lmtrace.encode_prompt(lm, p), sp, p) for p, sp in zip(prompts, params)]
+    worst = 0.0
+    for prompt, sp, together in zip(prompts, params, generate_rows(lm, specs, max_batch=max_batch), strict=True):
+        alone = lmtrace.generate(lm, prompt, sp)
+        assert together.token_ids == alone.token_ids, prompt
+        assert [s.kv for s in together.steps] == [s.kv for s in alone.steps]
+        worst = max(worst, worst_difference(together, alone))
+    return worst
+
+
+@pytest.mark.parametrize("max_batch", [5, 2])
+def test_mixed_settings_and_rows_joining_mid_flight_decode_as_alone(tiny_lm, max_batch):
+    assert mixed_rows_vs_alone(tiny_lm, PROMPTS[:5], max_batch) < TINY_BOUND
+
+
+@pytest.mark.integration
+def test_bundled_mixed_settings_joining_mid_flight_within_the_bound(bundled_lm):
+    prompts = ["The capital of France is", "很久很久以前，", "def fibonacci(n):", "Once upon a time there was a", "Hi"]
+    worst = mixed_rows_vs_alone(bundled_lm, prompts, max_batch=3)
+    assert worst < 5e-5  # the batched-versus-alone bound the server documents for the bundled model
+    print(f"\nbundled model, mixed settings joining mid-flight vs alone, largest logprob difference: {worst:.2e}")

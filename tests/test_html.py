@@ -118,8 +118,8 @@ def test_trace_report_shows_the_data():
     assert {"text", "charts", "kv", "steps", "panel"} <= ids
     assert any(a.get("name") == "dist" and a.get("value") == "sampled" for t, a in page.tags if t == "input")
     html = render_html(d)
-    assert "By layer, after step 9" in html and "sources.kv_heads" in html and "num_key_value_heads = 2" in html
-    assert "measured KV bytes differ from the formula at steps [3]" in html
+    assert "By layer, after step 9" in html and "num_key_value_heads" in html and "sources.kv_heads" not in html
+    assert "The measured KV cache differs from the formula at step 3" in html
     assert html.count('<svg class="chart"') == 4  # probability, entropy, KV bytes, bytes per layer
 
 

@@ -55,7 +55,8 @@ def test_cache_command_writes_the_ledger(tiny_dir, tmp_path, capsys):
     assert len(d["steps"]) == 5 and d["anatomy"]["kv_heads"] == 2 and d["anatomy"]["mismatches"] == []
     assert d["steps"][1]["bytes"] - d["steps"][0]["bytes"] == d["anatomy"]["bytes_per_token"]
     shown = capsys.readouterr().out
-    for text in ("num_key_value_heads = 2", "bytes = 2 × 2 layers", "growth", "KV cache bytes per step"):
+    for text in ("num_key_value_heads", "bytes = 2 (keys and values) × layers", "= 2 × 2 × 2 × 16 × 4 × 1 ×",
+                 "growth", "KV cache bytes per step"):
         assert text in shown
 
 

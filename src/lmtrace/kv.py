@@ -160,3 +160,48 @@ def state(cache: Any, expected: Any = None, layers: bool = True) -> KVState:
 def layer_shapes(cache: Any) -> list[list[int] | None]:
     """Key shapes of every layer, for logs of people's own loops."""
     return [_shape(getattr(layer, "keys", None)) for layer in cache.layers]
+
+
+# Regrouping a batch's cache while it decodes (continuous batching, lmtrace.continuous): rows
+# join (their own cache, left-padded to the batch's width) and leave (selected away).
+
+
+def regroupable(cache: Any) -> bool:
+    """Whether rows can join and leave this cache: only plain full-attention dynamic layers
+    (a sliding layer's kept window depends on each row's own length)."""
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def select_rows(cache: Any, index: torch.Tensor) -> None:
+    """Keeps the rows `index` (in that order), in place."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, index)
+        layer.values = layer.values.index_select(0, index)
+
+
+def pad_left(cache: Any, width: int) -> None:
+    """Adds `width` empty positions before every row (they are masked out), in place."""
+    if width <= 0:
+        return
+    for layer in cache.layers:
+        b, h, _, d = layer.keys.shape  # (batch, kv_heads, seq, head_dim) -> seq + width
+        layer.keys = torch.cat([layer.keys.new_zeros((b, h, width, d)), layer.keys], dim=-2)
+        layer.values = torch.cat([layer.values.new_zeros((b, h, width, d)), layer.values], dim=-2)
+
+
+def drop_left(cache: Any, width: int) -> None:
+    """Drops the first `width` positions of every row (padding that no row needs any more)."""
+    if width <= 0:
+        return
+    for layer in cache.layers:
+        layer.keys = layer.keys[:, :, width:]
+        layer.values = layer.values[:, :, width:]
+
+
+def append_rows(cache: Any, other: Any) -> None:
+    """Appends the rows of `other` (the same width) after this cache's rows, in place."""
+    for layer, extra in zip(cache.layers, other.layers):
+        layer.keys = torch.cat([layer.keys, extra.keys], dim=0)
+        layer.values = torch.cat([layer.values, extra.values], dim=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,9 +97,11 @@ def _one_line(e: BaseException) -> str:
 
 
 def _check_gguf(path: Path) -> None:
+    from lmtrace import gguf_cache
     from lmtrace.gguf_check import check_gguf
 
-    check_gguf(path)
+    if gguf_cache.ready_folder(path) is None:  # a converted file was checked before its conversion
+        check_gguf(path)
 
 
 def _check_folder(path: Path, allow_pickle: bool, trust_remote_code: bool = False) -> dict[str, Any]:
@@ -165,13 +168,21 @@ def load(
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
     device_map: str | dict[str, Any] | None = None,
+    gguf_cache: bool = True,
+    status: Callable[[str], None] | None = None,
     weights: str = "float",
 ) -> LM:
     """Loads a causal LM and its tokenizer. `source` None means the bundled SmolLM2-135M-Instruct.
     `device_map="auto"` spreads the layers over the GPUs present (through accelerate) instead
-    of putting the model on one `device`. `weights="packed"` runs a GGUF's own Q4_0/Q4_1/Q8_0
-    weights at 4 bits (CPU; lmtrace.packed) instead of dequantizing them to `dtype`."""
+    of putting the model on one `device`. A .gguf file is converted once into a safetensors
+    folder in the user's cache and loaded from there (same weights bit for bit, seconds instead
+    of half a minute); `gguf_cache=False` reads the file itself. `status` is told, in a line,
+    what the load does (converting, or loading the converted copy). `weights="packed"` runs a
+    GGUF's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU; lmtrace.packed) instead of dequantizing
+    them to `dtype`."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from lmtrace.gguf_quiet import quiet_gguf
 
     if device_map is not None and device != "auto":
         raise InvalidParameter(f"device_map: give a device or a device_map, not both (device {device!r})")
@@ -179,15 +190,19 @@ def load(
     torch_dtype = resolve_dtype(dtype, torch_device)
     where, extra, name = _locate(source, allow_pickle, trust_remote_code)
     _check_weights(weights, extra, torch_device, name)
+    gguf_path = Path(where) / extra["gguf_file"] if "gguf_file" in extra else None
+    if "gguf_file" in extra and gguf_cache:
+        where, extra = _through_cache(Path(where) / extra["gguf_file"], where, extra, trust_remote_code, status)
     common = {"trust_remote_code": trust_remote_code, **{k: v for k, v in extra.items() if k == "gguf_file"}}
     try:
-        config = AutoConfig.from_pretrained(where, **common)
-        _check_causal(config, name)
-        tokenizer = AutoTokenizer.from_pretrained(where, **common)
-        rest = {k: v for k, v in extra.items() if k != "gguf_file"}
-        if device_map is not None:
-            rest["device_map"] = device_map
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **common, **rest)
+        with quiet_gguf():  # transformers' own tqdm bar for the GGUF tensors never shows
+            config = AutoConfig.from_pretrained(where, **common)
+            _check_causal(config, name)
+            tokenizer = AutoTokenizer.from_pretrained(where, **common)
+            rest = {k: v for k, v in extra.items() if k != "gguf_file"}
+            if device_map is not None:
+                rest["device_map"] = device_map
+            model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **common, **rest)
     except ModelLoadError:
         raise
     except OSError as e:
@@ -204,7 +219,7 @@ def load(
     if weights == "packed":
         from lmtrace.packed import pack_gguf
 
-        pack_gguf(model, Path(where) / extra["gguf_file"])
+        pack_gguf(model, gguf_path)
     return LM.from_objects(model, tokenizer, name)
 
 
@@ -215,6 +230,27 @@ def _check_weights(weights: str, extra: dict[str, Any], device: torch.device, na
         raise InvalidParameter(f"weights: 'packed' runs a GGUF file's own quantized weights; {name} is not a .gguf")
     if weights == "packed" and device.type != "cpu":
         raise InvalidParameter(f"weights: 'packed' runs on the CPU only, got device {device.type!r}")
+
+
+def _through_cache(
+    path: Path, where: str, extra: dict[str, Any], trust_remote_code: bool, status: Callable[[str], None] | None
+) -> tuple[str, dict[str, Any]]:
+    """(where, extra) for from_pretrained: the GGUF's converted folder (made now if missing), or
+    the GGUF itself when the cache is off or cannot be written."""
+    from lmtrace import gguf_cache
+
+    if not gguf_cache.enabled():
+        return where, extra
+
+    def load_gguf() -> LM:
+        return load(path, device="cpu", dtype="float32", trust_remote_code=trust_remote_code, gguf_cache=False)
+
+    try:
+        return str(gguf_cache.converted(path, load_gguf, status)), {"use_safetensors": True}
+    except OSError as e:
+        if status is not None:
+            status(f"Cannot keep a converted copy of {path.name} ({_one_line(e)}); reading the GGUF itself")
+        return where, extra
 
 
 def load_config(source: str | Path | None = None, *, trust_remote_code: bool = False) -> Any:
@@ -237,6 +273,11 @@ def load_config(source: str | Path | None = None, *, trust_remote_code: bool = F
         where, extra, name = str(path), {}, str(path)
     else:
         where, extra, name = _locate(source, allow_pickle=True)
+        if "gguf_file" in extra:  # the converted copy's config.json, if there is one, reads in milliseconds
+            from lmtrace.gguf_cache import ready_folder
+
+            folder = ready_folder(Path(where) / extra["gguf_file"])
+            where, extra = (str(folder), {}) if folder is not None else (where, extra)
     try:
         kwargs = {"gguf_file": extra["gguf_file"]} if "gguf_file" in extra else {}
         return AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, **kwargs)

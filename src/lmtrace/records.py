@@ -9,6 +9,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lmtrace.errors import InvalidParameter
+
 SCHEMA_VERSION = 1
 
 
@@ -23,13 +25,14 @@ def _inf(x: float | None) -> float:
 
 @dataclass
 class Alternative:
-    """One of the most likely tokens at a step, under the raw distribution."""
+    """One of the most likely tokens at a step, under the raw distribution (under the processed
+    one in a trace that holds only that). None: the distribution was not recorded."""
 
     token_id: int
     text: str
     bytes: list[int]
-    logprob: float
-    sampled_logprob: float
+    logprob: float | None
+    sampled_logprob: float | None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -44,34 +47,38 @@ class Alternative:
 @dataclass
 class Step:
     """One generated token. `logprob`/`rank`/`entropy` are under the raw distribution;
-    `sampled_*` under the processed one the token was chosen from."""
+    `sampled_*` under the processed one the token was chosen from. None where the trace does not
+    hold that distribution (`Trace.distributions`), and `time_ms` None where it was not timed."""
 
     index: int
     token_id: int
     text: str
     bytes: list[int]
-    logprob: float
-    sampled_logprob: float
-    rank: int
-    entropy: float
-    sampled_entropy: float
+    logprob: float | None
+    sampled_logprob: float | None
+    rank: int | None
+    entropy: float | None
+    sampled_entropy: float | None
     top: list[Alternative]
     kv: dict[str, Any]
-    time_ms: float
+    time_ms: float | None
     # the distribution after each sampling stage, one dict per stage (lmtrace.waterfall); only
     # where asked for
     waterfall: list[dict[str, Any]] | None = None
+    # a watched loop's cache misuse, on the step (round) where it starts (lmtrace.watch)
+    problems: list[dict[str, Any]] | None = None
 
     @property
-    def prob(self) -> float:
-        return math.exp(self.logprob)
+    def prob(self) -> float | None:
+        return None if self.logprob is None else math.exp(self.logprob)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
         d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
         d["top"] = [a.to_dict() for a in self.top]
-        if self.waterfall is None:  # optional fields are written only when present
-            del d["waterfall"]
+        for name in ("waterfall", "problems"):  # optional fields are written only when present
+            if d[name] is None:
+                del d[name]
         return d
 
     @classmethod
@@ -84,11 +91,28 @@ class Step:
             sampled_logprob=_inf(d["sampled_logprob"]),
             top=[Alternative.from_dict(a) for a in d["top"]],
             waterfall=d.get("waterfall"),
+            problems=d.get("problems"),
         )
 
 
 # fields added after schema 1 was first written: absent from older JSON, omitted when unset
-_OPTIONAL = ("waterfall", "prompt_logprobs")
+_OPTIONAL = ("waterfall", "prompt_logprobs", "problems")
+
+
+def _forget(steps: list[Step], distributions: str) -> None:
+    """JSON writes a filtered token's -inf and an unrecorded number both as null: a trace that
+    holds one distribution only reads the other's numbers back as None (unknown)."""
+    raw = ("logprob", "rank", "entropy")
+    processed = ("sampled_logprob", "sampled_entropy")
+    gone = raw if distributions == "processed" else processed if distributions == "raw" else ()
+    for s in steps:
+        for name in gone:
+            setattr(s, name, None)
+        for a in s.top:
+            if "logprob" in gone:
+                a.logprob = None
+            if "sampled_logprob" in gone:
+                a.sampled_logprob = None
 
 
 @dataclass
@@ -152,6 +176,12 @@ class Trace:
     kv_anatomy: dict[str, Any] | None = None
     # the prompt's own tokens, teacher-forced in the prefill pass (generate with echo=True)
     prompt_logprobs: list[TokenScore] | None = None
+    # where the trace came from: "lmtrace" (its own loop), "model.generate" (from_generate) or
+    # "watch" (a person's own loop, watched); older traces are lmtrace's
+    origin: str = "lmtrace"
+    # which distributions the steps hold: "both", "raw" (logprob, rank, entropy) or "processed"
+    # (sampled_logprob, sampled_entropy); the numbers of a missing one are None, never guessed
+    distributions: str = "both"
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("steps", *_OPTIONAL)}
@@ -172,7 +202,9 @@ class Trace:
         prompt_logprobs = d.get("prompt_logprobs")
         if prompt_logprobs is not None:
             prompt_logprobs = [TokenScore.from_dict(t) for t in prompt_logprobs]
-        return cls(**fields, steps=[Step.from_dict(s) for s in d["steps"]], prompt_logprobs=prompt_logprobs)
+        steps = [Step.from_dict(s) for s in d["steps"]]
+        _forget(steps, d.get("distributions", "both"))
+        return cls(**fields, steps=steps, prompt_logprobs=prompt_logprobs)
 
     @classmethod
     def from_json(cls, s: str) -> Trace:
@@ -182,6 +214,11 @@ class Trace:
         """OpenAI chat `choices[].logprobs` shape: {"content": [{token, logprob, bytes,
         top_logprobs}]}. Raw logprobs by default; `sampled=True` gives the processed ones."""
         key = "sampled_logprob" if sampled else "logprob"
+        if self.distributions == ("raw" if sampled else "processed"):
+            raise InvalidParameter(
+                f"to_openai: this trace holds only the {self.distributions} distribution; "
+                f"call to_openai(sampled={not sampled})"
+            )
 
         def entry(token: str, raw_bytes: list[int], lp: float) -> dict[str, Any]:
             return {"token": token, "logprob": max(lp, -9999.0), "bytes": raw_bytes}

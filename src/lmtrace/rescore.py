@@ -19,17 +19,19 @@ from lmtrace.records import Trace
 from lmtrace.score import forward_windows, resolve_window
 
 
-def _diff(recorded: float, rescored: float) -> float:
+def _diff(recorded: float | None, rescored: float) -> float | None:
+    if recorded is None:  # a distribution the trace does not hold (from_generate with one of the two)
+        return None
     if math.isinf(recorded) and math.isinf(rescored) and recorded == rescored:
         return 0.0  # both filtered by the processors (a forced branch token can be)
     return abs(recorded - rescored)
 
 
-def _worst(diffs: list[float]) -> tuple[float | None, int | None]:
-    if not diffs:
+def _worst(diffs: list[float | None]) -> tuple[float | None, int | None]:
+    known = [(d, i) for i, d in enumerate(diffs) if d is not None]
+    if not known:
         return None, None
-    i = max(range(len(diffs)), key=diffs.__getitem__)
-    return diffs[i], i
+    return max(known, key=lambda x: x[0])
 
 
 def _seen_masks(prompt_ids: list[int], generated: list[int], vocab: int) -> torch.Tensor:
@@ -52,6 +54,9 @@ def rescore(lm: LM, trace: Trace) -> dict[str, Any]:
     if not prompt_ids or not generated:
         raise InvalidParameter(f"trace must hold a prompt and at least one step, got {len(generated)} steps")
     params = SamplingParams.from_dict(trace.params)
+    # the processors can be re-applied only where the trace knows them: not for a model.generate
+    # run whose settings were not given, nor for beam search (its scores are log-probabilities)
+    redo = "temperature" in trace.params and "num_beams" not in trace.params
     ids = prompt_ids + generated
     with torch.inference_mode():
         windows = forward_windows(lm.model, ids, 1, *resolve_window(lm.model, None, None))
@@ -66,14 +71,14 @@ def rescore(lm: LM, trace: Trace) -> dict[str, Any]:
         prompt_lp = torch.log_softmax(logits[: len(prompt_ids) - 1], -1)
         prompt_lp = prompt_lp.gather(-1, torch.tensor(prompt_ids[1:], device=steps.device)[:, None])[:, 0].tolist()
     diff, step = _worst([_diff(s.logprob, x) for s, x in zip(trace.steps, lp)])
-    sdiff, sstep = _worst([_diff(s.sampled_logprob, x) for s, x in zip(trace.steps, slp)])
+    sdiff, sstep = _worst([_diff(s.sampled_logprob, x) if redo else None for s, x in zip(trace.steps, slp)])
     out: dict[str, Any] = {
         "steps": len(generated),
         "max_abs_diff": diff,
         "worst_step": step,
         "max_abs_diff_sampled": sdiff,
         "worst_step_sampled": sstep,
-        "rank_mismatches": sum(s.rank != r for s, r in zip(trace.steps, ranks)),
+        "rank_mismatches": sum(s.rank is not None and s.rank != r for s, r in zip(trace.steps, ranks)),
         "logprobs": lp,
         "sampled_logprobs": [None if math.isinf(x) else x for x in slp],
     }

@@ -31,6 +31,9 @@ class Round:
     logits_shape: list[int] | None
     layer_shapes: list[list[int] | None]
     position_start: int | None = None
+    # with record=True: the tokens fed (per row) and the cache's bytes after the call
+    input_ids: list[list[int]] | None = None
+    cache_bytes: int | None = None
 
 
 @dataclass
@@ -50,8 +53,11 @@ class _Seen:
 
 
 class Watch:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, record: bool = False):
         self.model = model
+        self.record = record
+        # with record=True: each round's last-position logits, float32 (rows, vocab)
+        self.logits: list[torch.Tensor | None] = []
         self.rounds: list[Round] = []
         self.problems: list[Problem] = []
         self._seen: dict[int, _Seen] = {}
@@ -88,6 +94,7 @@ class Watch:
             "cache": cache,
             "pos": int(pos[0, 0]) if isinstance(pos, torch.Tensor) and pos.numel() else None,
             "mask": kwargs.get("attention_mask"),
+            "all_ids": ids.tolist() if self.record and isinstance(ids, torch.Tensor) and ids.dim() == 2 else None,
         }
 
     def _after(self, module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
@@ -105,8 +112,27 @@ class Watch:
             position_start=p["pos"],
         )
         self.rounds.append(r)
+        if self.record:
+            self._keep(r, p, cache, logits)
         if cache is not None:
             self._check(r, p, cache)
+
+    def _keep(self, r: Round, p: dict[str, Any], cache: Any, logits: Any) -> None:
+        """What a trace of the loop needs: the fed tokens, the cache's bytes, the last position's
+        logits (a copy: the output's own tensor may be large and is the loop's to free)."""
+        r.input_ids = p.get("all_ids")
+        r.cache_bytes = kv.state(cache, layers=False).bytes if cache is not None else None
+        last = logits[:, -1, :] if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
+        self.logits.append(last.detach().to(torch.float32, copy=True) if last is not None else None)
+
+    def trace(self, tokenizer: Any, *, row: int = 0, tokens: Any = None, top_logprobs: int = 5) -> Any:
+        """The loop as a Trace (needs `watch(model, record=True)`): one step per round, the token
+        the loop fed after it (or `tokens`, the loop's own choices, which also covers the last
+        round), with its logprob, rank, entropy and alternatives under the round's logits, the
+        cache's size after the round, and the problems found, on the step where each starts."""
+        from lmtrace.watch_trace import build
+
+        return build(self, tokenizer, row=row, tokens=tokens, top_logprobs=top_logprobs)
 
     def _check(self, r: Round, p: dict[str, Any], cache: Any) -> None:
         seen = self._seen.setdefault(id(cache), _Seen())
@@ -175,6 +201,8 @@ def _expected_position(mask: Any, before: int) -> int:
     return before
 
 
-def watch(model: torch.nn.Module) -> Watch:
-    """Context manager: `with lmtrace.watch(model) as w: ...` then read `w.rounds` and `w.problems`."""
-    return Watch(model)
+def watch(model: torch.nn.Module, record: bool = False) -> Watch:
+    """Context manager: `with lmtrace.watch(model) as w: ...` then read `w.rounds` and `w.problems`.
+    With `record=True` it also keeps each round's last-position logits (float32, one row per
+    sequence: vocab x 4 bytes each) and `w.trace(tokenizer)` turns the loop into a Trace."""
+    return Watch(model, record)

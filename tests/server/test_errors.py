@@ -36,7 +36,13 @@ BAD = [
     ({"prompt": ""}, "prompt", "prompt must not be empty"),
     ({"prompt": []}, "prompt", "prompt must not be empty"),
     ({"prompt": [1, 100000]}, "prompt", "prompt token ids must be in [0, 299], got 100000"),
-    ({"prompt": ["a", "b"]}, "prompt", "prompt must be a string or a list of token ids (integers)"),
+    ({"prompt": {"a": 1}}, "prompt", "prompt must be a string or a list of token ids (integers)"),
+    # OpenAI's list shapes: the element at fault is named
+    ({"prompt": ["a", "b", "c", 4]}, "prompt", "prompt[3] must be a string or a list of token ids (integers)"),
+    ({"prompt": ["a", ""]}, "prompt", "prompt[1] must not be empty"),
+    ({"prompt": [[1, 2], []]}, "prompt", "prompt[1] must not be empty"),
+    ({"prompt": [[1], [2, 300]]}, "prompt", "prompt[1] token ids must be in [0, 299], got 300"),
+    ({"prompt": [[1], "a", [1.5]]}, "prompt", "prompt[2] must be a string or a list of token ids (integers)"),
     ({"temperature": "warm"}, "temperature", 'temperature: Input should be a valid number, got "warm"'),
     ({"max_tokens": 1.5}, "max_tokens", "max_tokens: Input should be a valid integer, got 1.5"),
     ({"stream": "yes"}, "stream", 'stream: Input should be a valid boolean, got "yes"'),
@@ -151,7 +157,7 @@ def test_a_failure_while_generating_says_what_without_internals(chat_lm, monkeyp
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA out of memory in /home/someone/secret/model.py")
 
-    monkeypatch.setattr("lmtrace.server.generation.generate_ids", broken)
+    monkeypatch.setattr("lmtrace.engine.prefill", broken)
     with TestClient(create_app(chat_lm, name="tiny"), raise_server_exceptions=False) as c:
         err = envelope(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}), 500)
         assert err == {"message": "internal error (RuntimeError)", "type": "server_error", "param": None, "code": None}

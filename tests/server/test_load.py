@@ -1,5 +1,5 @@
 """Load and faults on a real uvicorn server on a free loopback port: 32 requests from 8
-concurrent clients each equal to the same request alone; a full queue answers 429 with
+concurrent clients (decoded together) each equal to the same request alone; a full queue answers 429 with
 Retry-After and recovers; a client that disconnects frees the model within a second."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from lmtrace.server import create_app
+from tests.same_record import assert_same
 from tests.server.conftest import RunningServer, sse_events
 from tests.server.test_worker import wait_until
 
@@ -119,7 +120,9 @@ def test_32_requests_from_8_clients_equal_each_alone(chat_lm):
         took = time.monotonic() - started
         assert sorted(i for i, _ in together) == list(range(32))
         for i, answer in together:
-            assert answer == alone[i], work[i]
+            # decoded in a batch with others: the same tokens and text, logprobs within the
+            # documented batched-versus-alone bound
+            assert_same(answer, alone[i], tol=1e-4)
         assert app.state.lmtrace.worker.finished == 64
         print(f"\nload: 32 requests from {CLIENTS} clients in {took:.1f} s ({t_alone:.1f} s one by one), all equal")
 

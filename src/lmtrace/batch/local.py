@@ -1,18 +1,19 @@
-"""The local engine: lines into batches of similar length, each batch decoded together, one
-output line per input line. The Ray engine runs the same function inside each worker."""
+"""The local engine: lines into batches of similar length, each batch decoded together (each
+line with its own settings: lmtrace.continuous), one output line per input line. The Ray
+engine runs the same function inside each worker."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import groupby, islice
+from itertools import islice
 from typing import Any
 
 from lmtrace.batch.lines import InputLine
 from lmtrace.batch.output import record_line
 from lmtrace.batch.prepare import Job, prepare
+from lmtrace.continuous import RowSpec, generate_rows
 from lmtrace.loading import LM
-from lmtrace.tracing import generate_each
 
 # lines tokenized and sorted together: longer windows pad less, shorter ones write sooner
 WINDOW_BATCHES = 64
@@ -33,24 +34,19 @@ def error_outcome(line: InputLine, message: str) -> Outcome:
 
 
 def batches(jobs: Sequence[Job], batch_size: int) -> Iterator[list[Job]]:
-    """Jobs of the same params (all but the seed) in batches of similar prompt length,
-    longest first: a batch that does not fit in memory fails at the start, not the end."""
-    ordered = sorted(jobs, key=lambda j: (j.group, -len(j.ids), j.line.number))
-    for _, same in groupby(ordered, key=lambda j: j.group):
-        group = list(same)
-        for start in range(0, len(group), batch_size):
-            yield group[start : start + batch_size]
+    """Jobs in batches of similar prompt length, whatever their settings (each row decodes
+    with its own), longest first: a batch that does not fit in memory fails at the start."""
+    ordered = sorted(jobs, key=lambda j: (-len(j.ids), j.line.number))
+    for start in range(0, len(ordered), batch_size):
+        yield ordered[start : start + batch_size]
 
 
 def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None) -> list[Outcome]:
-    traces = generate_each(
-        lm,
-        [j.text for j in batch],
-        [j.ids for j in batch],
-        [j.params for j in batch],
-        chat=batch[0].chat,
-        on_step=on_step,
-    )
+    specs = [
+        RowSpec(j.ids, j.params, j.text, j.chat, None if on_step is None else _row_hook(on_step, r))
+        for r, j in enumerate(batch)
+    ]
+    traces = generate_rows(lm, specs, max_batch=len(specs))
     outcomes = []
     for job, trace in zip(batch, traces):
         if job.messages is not None:
@@ -60,6 +56,10 @@ def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None
         except ValueError as e:  # a number JSON cannot hold (NaN)
             outcomes.append(error_outcome(job.line, f"cannot write the trace as JSON ({e})"))
     return outcomes
+
+
+def _row_hook(on_step: Callable[[int, Any], None], row: int) -> Callable[[Any], None]:
+    return lambda step: on_step(row, step)
 
 
 def run_batch(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None = None) -> list[Outcome]:

@@ -21,7 +21,8 @@ OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
 
 @dataclass
 class Job:
-    """A line ready to decode: rows of one batch share `group` (all but the seed)."""
+    """A line ready to decode; `group` names its settings but the seed (lines of any settings
+    share a batch: each row decodes with its own)."""
 
     line: InputLine
     text: str

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from lmtrace.batch.job import Summary, run_job
-from lmtrace.batch.local import Outcome, local_engine
-from lmtrace.batch.prepare import defaults_of
 from lmtrace.cli.common import cli, device_map_option, load_model, model_options
 from lmtrace.cli.generate import params_from, sampling_options
 from lmtrace.errors import InvalidParameter
+
+if TYPE_CHECKING:  # lmtrace.batch imports torch: the command imports it when it runs
+    from lmtrace.batch.job import Summary
+    from lmtrace.batch.local import Outcome
 
 
 class BarProgress:
@@ -56,6 +58,8 @@ class BarProgress:
 
 
 def _engine(kw: dict, status: Console, defaults: dict):
+    from lmtrace.batch.local import local_engine
+
     model_kwargs = {k: kw[k] for k in ("device", "dtype", "allow_pickle", "trust_remote_code", "device_map")}
     source = kw["model"]
     if kw["engine"] == "local":
@@ -121,6 +125,9 @@ def batch(in_path, out_path, no_color, **kw):
         raise InvalidParameter("output: must be a file (a rerun reads it to resume), got '-'")
     if kw["batch_size"] < 1:
         raise InvalidParameter(f"batch_size must be >= 1, got {kw['batch_size']}")
+    from lmtrace.batch.job import run_job
+    from lmtrace.batch.prepare import defaults_of
+
     status = Console(stderr=True, no_color=no_color, highlight=False)
     engine = _engine(kw, status, defaults_of(params, kw["chat"]))
     progress = BarProgress(status)

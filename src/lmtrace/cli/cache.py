@@ -55,7 +55,9 @@ def cache(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_
     if "unsupported" in an:
         view.print(Text(an["unsupported"], style="yellow"))
     else:
-        view.print(anatomy_view(an, trace.model["source"]))
+        last = ledger[-1] if ledger else {}
+        measured = last.get("bytes_used", last.get("bytes"))
+        view.print(anatomy_view(an, trace.model["source"], last.get("seq_len"), measured))
     view.print(Group(steps_view(ledger), Text(), Text("KV cache bytes per step", style="bold"),
                      chart([k["bytes"] for k in ledger])))  # fmt: skip
     write_reports(trace, html_path, plot_path, view)
@@ -99,7 +101,7 @@ def kv_size(model_or_config, context, batch, dtype, trust_remote_code, json_path
     }
     write_json(json_path, json.dumps(result, indent=2))
     view, _ = consoles(json_path, no_color)
-    view.print(anatomy_view(an.to_dict(), result["model"]))
+    view.print(anatomy_view(an.to_dict(), result["model"], context))
     view.print(size_view(result))
     if max_context and context > max_context:
         view.print(f"[yellow]note: context {context} is beyond the model's maximum of {max_context} positions[/yellow]")

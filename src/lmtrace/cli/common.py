@@ -3,8 +3,8 @@ and writing JSON (atomically, or to stdout with '-')."""
 
 from __future__ import annotations
 
-import functools
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,19 +97,12 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 
 @contextmanager
 def no_gguf_bar() -> Iterator[None]:
-    """transformers' GGUF loader draws a plain tqdm bar (TQDM_DISABLE is read only when tqdm is
-    imported, long before this); the CLI shows its own spinner instead."""
-    try:
-        import transformers.modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # no gguf package: no GGUF loading, no bar
+    """transformers' GGUF loader draws a plain tqdm bar; the CLI says what a load does in one
+    status line instead (lmtrace.load keeps it quiet too; kept for callers of this name)."""
+    from lmtrace.gguf_quiet import quiet_gguf
+
+    with quiet_gguf():
         yield
-        return
-    original = gguf_utils.tqdm
-    gguf_utils.tqdm = functools.partial(original, disable=True)
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = original
 
 
 def load_model(
@@ -123,14 +116,22 @@ def load_model(
     weights: str = "float",
 ):
     """lmtrace.load with a spinner on `console` (stderr) instead of transformers' progress bars;
-    with packed weights, one status line says what runs packed and what stays float."""
+    a GGUF load ends with one line saying whether it converted the file or used its converted copy;
+    with packed weights, one more line says what runs packed and what stays float."""
     from transformers.utils import logging as hf_logging
 
     from lmtrace.loading import load
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    with no_gguf_bar(), console.status(f"Loading {model or 'the bundled SmolLM2-135M-Instruct'}…"):
+    said: list[str] = []
+    started = time.perf_counter()
+    with no_gguf_bar(), console.status(f"Loading {model or 'the bundled SmolLM2-135M-Instruct'}…") as spinner:
+
+        def status(text: str) -> None:
+            said.append(text)
+            spinner.update(text)
+
         lm = load(
             model,
             device=device,
@@ -138,12 +139,16 @@ def load_model(
             allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code,
             device_map=device_map,
+            status=status,
             weights=weights,
         )
+    if said:
+        line = f"{said[-1]}; loaded in {time.perf_counter() - started:.1f} s"
+        console.print(line, markup=False, highlight=False, soft_wrap=True, style="dim")
     if weights == "packed":
         from lmtrace.packed import report_of
 
-        console.print(f"[dim]{report_of(lm.model).line()}[/dim]")
+        console.print(report_of(lm.model).line(), markup=False, highlight=False, soft_wrap=True, style="dim")
     return lm
 
 

@@ -17,7 +17,6 @@ from lmtrace.cli.common import (
 )
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.params import SamplingParams
-from lmtrace.waterfall import step_selector
 
 
 def sampling_options(f):
@@ -102,12 +101,13 @@ def progress_bar(console, total: int) -> Progress:
 )
 def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, json_path, no_color, **kw):
     """Generate from PROMPT and show every token's probability, rank, entropy and alternatives."""
-    from lmtrace.render.terminal import print_trace
-    from lmtrace.tracing import generate as run
-
-    params = params_from(kw)
+    params = params_from(kw)  # argument errors first: they need no torch
     html_path, plot_path = kw.pop("html_path"), kw.pop("plot_path")
     check_report_paths(html_path, plot_path)
+    from lmtrace.render.terminal import print_trace
+    from lmtrace.tracing import generate as run
+    from lmtrace.waterfall import step_selector
+
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before the model loads
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)

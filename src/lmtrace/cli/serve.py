@@ -54,7 +54,16 @@ def check_options(
     type=int,
     default=16,
     show_default=True,
-    help="Requests admitted at once (one generates, the others wait); more get 429 with Retry-After.",
+    help="Requests admitted at once (generating together up to --max-batch rows, the others waiting); "
+    "more get 429 with Retry-After.",
+)
+@click.option(
+    "--max-batch",
+    type=int,
+    default=16,
+    show_default=True,
+    help="Rows (a prompt's choice each) decoded together; a request that arrives joins the running batch "
+    "at the next step. 1: one request at a time.",
 )
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the model file's name).")
 @click.option(
@@ -79,6 +88,7 @@ def serve(
     port,
     api_key,
     max_concurrency,
+    max_batch,
     served_model_name,
     allow_host,
     shutdown_timeout,
@@ -91,10 +101,17 @@ def serve(
     from lmtrace.server.run import Runner
 
     check_options(host, port, max_concurrency, api_key, shutdown_timeout)
+    if max_batch < 1:
+        raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
     status = Console(stderr=True)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
     app = create_app(
-        lm, name=served_model_name, api_key=api_key, max_concurrency=max_concurrency, allowed_hosts=allow_host
+        lm,
+        name=served_model_name,
+        api_key=api_key,
+        max_concurrency=max_concurrency,
+        allowed_hosts=allow_host,
+        max_batch=max_batch,
     )
     name = app.state.lmtrace.name
     shown = f"[{host}]" if ":" in host else host

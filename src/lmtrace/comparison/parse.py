@@ -90,9 +90,11 @@ def _llama_cpp(rows: list[dict[str, Any]]) -> list[Token]:
 
 
 def _lmtrace(d: dict[str, Any]) -> Reported:
+    # a trace of model.generate's scores only (lmtrace.from_generate) reports the processed numbers
+    key = "sampled_logprob" if d.get("distributions") == "processed" else "logprob"
     tokens = [
-        Token(s["text"], _lp(s["logprob"]), s["bytes"], s["token_id"],
-              [Token(a["text"], _lp(a["logprob"]), a["bytes"], a["token_id"]) for a in s["top"]])
+        Token(s["text"], _lp(s[key]), s["bytes"], s["token_id"],
+              [Token(a["text"], _lp(a[key]), a["bytes"], a["token_id"]) for a in s["top"]])
         for s in d["steps"]
     ]  # fmt: skip
     settings = {k: d["params"].get(k) for k in ("temperature", "top_k", "top_p", "min_p")}

@@ -12,6 +12,9 @@ from lmtrace.render.svg import human_bytes
 Group = tuple[str, list[tuple[str, str]]]
 
 _OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+_ORIGINS = {"lmtrace": "lmtrace's own loop", "model.generate": "model.generate (from_generate)",
+            "watch": "a watched loop (watch, record=True)"}  # fmt: skip
+_DISTRIBUTIONS = {"both": "raw and processed", "raw": "raw only", "processed": "processed only"}
 
 
 def value(v: Any, key: str = "") -> str:
@@ -62,6 +65,12 @@ def model_group(model: Any) -> Group:
 
 
 def sampling_group(p: dict[str, Any]) -> Group:
+    if p.get("settings") == "unknown":  # model.generate without its settings, or a watched loop
+        return "Sampling", [("decoding", "not recorded"), ("top_logprobs", value(p.get("top_logprobs")))]
+    if p.get("num_beams"):
+        rows = [("decoding", f"beam search, {p['num_beams']} beams")]
+        rows += [(k, value(p[k])) for k, off in _OFF.items() if k in p and p[k] != off]
+        return "Sampling", rows + [("max_new_tokens", value(p.get("max_new_tokens")))]
     greedy = p.get("temperature") == 0
     rows = [("decoding", "greedy" if greedy else "sampling")]
     if not greedy:
@@ -78,6 +87,8 @@ def sampling_group(p: dict[str, Any]) -> Group:
 def run_group(d: dict[str, Any]) -> Group:
     t = d.get("timing") or {}
     rows = [
+        ("trace of", _ORIGINS.get(d.get("origin", "lmtrace"), value(d.get("origin")))),
+        ("distributions", _DISTRIBUTIONS.get(d.get("distributions", "both"), value(d.get("distributions")))),
         ("prompt", f"{value(t.get('prompt_tokens'))} tokens, prefill {value(t.get('prefill_ms'))} ms"),
         ("generated", f"{value(t.get('generated_tokens'))} tokens"),
     ]

@@ -77,7 +77,8 @@ def write_html(path: str | Path, obj: Any, title: str | None = None) -> None:
 
 def _subheading(kind: str, d: dict[str, Any]) -> str:
     if kind == TRACE:
-        return f"{len(d['steps'])} steps, finish: {d.get('finish_reason', '–')}"
+        note = sections.origin_note(d)
+        return f"{len(d['steps'])} steps, finish: {d.get('finish_reason', '–')}" + (f" · {note}" if note else "")
     if kind == SCORE:
         return f"{len(d['tokens'])} tokens, perplexity {facts.value(d.get('perplexity'))}"
     return f"{len(d['branches'])} branches"

@@ -14,26 +14,11 @@ from lmtrace.render.tokens import human
 BARS = " ▁▂▃▄▅▆▇█"
 
 
-def anatomy_view(an: dict[str, Any], model: str) -> Text:
-    out = Text()
-    out.append(f"KV cache of {model}\n", style="bold")
-    out.append(
-        f"  attention: {an['attention']} — {an['attention_heads']} query heads share {an['kv_heads']} KV heads\n"
-    )
-    for key in ("layers", "kv_heads", "head_dim"):
-        out.append(f"  {key:<9}", style="cyan")
-        out.append(f" {an['sources'][key]}\n")
-    if an.get("sliding_layers"):
-        out.append(
-            f"  sliding window {an['windows']} on layers {an['sliding_layers']}: they hold window - 1 positions\n"
-        )
-    out.append(f"  shape per layer: keys and values each (batch, kv_heads, seq_len, head_dim) = "
-               f"({an['batch']}, {an['kv_heads']}, seq_len, {an['head_dim']})\n")  # fmt: skip
-    out.append(f"  {an['formula']}\n", style="bold")
-    out.append(f"  = {human(an['bytes_per_token'])} per token per sequence\n")
-    if an.get("mismatches"):
-        out.append(f"  error: measured bytes differ from the formula at steps {an['mismatches']}\n", style="bold red")
-    return out
+def anatomy_view(an: dict[str, Any], model: str, positions: int | None = None, measured: int | None = None) -> Text:
+    """Each dimension with its value and config field, the formula with its numbers and result."""
+    from lmtrace.render.anatomy import terminal
+
+    return terminal(an, model, positions, measured)
 
 
 def chart(values: list[int], width: int = 60, height: int = 6) -> Text:

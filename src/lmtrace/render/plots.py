@@ -31,12 +31,14 @@ def _line(ax: Any, values: list[Any], label: str, colour: str | None = None) -> 
 
 
 def _trace_axes(fig: Any, tv: list[dict[str, Any]], what: str) -> None:
-    sampled = views.sampling_differs(tv)
+    raw = views.raw_known(tv)  # False for a trace of processed scores only: those are drawn instead
+    sampled = views.sampling_differs(tv) or not raw
     kv = [(v.get("kv") or {}).get("bytes") for v in tv]
     rows = 3 if any(b is not None for b in kv) else 2
     axes = fig.subplots(rows, 1, sharex=True)
     for key, ax, title in (("p", axes[0], "probability of the chosen token"), ("H", axes[1], "entropy (nats)")):
-        _line(ax, [v[key] for v in tv], "raw", RAW)
+        if raw:
+            _line(ax, [v[key] for v in tv], "raw", RAW)
         if sampled:
             _line(ax, [v["s" + key] for v in tv], "sampled", SAMPLED)
         ax.set_title(title, fontsize=9, loc="left")

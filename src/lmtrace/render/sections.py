@@ -10,6 +10,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from lmtrace.render import anatomy as kv_anatomy
 from lmtrace.render import facts, views
 from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
 from lmtrace.render.templating import parts
@@ -27,17 +28,21 @@ class Section:
     body: Markup
 
 
-def text_section(tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False) -> Section:
-    p = parts()
-    body = (p.switch() if switch else Markup()) + p.tokens(tv, 0, prompt) + p.legend(LEGEND, unscored)
+def text_section(
+    tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False, chat: bool = False
+) -> Section:
+    p = parts()  # with chat, the user's turn (the prompt) and the assistant's (the answer) are marked
+    body = (p.switch() if switch else Markup()) + p.tokens(tv, 0, prompt, chat) + p.legend(LEGEND, unscored)
     return Section("text", "Text", body)
 
 
 def step_charts(tv: list[dict[str, Any]], sampled: bool, what: str = "step") -> Section:
-    """Chosen-token probability and entropy per step, raw and (when different) sampled."""
-    prob = [Series("raw", [v["p"] for v in tv], "c0")]
-    entropy = [Series("raw", [v["H"] for v in tv], "c0")]
-    if sampled:
+    """Chosen-token probability and entropy per step, raw and (when different) sampled; only the
+    processed ones for a trace that holds no raw distribution."""
+    raw = views.raw_known(tv)
+    prob = [Series("raw", [v["p"] for v in tv], "c0")] if raw else []
+    entropy = [Series("raw", [v["H"] for v in tv], "c0")] if raw else []
+    if sampled or not raw:
         prob.append(Series("sampled", [v["sp"] for v in tv], "c1"))
         entropy.append(Series("sampled", [v["sH"] for v in tv], "c1"))
     items = [
@@ -61,29 +66,54 @@ def kv_section(d: dict[str, Any]) -> Section | None:
         return None
     p = parts()
     body = Markup()
-    if anatomy is not None:
-        if anatomy.get("mismatches"):  # the ledger found measured bytes that differ from the formula
-            body += p.error(f"measured KV bytes differ from the formula at steps {anatomy['mismatches']}")
-        body += p.facts([("Anatomy", facts.flat(anatomy))])
+    if anatomy is not None:  # dimensions, their config fields, the formula with numbers; an alert on mismatch
+        body += kv_anatomy.html(anatomy, *kv_anatomy.last_kv(steps))
     if layers:
         rows = [{k: facts.value(v, k) for k, v in layer.items()} for layer in layers]
         columns = list(dict.fromkeys(k for layer in layers for k in layer))
-        body += Markup(f"<h3>By layer, after step {len(steps) - 1}</h3>") + p.table(rows, columns)
+        when = "when model.generate returned (the whole batch)" if last.get("measured") == "end" else None
+        body += Markup(f"<h3>By layer, {when or f'after step {len(steps) - 1}'}</h3>") + p.table(rows, columns)
         sizes = [layer.get("bytes") for layer in layers]
         if all(isinstance(b, int | float) for b in sizes):
             body += p.charts([("bytes per layer", bar_chart(sizes, "bytes per layer", human_bytes, "layer"))])
     return Section("kv", "KV cache", body)
 
 
+def problems_section(tv: list[dict[str, Any]]) -> Section | None:
+    """A watched loop's cache problems, each at the step (round) where it starts."""
+    found = [(v["i"], m) for v in tv for m in v.get("problems") or []]
+    if not found:
+        return None
+    p = parts()
+    body = Markup().join(p.error(f"step {i}: {m}") for i, m in found)
+    return Section("problems", f"Problems ({len(found)}, from step {found[0][0]})", body)
+
+
+def origin_note(d: dict[str, Any]) -> str | None:
+    """Where a trace came from and which distributions it holds, in words (None for lmtrace's own)."""
+    origin, dist = d.get("origin", "lmtrace"), d.get("distributions", "both")
+    if origin == "lmtrace" and dist == "both":
+        return None
+    where = {"model.generate": "from model.generate (lmtrace.from_generate)",
+             "watch": "from a watched loop (lmtrace.watch, record=True)"}.get(origin, f"from {origin}")  # fmt: skip
+    holds = {"both": "raw and processed distributions", "raw": "raw distribution only (no processed scores)",
+             "processed": "processed distribution only (no raw logits)"}.get(dist, dist)  # fmt: skip
+    return f"{where}; {holds}"
+
+
 def steps_table(tv: list[dict[str, Any]], sampled: bool) -> Section:
     """Every step's numbers in one table, folded away by default."""
+    sampled = sampled or not views.raw_known(tv)
     columns = ["#", "token", "prob", *(["sampled"] if sampled else []), "rank", "entropy", "KV positions", "ms"]
+    if any(v.get("problems") for v in tv):
+        columns.append("problem")
     rows = []
     for v in tv:
         kv = v.get("kv") or {}
         row = {"#": v["i"], "token": v["shown"], "prob": facts.value(v["p"]), "rank": facts.value(v["rank"])}
         row |= {"sampled": facts.value(v["sp"]), "entropy": facts.value(v["H"])}
         row |= {"KV positions": facts.value(kv.get("seq_len")), "ms": facts.value(v.get("ms"))}
+        row["problem"] = "; ".join(v.get("problems") or [])
         rows.append(row)
     body = Markup("<details><summary>show all steps</summary>") + parts().table(rows, columns) + Markup("</details>")
     return Section("steps", "All steps", body)
@@ -94,7 +124,8 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
     tv = views.token_views(d["steps"])
     sampled = views.sampling_differs(tv)
     found = [
-        text_section(tv, (d.get("prompt") or {}).get("text"), sampled),
+        problems_section(tv),
+        text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat"))),
         step_charts(tv, sampled),
         kv_section(d),
         steps_table(tv, sampled),

@@ -13,7 +13,7 @@ from lmtrace.render.tokens import SCALE, escape, show_bytes
 # step fields that token_view shows itself; other fields reach the panel as "extra"
 _KNOWN = {
     "index", "token_id", "text", "bytes", "logprob", "sampled_logprob", "rank", "entropy",
-    "sampled_entropy", "top", "kv", "time_ms", "waterfall",
+    "sampled_entropy", "top", "kv", "time_ms", "waterfall", "problems",
 }  # fmt: skip
 
 
@@ -97,7 +97,7 @@ def token_view(step: dict[str, Any], i: int) -> dict[str, Any]:
         "sH": _round(step.get("sampled_entropy")),
         "ms": _round(step.get("time_ms"), 4),
         "top": [_alternative(a, step.get("token_id")) for a in step.get("top") or []],
-        "r": bucket(p),
+        "r": bucket(p if p is not None else sp),  # a trace of processed scores only: coloured by them
         "s": bucket(sp if sp is not None else p),
         "pieces": pieces(text, raw),
     }
@@ -105,6 +105,8 @@ def token_view(step: dict[str, Any], i: int) -> dict[str, Any]:
         view["kv"] = step["kv"]
     if isinstance(step.get("waterfall"), list):
         view["waterfall"] = step["waterfall"]
+    if isinstance(step.get("problems"), list) and step["problems"]:  # a watched loop's cache misuse
+        view["problems"] = [str(p.get("message", p)) if isinstance(p, dict) else str(p) for p in step["problems"]]
     extra = {k: v for k, v in step.items() if k not in _KNOWN and isinstance(v, (str, int, float, bool))}
     if extra:
         view["extra"] = extra
@@ -146,6 +148,11 @@ def mark_divergence(branches: list[list[dict[str, Any]]], token_ids: list[list[i
         if n < len(views):
             views[n]["fork"] = True
     return prefixes
+
+
+def raw_known(views: list[dict[str, Any]]) -> bool:
+    """False for a trace that holds only the processed distribution (from_generate with scores only)."""
+    return any(v["p"] is not None for v in views) or not any(v["sp"] is not None for v in views)
 
 
 def sampling_differs(views: list[dict[str, Any]]) -> bool:

@@ -10,12 +10,14 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from lmtrace.loading import LM
-from lmtrace.server import chat, completions, errors, models, traces, viewer
+from lmtrace.server import chat, completions, errors, models, tokenization, traces, viewer
+from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.generation import ServerState
 from lmtrace.server.security import HostCheck, KeyCheck
 from lmtrace.server.worker import ModelWorker
 
 DEFAULT_MAX_CONCURRENCY = 16
+DEFAULT_MAX_BATCH = 16
 
 
 def served_name(lm: LM) -> str:
@@ -33,12 +35,18 @@ def create_app(
     api_key: str | None = None,
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
     allowed_hosts: Iterable[str] = (),
+    max_batch: int = DEFAULT_MAX_BATCH,
 ) -> FastAPI:
-    """The server for one loaded model. `max_concurrency` requests are admitted at once (one
-    generating, the others waiting); more get 429 with Retry-After. A request that arrives on
+    """The server for one loaded model. `max_concurrency` requests are admitted at once; their
+    rows (a choice of a prompt each) decode together, up to `max_batch` rows, a request that
+    arrives joining the running batch at the next step (`max_batch` 1: one request at a time,
+    its choices together, the others waiting); more requests get 429 with Retry-After. A request that arrives on
     a loopback address must name localhost, 127.0.0.1 or [::1] (or one of `allowed_hosts`,
     say a reverse proxy's name) as its Host; with `api_key` every route but /health needs it."""
-    state = ServerState(lm, name or served_name(lm), ModelWorker(max_concurrency))
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    worker = BatchingWorker(lm, max_concurrency, max_batch) if max_batch > 1 else ModelWorker(max_concurrency)
+    state = ServerState(lm, name or served_name(lm), worker)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -48,7 +56,7 @@ def create_app(
     app = FastAPI(title="lmtrace", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.lmtrace = state
     errors.install(app)
-    for module in (models, completions, chat, traces, viewer):
+    for module in (models, completions, chat, traces, tokenization, viewer):
         app.include_router(module.router)
 
     @app.get("/health", include_in_schema=False)

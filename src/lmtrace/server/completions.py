@@ -1,5 +1,7 @@
-"""POST /v1/completions, as OpenAI's legacy completions: `prompt` a string or token ids,
-`logprobs` N gives {tokens, token_logprobs, top_logprobs, text_offset}, `echo` puts the prompt
+"""POST /v1/completions, as OpenAI's legacy completions: `prompt` in OpenAI's four shapes (a
+string, token ids, a list of strings, a list of token-id lists; choice `i * n + j` is prompt
+i's j-th, each with the logprobs and echo of its own prompt), `logprobs` N gives {tokens,
+token_logprobs, top_logprobs, text_offset}, `echo` puts the prompt
 (and its tokens, the first with a null logprob) before the completion."""
 
 from __future__ import annotations
@@ -32,25 +34,26 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         with_usage = body.stream_options is not None and body.stream_options.include_usage
         return SSEResponse(_chunks(state, job, handle, request, head, with_usage), handle.cancel)
     prompt, traces = await collect(handle, request)
-    choices = [_choice(job, i, t, prompt) for i, t in enumerate(traces or [None] * job.n)]
+    choices = [_choice(job, i, t, prompt.get(i // job.n)) for i, t in enumerate(traces or [None] * job.choices)]
     return {**head, "choices": choices, "usage": usage(job, traces)}
 
 
 def _choice(job: Job, index: int, trace: Trace | None, prompt: list[PromptToken] | None) -> dict[str, Any]:
     text = trace.text if trace else ""
+    prompt_text = job.prompt_of(index).text
     logprobs = None
     if job.logprobs:
-        lp = CompletionLogprobs(0 if job.echo else len(job.prompt_text))
+        lp = CompletionLogprobs(0 if job.echo else len(prompt_text))
         if job.echo:
             lp.add_prompt(prompt or [])
-            lp.offset = len(job.prompt_text)
+            lp.offset = len(prompt_text)
         steps = trace.steps if trace else []
         for step, piece in zip(steps, answer_pieces(steps, text)):
             lp.add_step(step, piece, job.sampled)
         logprobs = lp.to_dict()
     return {
         "index": index,
-        "text": (job.prompt_text if job.echo else "") + text,
+        "text": (prompt_text if job.echo else "") + text,
         "logprobs": logprobs,
         "finish_reason": trace.finish_reason if trace else "length",
     }
@@ -59,7 +62,7 @@ def _choice(job: Job, index: int, trace: Trace | None, prompt: list[PromptToken]
 def _chunks(
     state: ServerState, job: Job, handle: Handle, request: Request, head: dict, with_usage: bool
 ) -> AsyncIterator[str]:
-    offsets = [len(job.prompt_text)] * job.n  # where each choice's next token starts
+    offsets = [len(job.prompt_of(i).text) for i in range(job.choices)]  # where each choice's next token starts
 
     def render(part: Part) -> Iterator[dict[str, Any]]:
         logprobs = None

@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from lmtrace.loading import LM
 from lmtrace.records import Step, Trace
+from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.errors import APIError, failure
 from lmtrace.server.logprobs import PromptToken, prompt_logprobs
 from lmtrace.server.prepare import Job
@@ -47,28 +48,27 @@ class ServerState:
 
 
 def work(lm: LM, job: Job) -> Work:
-    """Events: ("prompt", [PromptToken]) for echo, ("step", choice, Step) per token,
-    ("done", [Trace]) at the end (one Trace per choice)."""
+    """The one-request-at-a-time worker's work (`max_batch` 1). Events: ("prompt", i,
+    [PromptToken]) for echo of prompt i, ("step", choice, Step) per token, ("done", [Trace]) at
+    the end (one Trace per choice, choice i * n + j being prompt i's j-th)."""
 
     def run(emit: Emit, check) -> None:
         if job.echo:
-            emit(("prompt", prompt_logprobs(lm, job.ids, job.top_n if job.logprobs else 0)))
+            for i, p in enumerate(job.prompts):
+                emit(("prompt", i, prompt_logprobs(lm, p.ids, job.top_n if job.logprobs else 0)))
         if not job.generate:
             emit(("done", []))
             return
+        traces = []
+        for i, p in enumerate(job.prompts):
 
-        def on_step(row: int, step: Step) -> None:
-            check()  # raises Cancelled when the client has gone: the generation stops here
-            emit(("step", row, step))
+            def on_step(row: int, step: Step, first: int = i * job.n) -> None:
+                check()  # raises Cancelled when the client has gone: the generation stops here
+                emit(("step", first + row, step))
 
-        traces = generate_ids(
-            lm,
-            [job.ids] * job.n,
-            job.params,
-            prompt_texts=[job.prompt_text] * job.n,
-            chat=job.chat,
-            on_step=on_step,
-        )
+            traces += generate_ids(
+                lm, [p.ids] * job.n, job.params, prompt_texts=[p.text] * job.n, chat=job.chat, on_step=on_step
+            )
         emit(("done", traces))
 
     return run
@@ -76,6 +76,8 @@ def work(lm: LM, job: Job) -> Work:
 
 def start(state: ServerState, job: Job) -> Handle:
     try:
+        if isinstance(state.worker, BatchingWorker):
+            return state.worker.submit_job(job)
         return state.worker.submit(work(state.lm, job))
     except Busy as e:
         raise APIError(
@@ -87,13 +89,15 @@ def start(state: ServerState, job: Job) -> Handle:
         ) from e
 
 
-async def collect(handle: Handle, request: Request) -> tuple[list[PromptToken] | None, list[Trace]]:
-    """Waits for the whole answer; cancels the work if the client goes away meanwhile."""
-    prompt, traces = None, None
+async def collect(handle: Handle, request: Request) -> tuple[dict[int, list[PromptToken]], list[Trace]]:
+    """Waits for the whole answer ({prompt index: its echoed tokens}, a Trace per choice);
+    cancels the work if the client goes away meanwhile."""
+    prompt: dict[int, list[PromptToken]] = {}
+    traces = None
     try:
         async for event in handle.events(request):
             if event[0] == "prompt":
-                prompt = event[1]
+                prompt[event[1]] = event[2]
             elif event[0] == "done":
                 traces = event[1]
     except ShuttingDown as e:  # an answer (503), not a failure to log with its traceback
@@ -122,18 +126,19 @@ class Part:
 async def stream_parts(state: ServerState, job: Job, handle: Handle, request: Request) -> AsyncIterator[Part]:
     """The answer as Parts, holding back text (and its tokens) until it is final; ends with
     one Part per choice carrying its finish reason, then one carrying the usage."""
-    streams = [ChoiceStream(job.params.stop) for _ in range(job.n)]
+    streams = [ChoiceStream(job.params.stop) for _ in range(job.choices)]
     async for event in handle.events(request):
         if event[0] == "prompt":
-            for i in range(job.n):
-                yield Part(i, job.prompt_text, prompt=event[1])
+            _, p, tokens = event
+            for i in range(p * job.n, (p + 1) * job.n):
+                yield Part(i, job.prompts[p].text, prompt=tokens)
         elif event[0] == "step":
             _, i, step = event
             text, ready = streams[i].add(step, state.is_eos(job, step))
             if text or (ready and job.logprobs):
                 yield Part(i, text, ready)
         elif event[0] == "done":
-            traces = event[1] or [None] * job.n  # echo with max_tokens 0 generates nothing
+            traces = event[1] or [None] * job.choices  # echo with max_tokens 0 generates nothing
             for i, trace in enumerate(traces):
                 text, ready = streams[i].finish(trace.text) if trace else ("", [])
                 yield Part(i, text, ready, finish_reason=trace.finish_reason if trace else "length")
@@ -145,8 +150,10 @@ def new_id(prefix: str) -> str:
 
 
 def usage(job: Job, traces: list[Trace]) -> dict[str, int]:
+    """Tokens of every prompt (each counted once, whatever `n`) and of every choice."""
+    prompt = sum(len(p.ids) for p in job.prompts)
     completion = sum(len(t.steps) for t in traces)
-    return {"prompt_tokens": len(job.ids), "completion_tokens": completion, "total_tokens": len(job.ids) + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 async def openai_chunks(

@@ -15,17 +15,24 @@ from lmtrace.tracing import encode_prompt
 
 MAX_LOGPROBS = 20  # OpenAI's cap on alternatives per token, for both routes
 MAX_N = 16
+MAX_PROMPTS = 256  # prompts in one request (times n: rows queued at once)
 MAX_STOP = 4
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 TRACE_MAX_TOKENS = 64  # the CLI's default
 
 
 @dataclass
-class Job:
-    """One request's work: `n` choices for one prompt."""
-
+class Prompt:
     ids: list[int]
-    prompt_text: str
+    text: str
+
+
+@dataclass
+class Job:
+    """One request's work: `n` choices for each of its prompts (choice `i * n + j` is prompt
+    i's j-th); `many` when the request gave a list of prompts (the answer is a list too)."""
+
+    prompts: list[Prompt]
     params: SamplingParams
     n: int = 1
     chat: bool = False
@@ -33,10 +40,26 @@ class Job:
     sampled: bool = False  # logprobs of the processed distribution instead of the raw one
     echo: bool = False  # the prompt's tokens and their logprobs come first
     generate: bool = True  # False for echo with max_tokens 0: only the prompt is scored
+    many: bool = False
 
     @property
     def top_n(self) -> int:
         return self.params.top_logprobs
+
+    @property
+    def ids(self) -> list[int]:  # the first prompt's, for the routes that take one
+        return self.prompts[0].ids
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompts[0].text
+
+    def prompt_of(self, choice: int) -> Prompt:
+        return self.prompts[choice // self.n]
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.n
 
 
 def check_model(body: Sampling, served: str) -> None:
@@ -86,38 +109,53 @@ def context_size(lm: LM) -> int | None:
     return getattr(lm.model.config, "max_position_embeddings", None)
 
 
-def check_fits(lm: LM, ids: list[int], max_tokens: int) -> None:
+def check_fits(lm: LM, ids: list[int], max_tokens: int, name: str = "prompt") -> None:
     limit = context_size(lm)
     if limit and len(ids) + max_tokens > limit:
         raise bad_request(
-            f"max_tokens is too large: the prompt has {len(ids)} tokens and max_tokens is {max_tokens}, "
+            f"max_tokens is too large: the {name} has {len(ids)} tokens and max_tokens is {max_tokens}, "
             f"{len(ids) + max_tokens} in all, but the model's context holds {limit} tokens",
             "max_tokens",
         )
 
 
-def encode(lm: LM, prompt: object) -> tuple[list[int], str]:
-    """(token ids, prompt text) of a completion prompt: a string or a list of token ids."""
+def _is_ids(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def encode(lm: LM, prompt: object, name: str = "prompt") -> tuple[list[int], str]:
+    """(token ids, prompt text) of one completion prompt: a string or a list of token ids.
+    `name` is how messages call it (`prompt[3]` for an element of a list)."""
     if isinstance(prompt, str):
         if prompt == "":
-            raise bad_request("prompt must not be empty", "prompt")
+            raise bad_request(f"{name} must not be empty", "prompt")
         try:
             unicode_text(prompt)
         except ValueError as e:
-            raise bad_request(f"prompt {e}", "prompt") from None
+            raise bad_request(f"{name} {e}", "prompt") from None
         ids = encode_prompt(lm, prompt)
         if not ids:
-            raise bad_request("prompt must contain at least one token", "prompt")
+            raise bad_request(f"{name} must contain at least one token", "prompt")
         return ids, prompt
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if _is_ids(prompt):
         if not prompt:
-            raise bad_request("prompt must not be empty", "prompt")
+            raise bad_request(f"{name} must not be empty", "prompt")
         vocab = lm.model.config.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
-            raise bad_request(f"prompt token ids must be in [0, {vocab - 1}], got {bad[0]}", "prompt")
+            raise bad_request(f"{name} token ids must be in [0, {vocab - 1}], got {bad[0]}", "prompt")
         return list(prompt), lm.tokenizer.decode(prompt)
-    raise bad_request("prompt must be a string or a list of token ids (integers)", "prompt")
+    raise bad_request(f"{name} must be a string or a list of token ids (integers)", "prompt")
+
+
+def encode_many(lm: LM, prompt: object) -> tuple[list[Prompt], bool]:
+    """OpenAI's four shapes: a string, a list of token ids, a list of strings, a list of
+    token-id lists. (the prompts, whether a list of prompts was given)."""
+    if isinstance(prompt, list) and prompt and not _is_ids(prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise bad_request(f"prompt takes at most {MAX_PROMPTS} prompts, got {len(prompt)}", "prompt")
+        return [Prompt(*encode(lm, p, f"prompt[{i}]")) for i, p in enumerate(prompt)], True
+    return [Prompt(*encode(lm, prompt))], False
 
 
 def encode_chat(lm: LM, messages: list[Message]) -> tuple[list[int], str]:
@@ -139,13 +177,15 @@ def completion_job(lm: LM, body: CompletionRequest) -> Job:
         raise bad_request(f"{name} is not supported by lmtrace serve", name)
     if body.logprobs is not None:
         _range("logprobs", body.logprobs, 0, MAX_LOGPROBS)
-    ids, text = encode(lm, body.prompt)
+    prompts, many = encode_many(lm, body.prompt)
     max_tokens = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     score_only = body.echo and max_tokens == 0  # as OpenAI and vLLM: echo the prompt, generate nothing
     params = params_for(body, 1 if score_only else max_tokens, body.logprobs or 0, "logprobs")
-    check_fits(lm, ids, max_tokens)
+    for i, p in enumerate(prompts):
+        check_fits(lm, p.ids, max_tokens, f"prompt[{i}]" if many else "prompt")
     mode = body.logprobs_mode == "sampled"
-    return Job(ids, text, params, body.n, False, body.logprobs is not None, mode, body.echo, not score_only)
+    logprobs = body.logprobs is not None
+    return Job(prompts, params, body.n, False, logprobs, mode, body.echo, not score_only, many)
 
 
 def chat_job(lm: LM, body: ChatRequest) -> Job:
@@ -160,7 +200,7 @@ def chat_job(lm: LM, body: ChatRequest) -> Job:
         limit = max(1, (context_size(lm) or len(ids) + 512) - len(ids))
     params = params_for(body, limit, (body.top_logprobs or 0) if body.logprobs else 0, "top_logprobs")
     check_fits(lm, ids, limit)
-    return Job(ids, text, params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
+    return Job([Prompt(ids, text)], params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
 
 
 def trace_job(lm: LM, body: TraceRequest) -> Job:
@@ -170,10 +210,12 @@ def trace_job(lm: LM, body: TraceRequest) -> Job:
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("give either prompt or messages", "prompt")
     if body.messages is not None:
-        ids, text = encode_chat(lm, body.messages)
+        prompts, many = [Prompt(*encode_chat(lm, body.messages))], False
     else:
-        ids, text = encode(lm, body.prompt)
+        prompts, many = encode_many(lm, body.prompt)
     max_tokens = TRACE_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     params = params_for(body, max_tokens, body.top_logprobs, "top_logprobs")
-    check_fits(lm, ids, max_tokens)
-    return Job(ids, text, params, 1, body.messages is not None, True, body.logprobs_mode == "sampled")
+    for i, p in enumerate(prompts):
+        check_fits(lm, p.ids, max_tokens, f"prompt[{i}]" if many else "prompt")
+    sampled = body.logprobs_mode == "sampled"
+    return Job(prompts, params, 1, body.messages is not None, True, sampled, many=many)

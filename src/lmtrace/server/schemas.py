@@ -120,3 +120,30 @@ class TraceRequest(Sampling):
     messages: list[Message] | None = None
     # Alternatives recorded per step (0-100, as the CLI's --top-logprobs).
     top_logprobs: int = 5
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: `prompt` (vLLM's TokenizeCompletionRequest) or `messages` through the
+    chat template (its TokenizeChatRequest), with vLLM's defaults for each."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: list[Message] | None = None
+    # Add the tokenizer's special tokens (BOS); vLLM's default: true for a prompt, false for
+    # messages (the template writes them).
+    add_special_tokens: bool | None = None
+    # With messages: end with the assistant's turn opening (default), or continue the last
+    # message (the two exclude each other).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # Also answer each token as the tokenizer's own string.
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: Text | None = None
+    tokens: list[int]

@@ -1,7 +1,9 @@
 """POST /v1/traces (an lmtrace extension): the request fields of the OpenAI routes (`prompt`
 or `messages`), answered with the full lmtrace trace: every step's raw and sampled logprobs,
-rank, entropy, alternatives and KV-cache ledger. With `stream`, one event per step
-({"object": "trace.step", "step": ...}) and then {"object": "trace", "trace": ...}."""
+rank, entropy, alternatives and KV-cache ledger. A list of prompts (OpenAI's shapes) is
+answered with {"traces": [...]}, one per prompt, in order. With `stream`, one event per step
+({"object": "trace.step", "index": i, "step": ...}) and then one {"object": "trace", "index": i,
+"trace": ...} per prompt (`index` the prompt's place in the list, 0 for a single prompt)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ async def create_trace(body: TraceRequest, request: Request) -> Any:
     if body.stream:
         return SSEResponse(_events(state, handle, request), handle.cancel)
     _, traces = await collect(handle, request)
+    if job.many:
+        return {"traces": [served(t, state.name) for t in traces]}
     return served(traces[0], state.name)
 
 
@@ -44,9 +48,10 @@ async def _events(state: ServerState, handle: Handle, request: Request) -> Async
     try:
         async for event in handle.events(request):
             if event[0] == "step":
-                yield sse({"object": "trace.step", "step": event[2].to_dict()})
+                yield sse({"object": "trace.step", "index": event[1], "step": event[2].to_dict()})
             elif event[0] == "done":
-                yield sse({"object": "trace", "trace": served(event[1][0], state.name)})
+                for i, trace in enumerate(event[1]):
+                    yield sse({"object": "trace", "index": i, "trace": served(trace, state.name)})
     except Exception as e:  # the stream has started: the error goes in an event
         yield sse(failure(e).body())
     yield DONE

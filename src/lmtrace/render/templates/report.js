@@ -45,7 +45,7 @@
     return fill;
   }
   function alternatives(s) {
-    var table = el("table", "alts"), showSampled = data.sampled, head = el("tr");
+    var table = el("table", "alts"), showSampled = data.sampled || s.p === null, head = el("tr");
     ["token", showSampled ? "bar: raw, sampled" : "", "raw"].forEach(function (h) { head.appendChild(el("th", null, h)); });
     if (showSampled) head.appendChild(el("th", null, "sampled"));
     head.firstChild.style.textAlign = "left";
@@ -99,16 +99,17 @@
       ["token id", num(s.id)],
       ["bytes", s.own !== s.shown ? s.own : undefined],
       ["probability", num(s.p) + "  (logprob " + num(s.lp) + ")"],
-      ["sampled prob.", data.sampled ? num(s.sp) : undefined],
+      ["sampled prob.", data.sampled || (s.p === null && s.sp !== null) ? num(s.sp) : undefined],
       ["rank", num(s.rank)],
       ["entropy", s.H === null || s.H === undefined ? undefined : num(s.H, 3) + " nats"],
-      ["sampled entropy", data.sampled && s.sH !== null && s.sH !== undefined ? num(s.sH, 3) + " nats" : undefined],
+      ["sampled entropy", (data.sampled || s.H === null) && s.sH !== null && s.sH !== undefined ? num(s.sH, 3) + " nats" : undefined],
       ["KV cache", s.kv ? s.kv.seq_len + " positions, " + bytes(s.kv.bytes) : undefined],
       ["KV by formula", s.kv && s.kv.expected_bytes !== undefined ? bytes(s.kv.expected_bytes) : undefined],
       ["time", s.ms !== null && s.ms !== undefined ? num(s.ms, 3) + " ms" : undefined]
     ]);
     Object.keys(s.extra || {}).forEach(function (k) { rows(dl, [[k, num(s.extra[k])]]); });
     panel.appendChild(dl);
+    (s.problems || []).forEach(function (m) { panel.appendChild(el("p", "panel-problem", "⚠ " + m)); });
     if (s.top && s.top.length) {
       panel.appendChild(el("h4", null, "alternatives"));
       panel.appendChild(alternatives(s));

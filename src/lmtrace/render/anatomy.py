@@ -1,0 +1,169 @@
+"""The KV cache's anatomy as a person reads it, for the HTML report and the terminal: each
+dimension with its value and the config field it comes from, the formula with the numbers
+filled in and its result, "none" where a list is empty, and an alert only when the measured
+cache differed from the formula. Input: the anatomy dict of a trace (`kv_anatomy`, from
+lmtrace.kvsize.Anatomy.to_dict, plus `mismatches`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from markupsafe import Markup
+from rich.text import Text
+
+from lmtrace.render.tokens import human
+
+
+@dataclass
+class Dimension:
+    name: str
+    value: str
+    source: str  # the config field(s) the value comes from, or what it counts
+
+
+def _field(source: str | None, value: Any) -> str:
+    """'num_hidden_layers = 30' -> 'num_hidden_layers'; 'head_dim = hidden_size / num_attention_heads
+    = 576 / 9 = 64' -> 'hidden_size / num_attention_heads = 576 / 9'."""
+    if not source:
+        return ""
+    text = source.removeprefix("head_dim = ")
+    if text.startswith(f"{value} "):  # 'head_dim = 64 (explicit; ...)'
+        return "head_dim" + text[len(str(value)) :]
+    return text.replace(f" = {value}", "", 1)
+
+
+def listed(values: list[Any] | None) -> str:
+    """'none' for an empty list, else the items joined by commas."""
+    return ", ".join(str(v) for v in values) if values else "none"
+
+
+def dimensions(an: dict[str, Any], positions: int | None = None) -> list[Dimension]:
+    src = an.get("sources") or {}
+    heads, kv_heads = an.get("attention_heads"), an.get("kv_heads")
+    rows = [
+        Dimension("layers", str(an.get("layers")), _field(src.get("layers"), an.get("layers"))),
+        Dimension("KV heads", str(kv_heads), _field(src.get("kv_heads"), kv_heads)
+                  + (f"; {heads} query heads share them: {an.get('attention')}" if heads != kv_heads else "")),
+        Dimension("head_dim", str(an.get("head_dim")), _field(src.get("head_dim"), an.get("head_dim"))),
+        Dimension("batch", str(an.get("batch")), src.get("batch", "sequences decoded together")),
+    ]  # fmt: skip
+    sliding = an.get("sliding_layers") or []
+    if positions is not None:
+        counted = "prompt tokens + generated tokens" + (" (at most window − 1 on a sliding layer)" if sliding else "")
+        rows.append(Dimension("positions", str(positions), counted))
+    rows.append(Dimension("bytes per element", str(an.get("bytes_per_element")), f"dtype {an.get('dtype')}"))
+    windows = listed(an.get("windows"))
+    rows.append(Dimension("sliding-window layers", listed(sliding),
+                          f"window {windows}: these layers hold window − 1 positions" if sliding
+                          else "every layer keeps every position"))  # fmt: skip
+    return rows
+
+
+@dataclass
+class Formula:
+    symbols: str  # the formula in words
+    numbers: str  # the same with the numbers filled in
+    result: str  # what it comes to
+    per_position: str
+    measured: str | None  # the ledger's measured bytes, when known
+
+
+def formula(an: dict[str, Any], positions: int | None = None, measured: int | None = None) -> Formula:
+    per_position = int(an.get("bytes_per_token") or 0)
+    head = [2, an.get("kv_heads"), an.get("head_dim"), an.get("bytes_per_element")]
+    sliding, windows, layers = an.get("sliding_layers") or [], an.get("windows") or [], int(an.get("layers") or 0)
+    seen = None if measured is None else f"{measured:,} bytes ({human(measured)})"
+    per_line = f"{human(per_position)} per token ({per_position:,} bytes per position of one sequence)"
+    if positions is None:
+        symbols = "bytes per position = 2 (keys and values) × layers × KV heads × head_dim × bytes per element"
+        numbers = " × ".join(str(f) for f in [2, layers, *head[1:]])
+        return Formula(symbols, numbers, f"{per_position:,} bytes ({human(per_position)})", per_line, seen)
+    batch = int(an.get("batch") or 1)
+    if sliding and len(windows) == 1 and layers:
+        held = min(positions, int(windows[0]) - 1)  # a sliding layer keeps the last window - 1 positions
+        full = layers - len(sliding)
+        symbols = ("bytes = 2 (keys and values) × KV heads × head_dim × bytes per element × batch"
+                   " × (full layers × positions + sliding layers × min(positions, window − 1))")  # fmt: skip
+        numbers = " × ".join(str(f) for f in [*head, batch]) + f" × ({full} × {positions} + {len(sliding)} × {held})"
+        total = per_position // layers * batch * (full * positions + len(sliding) * held)
+    else:
+        symbols = "bytes = 2 (keys and values) × layers × KV heads × head_dim × bytes per element × batch × positions"
+        numbers = " × ".join(str(f) for f in [2, layers, *head[1:], batch, positions])
+        total = per_position * batch * positions
+    return Formula(symbols, numbers, f"{total:,} bytes ({human(total)})", per_line, seen)
+
+
+def alert(an: dict[str, Any]) -> str | None:
+    """A line when the measured cache differed from the formula at some steps, else None."""
+    steps = an.get("mismatches")
+    if not steps:
+        return None
+    return f"The measured KV cache differs from the formula at step{'s' if len(steps) > 1 else ''} {listed(steps)}"
+
+
+def shape_line(an: dict[str, Any], positions: int | None) -> str:
+    seq = positions if positions is not None else "seq_len"
+    return (f"keys and values, each (batch, KV heads, positions, head_dim) = "
+            f"({an.get('batch')}, {an.get('kv_heads')}, {seq}, {an.get('head_dim')}) per layer")  # fmt: skip
+
+
+def html(an: dict[str, Any], positions: int | None = None, measured: int | None = None) -> Markup:
+    """The anatomy block of the report's KV section (every value escaped)."""
+    if "unsupported" in an:
+        return Markup('<p class="anatomy-note">{}</p>').format(an["unsupported"])
+    out = Markup('<div class="anatomy">')
+    warning = alert(an)
+    if warning:
+        out += Markup('<p class="error anatomy-alert" role="alert">{}</p>').format(warning)
+    out += Markup('<p class="anatomy-shape">{}</p>').format(shape_line(an, positions))
+    rows = Markup("").join(
+        Markup("<tr><th>{}</th><td>{}</td><td>{}</td></tr>").format(d.name, d.value, d.source)
+        for d in dimensions(an, positions)
+    )
+    out += Markup(
+        '<table class="anatomy-dims"><thead><tr><th>dimension</th><th>value</th><th>from the config</th></tr>'
+        "</thead><tbody>{}</tbody></table>"
+    ).format(rows)
+    f = formula(an, positions, measured)
+    lhs, rhs = f.symbols.split(" = ", 1)
+    lines = [(lhs, rhs), ("", f.numbers), ("", f.result)]
+    body = Markup("").join(Markup("<div><span>{}</span><code>= {}</code></div>").format(a, b) for a, b in lines)
+    out += Markup('<div class="anatomy-formula">{}</div>').format(body)
+    notes = [f.per_position] + ([f"measured after the last step: {f.measured}"] if f.measured else [])
+    out += Markup('<p class="anatomy-note">{}</p>').format("; ".join(notes))
+    return out + Markup("</div>")
+
+
+def terminal(an: dict[str, Any], model: str, positions: int | None = None, measured: int | None = None) -> Text:
+    """The same reading for `lmtrace cache` and `lmtrace kv-size`."""
+    out = Text()
+    out.append(f"KV cache of {model}\n", style="bold")
+    warning = alert(an)
+    if warning:
+        out.append(f"  error: {warning}\n", style="bold red")
+    out.append(f"  {shape_line(an, positions)}\n")
+    dims = dimensions(an, positions)
+    width = max(len(d.name) for d in dims)
+    value_width = max(len(d.value) for d in dims)
+    for d in dims:
+        out.append(f"  {d.name:<{width}}  ", style="cyan")
+        out.append(f"{d.value:>{value_width}}", style="bold")
+        out.append(f"  {d.source}\n", style="dim")
+    f = formula(an, positions, measured)
+    lhs = f.symbols.split(" = ", 1)[0]
+    pad = " " * (len(lhs) + 3)
+    out.append(f"  {f.symbols}\n")
+    out.append(f"{pad}= {f.numbers}\n")
+    out.append(f"{pad}= {f.result}\n", style="bold")
+    out.append(f"  {f.per_position}" + (f"; measured after the last step: {f.measured}" if f.measured else "") + "\n")
+    return out
+
+
+def last_kv(steps: list[Any]) -> tuple[int | None, int | None]:
+    """(positions, measured bytes) of the last step's cache ledger, when recorded."""
+    kv = steps[-1].get("kv") if steps and isinstance(steps[-1], dict) else None
+    if not isinstance(kv, dict):
+        return None, None
+    measured = kv.get("bytes_used", kv.get("bytes"))
+    return kv.get("seq_len"), measured if isinstance(measured, int) else None

@@ -1,0 +1,64 @@
+"""vLLM's POST /tokenize and POST /detokenize, so clients count tokens with the server's own
+tokenizer: {"prompt": ...} or {"messages": ...} -> {"count", "max_model_len", "tokens",
+"token_strs"}; {"tokens": [...]} -> {"prompt": "..."}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from lmtrace.server.errors import bad_request
+from lmtrace.server.generation import ServerState
+from lmtrace.server.prepare import check_model, context_size
+from lmtrace.server.schemas import DetokenizeRequest, TokenizeRequest
+
+router = APIRouter()
+
+
+def _chat_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
+    tok = state.front.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise bad_request("messages: this model has no chat template; send prompt instead", "messages")
+    if not body.messages:
+        raise bad_request("messages must hold at least one message", "messages")
+    if body.add_generation_prompt and body.continue_final_message:
+        raise bad_request(
+            "continue_final_message: set at most one of add_generation_prompt and continue_final_message",
+            "continue_final_message",
+        )
+    turns = [{"role": m.role, "content": m.text()} for m in body.messages]
+    text = tok.apply_chat_template(
+        turns,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        tokenize=False,
+    )
+    special = bool(body.add_special_tokens)  # vLLM's default for messages: false
+    return list(tok(text, add_special_tokens=special)["input_ids"])
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+    state: ServerState = request.app.state.lmtrace
+    check_model(body, state.name)
+    if (body.prompt is None) == (body.messages is None):
+        raise bad_request("give either prompt or messages", "prompt")
+    if body.messages is not None:
+        ids = _chat_ids(state, body)
+    else:
+        special = True if body.add_special_tokens is None else body.add_special_tokens
+        ids = list(state.front.tokenizer(body.prompt, add_special_tokens=special)["input_ids"])
+    strs = state.front.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return {"count": len(ids), "max_model_len": context_size(state.lm), "tokens": ids, "token_strs": strs}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, str]:
+    state: ServerState = request.app.state.lmtrace
+    check_model(body, state.name)
+    vocab = state.lm.model.config.vocab_size
+    bad = [t for t in body.tokens if not 0 <= t < vocab]
+    if bad:
+        raise bad_request(f"tokens must be in [0, {vocab - 1}], got {bad[0]}", "tokens")
+    return {"prompt": state.front.tokenizer.decode(body.tokens)}
