@@ -304,6 +304,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/decode-<time>.json)")
     args = ap.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still writes what was measured
     out = Path(args.out or f"bench/results/decode-{time.strftime('%Y%m%d-%H%M%S')}.json")
     record = {"machine": {"platform": platform.platform(), "processor": _cpu_name(), "cores": os.cpu_count(),
                           "torch_threads": torch.get_num_threads()},
