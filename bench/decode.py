@@ -1,10 +1,20 @@
-"""Side-by-side decoding speed on the bundled model: transformers' model.generate (plain, and
-with output_scores + output_logits), lmtrace.generate (top_logprobs=20, full KV ledger), and
-llama-cpp-python with logprobs when it is installed; batch sizes 1, 8, 16; teacher-forced
-scoring; the machine's memory read bandwidth and each figure as a fraction of the bound.
+"""Side-by-side decoding speed on the bundled model, one process, contenders interleaved in every
+round, medians over rounds: transformers' model.generate (plain, and with output_scores +
+output_logits), lmtrace.generate in float32, bfloat16, with the GGUF's packed 4-bit weights and
+with --compile (with --inside also the logit lens, attention over the cache, and both), and
+llama-cpp-python (plain and with logprobs, each in a child process that may crash: the crash is
+that contender's result). Batch sizes 1 and 16 by default.
 
-The contenders alternate within every round; medians over rounds are reported.
-Usage: python bench/decode.py [--rounds 3] [--tokens 64] [--batch-sizes 1,8,16] [--bf16]"""
+Each figure is also a fraction of its own bandwidth bound: batch x read bandwidth / bytes of
+weights read per token in that contender's weight format (bench/bandwidth.py probes the
+bandwidth with all threads, the best of several methods; a figure above 100% is flagged as a
+probe error). The fidelity of bfloat16 and packed against float32 (greedy on the bench prompts,
+teacher-forced float32 reference) closes the run. The table is printed and written as JSON
+even when a contender fails.
+
+A contender is a small function (Bench, batch) -> Contender | str (a reason to skip it); add one
+to CONTENDERS to time something new.
+Usage: python bench/decode.py [--rounds 3] [--tokens 64] [--batch-sizes 1,16] [--no-compile] [--inside]"""
 
 from __future__ import annotations
 
@@ -12,15 +22,22 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-import lmtrace
-from lmtrace.versions import versions
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bandwidth  # noqa: E402
+
+import lmtrace  # noqa: E402
+from lmtrace.versions import versions  # noqa: E402
 
 PROMPTS = [
     "Once upon a time, in a small village by the sea,",
@@ -32,27 +49,55 @@ PROMPTS = [
     "In 1969, the first humans",
     "A good cup of coffee needs",
 ]
+WORKER = Path(__file__).resolve().parent / "llama_cpp_worker.py"
 
 
-def bandwidth_gbs(size_mb: int = 512, repeats: int = 5) -> float:
-    """Memory read bandwidth: the best of several full reads of a buffer far larger than caches."""
-    x = torch.ones(size_mb * 1024 * 1024 // 4, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - start)
-    return x.numel() * 4 / best / 1e9
+class Failed(Exception):
+    """A contender that could not run (its message is the recorded result)."""
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of weights read per decode step (tied tensors counted once)."""
-    seen, total = set(), 0
-    for p in model.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
+@dataclass
+class Contender:
+    name: str
+    weights: str  # the key of Bench.step_bytes: which weight format it reads per token
+    run: Callable[[list[str]], int | tuple[int, float]]  # tokens, or (tokens, seconds it timed itself)
+
+
+@dataclass
+class Bench:
+    """What the contenders share: the models (loaded once), the run's settings."""
+
+    tokens: int
+    compile: bool
+    lm: lmtrace.LM
+    inside: bool = False
+    bf16: lmtrace.LM | None = None
+    packed: lmtrace.LM | None = None
+    step_bytes: dict[str, int] = field(default_factory=dict)
+
+
+def weights_read_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: every linear layer (packed or float) and the norms;
+    the input embedding only where it is also the lm_head (a lookup reads one row)."""
+    from lmtrace.packed import PackedLinear
+
+    embed = model.get_input_embeddings().weight
+    seen, total = {embed.data_ptr()}, 0
+    for module in model.modules():
+        tensors = [module.packed, module.scale_zeros] if isinstance(module, PackedLinear) else []
+        tensors += list(module.parameters(recurse=False))
+        for t in tensors:
+            if t.data_ptr() not in seen or (t is embed and isinstance(module, torch.nn.Linear)):
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
     return total
+
+
+def gguf_bytes(path: Path) -> int:
+    """Bytes of all tensors in the GGUF file: what llama.cpp reads per token (tied lm_head)."""
+    import gguf
+
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
 
 
 def hf_generate(lm, prompts: list[str], n: int, scores: bool) -> int:
@@ -73,13 +118,76 @@ def traced(lm, prompts: list[str], n: int, compile: bool = False, **inside: bool
     return sum(len(t.steps) for t in traces)
 
 
-# inside each step (lmtrace.lens, lmtrace.attention), compared with the plain traced contender
+def llama_cpp_run(n: int, logprobs: int) -> Callable[[list[str]], tuple[int, float]]:
+    """One child process per timed run: it loads the file, warms up, and times one completion."""
+
+    def run(prompts: list[str]) -> tuple[int, float]:
+        args = [sys.executable, str(WORKER), str(lmtrace.loading.bundled_gguf()), prompts[0], str(n),
+                str(torch.get_num_threads()), str(logprobs)]  # fmt: skip
+        try:
+            done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired as e:
+            raise Failed("timed out after 600 s") from e
+        if done.returncode == 3:
+            raise Failed("not installed (pip install llama-cpp-python)")
+        if done.returncode < 0:
+            tail = " ".join(done.stderr.split())[-200:]
+            raise Failed(f"crashed: {signal.Signals(-done.returncode).name}" + (f" ({tail})" if tail else ""))
+        if done.returncode != 0:
+            raise Failed(f"exit code {done.returncode}: {' '.join(done.stderr.split())[-200:]}")
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        return found["tokens"], found["seconds"]
+
+    return run
+
+
+# --- the contenders: (Bench, batch) -> Contender, or a string saying why it is skipped ---
+
+
+def c_generate(b: Bench, batch: int) -> Contender:
+    return Contender("model.generate", "float32", lambda p: hf_generate(b.lm, p, b.tokens, False))
+
+
+def c_generate_scores(b: Bench, batch: int) -> Contender:
+    return Contender("model.generate + output_scores/logits", "float32", lambda p: hf_generate(b.lm, p, b.tokens, True))
+
+
+def c_float32(b: Bench, batch: int) -> Contender:
+    return Contender("lmtrace float32 (top_logprobs=20, KV ledger)", "float32", lambda p: traced(b.lm, p, b.tokens))
+
+
+def c_bfloat16(b: Bench, batch: int) -> Contender | str:
+    if b.bf16 is None:
+        return "bfloat16 model not loaded"
+    return Contender("lmtrace bfloat16", "bfloat16", lambda p: traced(b.bf16, p, b.tokens))
+
+
+def c_packed(b: Bench, batch: int) -> Contender | str:
+    if b.packed is None:
+        return "packed model not loaded"
+    return Contender("lmtrace packed 4-bit (--weights packed)", "packed", lambda p: traced(b.packed, p, b.tokens))
+
+
+def c_compile(b: Bench, batch: int) -> Contender | str:
+    if not b.compile:
+        return "--no-compile"
+    return Contender("lmtrace float32 --compile", "float32", lambda p: traced(b.lm, p, b.tokens, compile=True))
+
+
+# inside each step (lmtrace.lens, lmtrace.attention), against the plain float32 traced contender
 INSIDE = {"lens": {"lens": True}, "attention": {"attention": True},
           "lens + attention": {"lens": True, "attention": True}}  # fmt: skip
+PLAIN = "lmtrace float32 (top_logprobs=20, KV ledger)"
 
 
-def inside_contenders(lm, n: int) -> dict[str, Callable[[list[str]], int]]:
-    return {f"lmtrace.generate + {k}": (lambda p, kw=kw: traced(lm, p, n, **kw)) for k, kw in INSIDE.items()}
+def _inside(key: str) -> Callable[[Bench, int], Contender | str]:
+    def make(b: Bench, batch: int) -> Contender | str:
+        if not b.inside:
+            return "no --inside"
+        return Contender(f"lmtrace float32 + {key}", "float32", lambda p: traced(b.lm, p, b.tokens, **INSIDE[key]))
+
+    make.__name__ = f"c_{key.replace(' + ', '_')}"
+    return make
 
 
 def json_bytes_per_step(lm, n: int) -> dict[str, dict[str, float]]:
@@ -93,128 +201,191 @@ def json_bytes_per_step(lm, n: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def llama_cpp(n: int) -> Callable[[list[str]], int] | None:
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    llm = Llama(model_path=str(lmtrace.loading.bundled_gguf()), n_ctx=512, logits_all=True, verbose=False,
-                n_threads=torch.get_num_threads())  # fmt: skip
-
-    def run(prompts: list[str]) -> int:
-        out = llm.create_completion(prompts[0], max_tokens=n, temperature=0, logprobs=5)
-        return out["usage"]["completion_tokens"]
-
-    return run
+def inside_summary(record: dict, batch_sizes: list[int], sizes: dict) -> dict:
+    """Step time of each inside option over the plain traced one (the goal: lens + attention <= 1.5x)."""
+    ratios = {}
+    for batch in batch_sizes:
+        plain = record["results"].get(f"{PLAIN} @ batch {batch}", {}).get("median")
+        for k in INSIDE:
+            rate = record["results"].get(f"lmtrace float32 + {k} @ batch {batch}", {}).get("median")
+            if plain and rate:
+                ratios[f"{k} @ batch {batch}"] = plain / rate
+    return {"step_time_ratio": ratios, "json_bytes_per_step": sizes}
 
 
-def score_rate(lm, rounds: int) -> list[float]:
-    text = " ".join(PROMPTS) * 8
-    ids = torch.tensor([lm.tokenizer(text)["input_ids"][:1024]])
-    rates = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        if hasattr(lmtrace, "score"):
-            lmtrace.score(lm, lm.tokenizer.decode(ids[0]))
+def c_llama_cpp(b: Bench, batch: int) -> Contender | str:
+    if batch != 1:
+        return "batch 1 only"
+    return Contender("llama-cpp-python (plain)", "gguf", llama_cpp_run(b.tokens, 0))
+
+
+def c_llama_cpp_logprobs(b: Bench, batch: int) -> Contender | str:
+    if batch != 1:
+        return "batch 1 only"
+    return Contender("llama-cpp-python (logprobs=5)", "gguf", llama_cpp_run(b.tokens, 5))
+
+
+CONTENDERS = [c_generate, c_generate_scores, c_float32, c_bfloat16, c_packed, c_compile, *map(_inside, INSIDE),
+              c_llama_cpp, c_llama_cpp_logprobs]  # fmt: skip
+
+
+def measure(bench: Bench, batch: int, rounds: int, errors: dict[str, str]) -> dict[str, dict]:
+    """Warm-up (the one-off compile or prepack shows there), then `rounds` rounds that run every
+    contender once each, in turn. A contender that raises is dropped and its error recorded."""
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+    runs: dict[str, Contender] = {}
+    for make in CONTENDERS:
+        found = make(bench, batch)
+        if isinstance(found, str):
+            errors[f"{make.__name__} @ batch {batch}"] = f"skipped: {found}"
         else:
-            with torch.inference_mode():
-                torch.log_softmax(lm.model(ids).logits.float(), -1)
-        rates.append(ids.shape[1] / (time.perf_counter() - start))
-    return rates
+            runs[found.name] = found
+    results = {name: {"weights": c.weights, "runs": [], "first_run_s": None} for name, c in runs.items()}
+    for name, c in list(runs.items()):
+        try:
+            start = time.perf_counter()
+            c.run(prompts)
+            results[name]["first_run_s"] = time.perf_counter() - start
+        except Exception as e:  # noqa: BLE001 - any failure is this contender's result
+            results[name]["error"] = _one_line(e)
+            del runs[name]
+    for _ in range(rounds):
+        for name, c in list(runs.items()):
+            try:
+                start = time.perf_counter()
+                got = c.run(prompts)
+                tokens, seconds = got if isinstance(got, tuple) else (got, time.perf_counter() - start)
+                results[name]["runs"].append(tokens / seconds)
+            except Exception as e:  # noqa: BLE001
+                results[name]["error"] = _one_line(e)
+                del runs[name]
+    return results
 
 
-def contenders(lm, lm_bf16, n: int, batch: int, compile: bool = False, inside: bool = False) -> dict[str, Callable]:
-    found = {
-        "model.generate": lambda p: hf_generate(lm, p, n, False),
-        "model.generate + output_scores/logits": lambda p: hf_generate(lm, p, n, True),
-        "lmtrace.generate (top_logprobs=20, KV ledger)": lambda p: traced(lm, p, n),
-    }
-    if inside:
-        found |= inside_contenders(lm, n)
-    if lm_bf16 is not None:
-        found["lmtrace.generate bfloat16"] = lambda p: traced(lm_bf16, p, n)
-    if compile and batch == 1:  # the warm-up round pays the one-off compile
-        found["lmtrace.generate --compile (static cache)"] = lambda p: traced(lm, p, n, compile=True)
-    if batch == 1 and (cpp := llama_cpp(n)) is not None:
-        found["llama-cpp-python (logprobs=5)"] = cpp
+def fidelity(bench: Bench, n: int) -> dict[str, dict]:
+    """Cost of bfloat16 and packed against float32: greedy on every bench prompt, then the
+    float32 model teacher-forced on the same tokens (lmtrace.verify.float32_cost)."""
+    from lmtrace.verify import cached_greedy, float32_cost
+
+    found = {}
+    for label, lm in (("bfloat16", bench.bf16), ("packed", bench.packed)):
+        if lm is None:
+            continue
+        worst, diffs, agree, steps = 0.0, 0.0, 0.0, 0
+        for prompt in PROMPTS:
+            ids = lmtrace.encode_prompt(lm, prompt)
+            tokens, logits = cached_greedy(lm, ids, n)
+            cost = float32_cost(bench.lm.model, ids, tokens, torch.log_softmax(logits.float(), -1))
+            worst = max(worst, cost["max"])
+            diffs, agree = diffs + cost["mean"] * len(tokens), agree + cost["top1"] * len(tokens)
+            steps += len(tokens)
+        found[label] = {"max_abs_logprob_diff": worst, "mean_abs_logprob_diff": diffs / steps,
+                        "top1_agreement": agree / steps, "steps": steps}  # fmt: skip
     return found
 
 
-def measure(lm, lm_bf16, n: int, batch: int, rounds: int, compile: bool = False, inside: bool = False) -> dict:
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
-    runs = contenders(lm, lm_bf16, n, batch, compile, inside)
-    for run in runs.values():  # warm-up (with the batch's own shapes, for the compiled contender)
-        run(prompts)
-    rates: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            tokens = run(prompts)
-            rates[name].append(tokens / (time.perf_counter() - start))
-    return rates
+def _one_line(e: BaseException) -> str:
+    return (f"{type(e).__name__}: " if not isinstance(e, Failed) else "") + " ".join(str(e).split())[:300]
+
+
+def table(record: dict) -> str:
+    gbs = record["bandwidth"]["best"]
+    lines = ["| contender | batch | weights | median tok/s | runs | ratio to model.generate | of its bound |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for key, r in record["results"].items():
+        name, batch = key.rsplit(" @ batch ", 1)
+        if not r["runs"]:
+            lines.append(f"| {name} | {batch} | {r['weights']} | — | {r.get('error', 'no runs')} | | |")
+            continue
+        med = statistics.median(r["runs"])
+        base = record["results"].get(f"model.generate @ batch {batch}", {}).get("runs")
+        ratio = f"{med / statistics.median(base):.2f}" if base else "—"
+        frac = med / r["bound"] if r.get("bound") else None
+        flag = "" if frac is None or frac <= 1 else " (above the bound: probe error)"
+        runs = ", ".join(f"{v:.1f}" for v in r["runs"])
+        lines.append(f"| {name} | {batch} | {r['weights']} | {med:.1f} | {runs} | {ratio} | "
+                     f"{'—' if frac is None else f'{frac:.0%}'}{flag} |")  # fmt: skip
+    methods = ", ".join(k for k in record["bandwidth"] if k not in ("best", "threads"))
+    lines.append(f"\nread bandwidth {gbs:.1f} GB/s (best of {methods}"
+                 f" with {record['bandwidth']['threads']} threads); weights read per token: "
+                 + ", ".join(f"{k} {v / 1e6:.0f} MB (bound {gbs * 1e9 / v:.1f} tok/s at batch 1)"
+                             for k, v in record["step_bytes"].items()))  # fmt: skip
+    for label, f in record.get("fidelity", {}).items():
+        lines.append(f"fidelity {label} vs float32 over {f['steps']} greedy steps: max |Δlogprob| "
+                     f"{f['max_abs_logprob_diff']:.3g}, mean |Δlogprob| (chosen) {f['mean_abs_logprob_diff']:.3g}, "
+                     f"top-1 agreement {f['top1_agreement']:.1%}")  # fmt: skip
+    if "inside" in record:
+        lines.append("\n| inside each step | step time / plain traced |\n|---|---|")
+        lines += [f"| {k} | {r:.2f}x |" for k, r in record["inside"]["step_time_ratio"].items()]
+        for top, row in record["inside"]["json_bytes_per_step"].items():
+            lines.append(f"JSON bytes per step, {top}: " + ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in row.items()))
+    return "\n".join(lines)
+
+
+def load_all(args) -> Bench:
+    lm = lmtrace.load(device="cpu", dtype="float32")
+    bench = Bench(tokens=args.tokens, compile=not args.no_compile, lm=lm, inside=args.inside)
+    bench.step_bytes["float32"] = weights_read_per_token(lm.model)
+    bench.step_bytes["gguf"] = gguf_bytes(lmtrace.loading.bundled_gguf())
+    if not args.no_bf16:
+        bench.bf16 = lmtrace.load(device="cpu", dtype="bfloat16")
+        bench.step_bytes["bfloat16"] = weights_read_per_token(bench.bf16.model)
+    if not args.no_packed:
+        started = time.perf_counter()
+        bench.packed = lmtrace.load(device="cpu", dtype="float32", weights="packed")
+        bench.step_bytes["packed"] = weights_read_per_token(bench.packed.model)
+        bench.packed_load_s = time.perf_counter() - started
+    return bench
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--batch-sizes", default="1,8,16")
-    ap.add_argument("--bf16", action="store_true", help="also time lmtrace on a bfloat16 copy of the model")
-    ap.add_argument("--compile", action="store_true", help="also time lmtrace --compile at batch 1 (a one-off compile)")
+    ap.add_argument("--batch-sizes", default="1,16")
+    ap.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 contender")
+    ap.add_argument("--no-packed", action="store_true", help="skip the packed 4-bit contender")
+    ap.add_argument("--no-compile", action="store_true", help="skip lmtrace --compile (a one-off compile)")
     ap.add_argument("--inside", action="store_true", help="also time --lens, --attention and both")
+    ap.add_argument("--fidelity-tokens", type=int, default=32, help="greedy steps per prompt for the fidelity check")
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/decode-<time>.json)")
     args = ap.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")
-    lm = lmtrace.load(device="cpu", dtype="float32")
-    lm_bf16 = lmtrace.load(device="cpu", dtype="bfloat16") if args.bf16 else None
-    gbs = bandwidth_gbs()
-    wbytes = weight_bytes(lm.model)
-    rows, results = [], {}
-    for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        rates = measure(lm, lm_bf16, args.tokens, batch, args.rounds, args.compile, args.inside)
-        base = statistics.median(rates["model.generate"])
-        for name, values in rates.items():
-            med = statistics.median(values)
-            wb = wbytes / 2 if "bfloat16" in name else wbytes
-            bound = batch * gbs * 1e9 / wb
-            rows.append(f"| {name} | {batch} | {med:.1f} | {', '.join(f'{v:.1f}' for v in values)} "
-                        f"| {med / base:.2f} | {med / bound:.0%} |")  # fmt: skip
-            results[f"{name} @ batch {batch}"] = {"median": med, "runs": values, "ratio": med / base, "bound": bound}
-    scoring = score_rate(lm, args.rounds)
-    print(f"bundled SmolLM2-135M-Instruct, CPU ({torch.get_num_threads()} threads), greedy, {args.tokens} new tokens, "
-          f"{args.rounds} rounds; memory read bandwidth {gbs:.1f} GB/s; weights {wbytes / 1e6:.0f} MB per step "
-          f"(float32) -> bound {gbs * 1e9 / wbytes:.1f} tok/s at batch 1\n")  # fmt: skip
-    print("| contender | batch | median tok/s | runs | ratio to model.generate | of bandwidth bound |")
-    print("|---|---|---|---|---|---|")
-    print("\n".join(rows))
-    print(f"\nteacher-forced scoring (1024 tokens, float32): median {statistics.median(scoring):.0f} tok/s")
-    if args.inside:
-        results["inside"] = inside_summary(results, args.batch_sizes, json_bytes_per_step(lm, 16))
-    record = {"machine": {"platform": platform.platform(), "processor": _cpu_name(), "cores": os.cpu_count(),
-                          "torch_threads": torch.get_num_threads(), "bandwidth_gbs": gbs},
-              "versions": versions(), "tokens": args.tokens, "rounds": args.rounds, "weight_bytes": wbytes,
-              "results": results, "scoring_tok_s": scoring}  # fmt: skip
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still writes what was measured
     out = Path(args.out or f"bench/results/decode-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    record = {"machine": {"platform": platform.platform(), "processor": _cpu_name(), "cores": os.cpu_count(),
+                          "torch_threads": torch.get_num_threads()},
+              "versions": versions(), "tokens": args.tokens, "rounds": args.rounds, "results": {}, "errors": {},
+              "step_bytes": {}, "bandwidth": {"best": float("nan"), "threads": torch.get_num_threads()}}  # fmt: skip
+    try:
+        record["bandwidth"] = bandwidth.probe()
+        bench = load_all(args)
+        record["step_bytes"], record["packed_load_s"] = bench.step_bytes, getattr(bench, "packed_load_s", None)
+        for batch in [int(b) for b in args.batch_sizes.split(",")]:
+            for name, r in measure(bench, batch, args.rounds, record["errors"]).items():
+                r["bound"] = batch * record["bandwidth"]["best"] * 1e9 / bench.step_bytes[r["weights"]]
+                r["median"] = statistics.median(r["runs"]) if r["runs"] else None
+                record["results"][f"{name} @ batch {batch}"] = r
+            _write(out, record)  # what is measured so far survives a run cut short
+        if args.inside:
+            batches = [int(b) for b in args.batch_sizes.split(",")]
+            record["inside"] = inside_summary(record, batches, json_bytes_per_step(bench.lm, 16))
+        record["fidelity"] = fidelity(bench, args.fidelity_tokens)
+    except BaseException as e:  # noqa: BLE001 - whatever happens, what was measured is written
+        record["errors"]["run"] = _one_line(e)
+        raise
+    finally:
+        print(f"bundled SmolLM2-135M-Instruct, CPU, greedy, {args.tokens} new tokens, {args.rounds} rounds\n")
+        print(table(record))
+        _write(out, record)
+        print(f"\nwritten to {out}")
+
+
+def _write(out: Path, record: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2))
-    print(f"\nwritten to {out}")
-
-
-def inside_summary(results: dict, batch_sizes: str, sizes: dict) -> dict:
-    """Step time of each inside option over the plain traced one (the goal: lens + attention <= 1.5x)."""
-    plain = "lmtrace.generate (top_logprobs=20, KV ledger)"
-    print("\n| inside each step | batch | step time / plain traced |\n|---|---|---|")
-    ratios = {}
-    for batch in [int(b) for b in batch_sizes.split(",")]:
-        for k in INSIDE:
-            rate = results[f"lmtrace.generate + {k} @ batch {batch}"]["median"]
-            r = results[f"{plain} @ batch {batch}"]["median"] / rate
-            ratios[f"{k} @ batch {batch}"] = r
-            print(f"| {k} | {batch} | {r:.2f}x |")
-    print("\nJSON bytes per step (bundled model, 30 layers):")
-    for top, row in sizes.items():
-        print(f"  {top}: " + ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in row.items()))
-    return {"step_time_ratio": ratios, "json_bytes_per_step": sizes}
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(out)
 
 
 def _cpu_name() -> str:

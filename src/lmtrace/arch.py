@@ -21,6 +21,9 @@ class ArchSummary:
     dtype: str | None = None
     device: str | None = None
     parameters: int | None = None
+    # how the linear layers' weights are held where not plain `dtype` tensors: e.g.
+    # "packed 4-bit (Q4_1 x210, Q8_0 x1), bfloat16 activations" (lmtrace.packed)
+    weights: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,6 +55,7 @@ def summarize(config: Any, model: Any = None) -> ArchSummary:
         first = next(model.parameters())
         dtype, device = str(first.dtype).replace("torch.", ""), str(first.device)
         params = sum(p.numel() for p in model.parameters())
+        params += sum(getattr(m, "packed_numel", 0) for m in model.modules())  # packed layers hold buffers
     return ArchSummary(
         architecture=archs[0] if archs else config.model_type,
         model_type=config.model_type,
@@ -66,4 +70,10 @@ def summarize(config: Any, model: Any = None) -> ArchSummary:
         dtype=dtype,
         device=device,
         parameters=params,
+        weights=_weights(model),
     )
+
+
+def _weights(model: Any) -> str | None:
+    report = getattr(model, "lmtrace_packed", None) if model is not None else None
+    return report.short() if report is not None else None

@@ -27,6 +27,7 @@ DTYPES = {
 }
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+WEIGHTS = ("float", "packed")  # packed: a GGUF's own 4-bit blocks (lmtrace.packed)
 
 
 @dataclass
@@ -169,13 +170,16 @@ def load(
     device_map: str | dict[str, Any] | None = None,
     gguf_cache: bool = True,
     status: Callable[[str], None] | None = None,
+    weights: str = "float",
 ) -> LM:
     """Loads a causal LM and its tokenizer. `source` None means the bundled SmolLM2-135M-Instruct.
     `device_map="auto"` spreads the layers over the GPUs present (through accelerate) instead
     of putting the model on one `device`. A .gguf file is converted once into a safetensors
     folder in the user's cache and loaded from there (same weights bit for bit, seconds instead
     of half a minute); `gguf_cache=False` reads the file itself. `status` is told, in a line,
-    what the load does (converting, or loading the converted copy)."""
+    what the load does (converting, or loading the converted copy). `weights="packed"` runs a
+    GGUF's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU; lmtrace.packed) instead of dequantizing
+    them to `dtype`."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from lmtrace.gguf_quiet import quiet_gguf
@@ -185,6 +189,8 @@ def load(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     where, extra, name = _locate(source, allow_pickle, trust_remote_code)
+    _check_weights(weights, extra, torch_device, name)
+    gguf_path = Path(where) / extra["gguf_file"] if "gguf_file" in extra else None
     if "gguf_file" in extra and gguf_cache:
         where, extra = _through_cache(Path(where) / extra["gguf_file"], where, extra, trust_remote_code, status)
     common = {"trust_remote_code": trust_remote_code, **{k: v for k, v in extra.items() if k == "gguf_file"}}
@@ -210,7 +216,20 @@ def load(
         raise ModelLoadError(f"{name}: cannot load model ({type(e).__name__}: {_one_line(e)})") from e
     if device_map is None:  # with a device map accelerate has placed every layer already
         model.to(torch_device)
+    if weights == "packed":
+        from lmtrace.packed import pack_gguf
+
+        pack_gguf(model, gguf_path)
     return LM.from_objects(model, tokenizer, name)
+
+
+def _check_weights(weights: str, extra: dict[str, Any], device: torch.device, name: str) -> None:
+    if weights not in WEIGHTS:
+        raise InvalidParameter(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    if weights == "packed" and "gguf_file" not in extra:
+        raise InvalidParameter(f"weights: 'packed' runs a GGUF file's own quantized weights; {name} is not a .gguf")
+    if weights == "packed" and device.type != "cpu":
+        raise InvalidParameter(f"weights: 'packed' runs on the CPU only, got device {device.type!r}")
 
 
 def _through_cache(

@@ -32,9 +32,14 @@ class VerifyReport:
     steps: list[StepCheck] = field(default_factory=list)
     first_divergence: dict[str, Any] | None = None
     dtype: str = "float32"
-    # for a model in another dtype: the largest log-probability difference of the generated
-    # tokens against a float32 copy of the same weights (teacher-forced)
+    # for a model in another dtype or with packed weights: the largest log-probability
+    # difference over the vocabulary of every step against float32 weights (teacher-forced),
+    # the mean |difference| of the chosen tokens' logprobs, and the fraction of steps where the
+    # float32 path's top-1 is the chosen token
     float32_max_logprob_diff: float | None = None
+    float32_mean_logprob_diff: float | None = None
+    float32_top1_agreement: float | None = None
+    weights: str = "float"  # "packed": a GGUF's own 4-bit weights (lmtrace.packed)
 
     @property
     def max_logprob_diff(self) -> float:
@@ -55,6 +60,9 @@ class VerifyReport:
             "first_divergence": self.first_divergence,
             "dtype": self.dtype,
             "float32_max_logprob_diff": self.float32_max_logprob_diff,
+            "float32_mean_logprob_diff": self.float32_mean_logprob_diff,
+            "float32_top1_agreement": self.float32_top1_agreement,
+            "weights": self.weights,
             "steps": [asdict(s) for s in self.steps],
         }
 
@@ -96,35 +104,60 @@ def generate_oracle(lm: LM, prompt_ids: list[int], max_new_tokens: int) -> tuple
     return out.sequences[0, len(prompt_ids) :].tolist(), torch.cat([x.float() for x in out.logits])
 
 
-def default_tolerance(dtype: str) -> float:
-    """1e-4 in log-probability for float32; half precision rounds far more coarsely."""
+def default_tolerance(dtype: str, packed: bool = False) -> float:
+    """1e-4 in log-probability for float32; half precision rounds far more coarsely. Packed
+    weights round each matmul's input to bfloat16, and the lm_head's logits outside its 64
+    refined ones keep the kernel's bfloat16 output (0.125 apart at a logit of 20, 0.25 past
+    32), so a float32-sized difference between the cached and uncached paths can flip one by a
+    spacing (0.26 measured on the bundled model): 0.5."""
+    if packed and dtype == "float32":
+        return 0.5
     return 1e-4 if dtype == "float32" else 0.1
 
 
-def against_float32(lm: LM, prompt_ids: list[int], tokens: list[int], lp: torch.Tensor) -> float:
-    """Largest |Δ log-probability| over the vocabulary of every step against a float32 copy."""
-    import copy
-
-    reference = copy.deepcopy(lm.model).float()
+def float32_cost(reference, prompt_ids: list[int], tokens: list[int], lp: torch.Tensor) -> dict[str, float]:
+    """The cost of a cheaper path against float32 `reference` weights, teacher-forced on the
+    same sequence: largest |Δ log-probability| over the vocabulary of every step, mean |Δ| of
+    the chosen tokens' logprobs, and top-1 agreement. `lp` (steps, vocab) are the path's own."""
     seq = torch.tensor([prompt_ids + tokens], device=reference.device)
     with torch.inference_mode():
         full = reference(seq, use_cache=False).logits[0].float()
-    del reference
-    ref = torch.log_softmax(full[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(tokens)], -1)
-    return float((ref - lp).abs().max())
+    ref = torch.log_softmax(full[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(tokens)], -1)  # (steps, vocab)
+    chosen = torch.tensor(tokens, device=ref.device)[:, None]
+    return {
+        "max": float((ref - lp).abs().max()),
+        "mean": float((ref.gather(-1, chosen) - lp.gather(-1, chosen)).abs().mean()),
+        "top1": float((ref.argmax(-1) == chosen[:, 0]).float().mean()),
+    }
+
+
+def against_float32(lm: LM, prompt_ids: list[int], tokens: list[int], lp: torch.Tensor) -> dict[str, float]:
+    """float32_cost against a float32 copy of the model (packed layers dequantized)."""
+    from lmtrace.packed import float_reference
+
+    reference = float_reference(lm.model)
+    try:
+        return float32_cost(reference, prompt_ids, tokens, lp)
+    finally:
+        del reference
 
 
 def verify(lm: LM, prompt_ids: list[int], max_new_tokens: int = 32, tolerance: float | None = None) -> VerifyReport:
+    from lmtrace.packed import report_of
+
     dtype = str(next(lm.model.parameters()).dtype).replace("torch.", "")
-    tolerance = default_tolerance(dtype) if tolerance is None else tolerance
+    packed = report_of(lm.model) is not None
+    tolerance = default_tolerance(dtype, packed) if tolerance is None else tolerance
     tokens, cached = cached_greedy(lm, prompt_ids, max_new_tokens)
     full = uncached_logits(lm, prompt_ids, tokens)
     hf_ids, hf_logits = generate_oracle(lm, prompt_ids, max_new_tokens)
     lp_cached, lp_full = torch.log_softmax(cached, -1), torch.log_softmax(full, -1)
     lp_hf = torch.log_softmax(hf_logits, -1)
-    report = VerifyReport(tolerance=tolerance, dtype=dtype)
-    if dtype != "float32":
-        report.float32_max_logprob_diff = against_float32(lm, prompt_ids, tokens, lp_cached)
+    report = VerifyReport(tolerance=tolerance, dtype=dtype, weights="packed" if packed else "float")
+    if dtype != "float32" or packed:
+        cost = against_float32(lm, prompt_ids, tokens, lp_cached)
+        report.float32_max_logprob_diff = cost["max"]
+        report.float32_mean_logprob_diff, report.float32_top1_agreement = cost["mean"], cost["top1"]
     for i, token in enumerate(tokens):
         top2 = torch.topk(cached[i], 2).values
         check = StepCheck(

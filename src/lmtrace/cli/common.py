@@ -61,6 +61,18 @@ def device_map_option(f):
     )(f)
 
 
+def weights_option(f):
+    """Adds --weights: float (the default) or packed (a GGUF's own 4-bit weights, CPU)."""
+    return click.option(
+        "--weights",
+        type=click.Choice(["float", "packed"]),
+        default="float",
+        show_default=True,
+        help="packed: run a .gguf's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU, bfloat16 activations) "
+        "instead of dequantizing them to --dtype.",
+    )(f)
+
+
 def read_text(value: str | None, path: str | None, name: str, file_option: str, none_given: str) -> str:
     """A text argument, or the file named by its option, or standard input when piped; the
     errors name `name` / `file_option` (e.g. "prompt" / "prompt-file")."""
@@ -101,9 +113,11 @@ def load_model(
     allow_pickle: bool,
     trust_remote_code: bool,
     device_map: str | None = None,
+    weights: str = "float",
 ):
     """lmtrace.load with a spinner on `console` (stderr) instead of transformers' progress bars;
-    a GGUF load ends with one line saying whether it converted the file or used its converted copy."""
+    a GGUF load ends with one line saying whether it converted the file or used its converted copy;
+    with packed weights, one more line says what runs packed and what stays float."""
     from transformers.utils import logging as hf_logging
 
     from lmtrace.loading import load
@@ -126,10 +140,15 @@ def load_model(
             trust_remote_code=trust_remote_code,
             device_map=device_map,
             status=status,
+            weights=weights,
         )
     if said:
         line = f"{said[-1]}; loaded in {time.perf_counter() - started:.1f} s"
         console.print(line, markup=False, highlight=False, soft_wrap=True, style="dim")
+    if weights == "packed":
+        from lmtrace.packed import report_of
+
+        console.print(report_of(lm.model).line(), markup=False, highlight=False, soft_wrap=True, style="dim")
     return lm
 
 

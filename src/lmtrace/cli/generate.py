@@ -5,7 +5,16 @@ from __future__ import annotations
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lmtrace.cli.common import cli, consoles, device_map_option, load_model, model_options, read_prompt, write_json
+from lmtrace.cli.common import (
+    cli,
+    consoles,
+    device_map_option,
+    load_model,
+    model_options,
+    read_prompt,
+    weights_option,
+    write_json,
+)
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.params import SamplingParams
 
@@ -89,6 +98,7 @@ def progress_bar(console, total: int) -> Progress:
 @sampling_options
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the trace as JSON ('-' for stdout).")
 @report_options
+@weights_option
 @click.option("--compile", "compile_", is_flag=True,
               help="Static cache + torch.compile'd decode step: a one-off compile, the same tokens.")  # fmt: skip
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
@@ -109,7 +119,8 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before the model loads
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)
-    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, kw.pop("device_map"))
+    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, kw.pop("device_map"),
+                    kw.pop("weights"))  # fmt: skip
     with progress_bar(status, params.max_new_tokens) as progress:
         task = progress.add_task("generate", total=params.max_new_tokens)
         advance = lambda row, step: progress.advance(task)  # noqa: E731

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
+from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, weights_option, write_json
 from lmtrace.errors import InvalidParameter
 
 
@@ -16,16 +16,18 @@ from lmtrace.errors import InvalidParameter
 @click.argument("prompt", required=False)
 @click.option("--prompt-file", type=str, default=None, help="Read the prompt from this file.")
 @model_options
+@weights_option
 @click.option("--max-new-tokens", type=int, default=32, show_default=True, help="Greedy steps to check.")
 @click.option("--tolerance", type=float, default=None,
-              help="Largest log-probability difference (default 1e-4 in float32, 0.1 in 16-bit dtypes).")  # fmt: skip
+              help="Largest log-probability difference (default 1e-4 in float32, 0.5 with packed weights, "
+                   "0.1 in 16-bit dtypes).")  # fmt: skip
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the chat template.")
 @click.option("--rescore", is_flag=True,
               help="Also trace a generation and rescore it teacher-forced against the recorded logprobs.")  # fmt: skip
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the report as JSON ('-' for stdout).")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
-def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, max_new_tokens, tolerance,
-           chat, rescore, json_path, no_color):  # fmt: skip
+def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, weights, max_new_tokens,
+           tolerance, chat, rescore, json_path, no_color):  # fmt: skip
     """Decode PROMPT greedily with the KV cache and check every step against a full recompute
     without cache and against model.generate. Exit code 0 when they agree, 1 otherwise."""
     import math
@@ -39,7 +41,7 @@ def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote
         raise InvalidParameter(f"tolerance must be a finite number >= 0, got {tolerance}")
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)
-    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
+    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, weights=weights)
     ids = encode_prompt(lm, text, chat)
     with status.status("Decoding, recomputing without cache, and running model.generate…"):
         report = run(lm, ids, max_new_tokens, tolerance)
@@ -81,8 +83,11 @@ def report_view(report, tokenizer) -> Table | Text:
                       f"{s.max_logprob_diff:.2e}", top1, gen, gen_diff, f"{s.margin:.3f}")  # fmt: skip
     verdict = Text()
     if report.float32_max_logprob_diff is not None:
-        verdict.append(f"{report.dtype}: largest log-probability difference against a float32 copy of the weights "
-                       f"{report.float32_max_logprob_diff:.3g}\n")  # fmt: skip
+        what = "packed 4-bit weights" if report.weights == "packed" else report.dtype
+        verdict.append(f"{what} against float32 weights: largest log-probability difference "
+                       f"{report.float32_max_logprob_diff:.3g}, mean over the chosen tokens "
+                       f"{report.float32_mean_logprob_diff:.3g}, top-1 agreement "
+                       f"{report.float32_top1_agreement:.0%}\n")  # fmt: skip
     if report.ok:
         verdict.append(f"OK: {len(report.steps)} steps agree; largest log-probability difference "
                        f"{report.max_logprob_diff:.2e} ≤ {report.tolerance:g}", style="bold green")  # fmt: skip

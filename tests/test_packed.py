@@ -1,0 +1,259 @@
+"""The packed path (`weights="packed"`): GGUF Q4_0/Q4_1/Q8_0 blocks run by torch's int4 CPU
+kernel. The oracle is gguf's own dequantization to float32 (what transformers loads): first on
+single tensors, then on a tiny Llama written to a GGUF file here, then on the bundled model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader, GGUFWriter
+from gguf.quants import dequantize, quantize
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lmtrace import packed
+from lmtrace.errors import InvalidParameter
+from lmtrace.gguf_blocks import int4_form
+
+TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+
+
+def _blocks(qtype: Q, out: int, inp: int, seed: int = 0) -> tuple[np.ndarray, torch.Tensor]:
+    """(raw GGUF blocks, gguf's float32 dequantization (out, in)) of a random weight."""
+    w = np.random.default_rng(seed).normal(0, 0.05, (out, inp)).astype(np.float32)
+    w[0, :32] += 0.3  # a block whose minimum is far from zero (Q4_1's m)
+    raw = quantize(w, qtype)
+    return raw, torch.from_numpy(dequantize(raw, qtype).reshape(out, inp).copy())
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_int4_form_is_ggufs_dequantization(qtype):
+    raw, reference = _blocks(qtype, 64, 96)
+    form = int4_form(qtype.name, raw, 64, 96)
+    assert form.codes.min() >= 0 and form.codes.max() <= 15
+    assert torch.equal(form.dequantize(), reference)  # bit for bit
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_kernel_multiplies_by_the_dequantized_weights(qtype):
+    """The kernel's convention, (c - 8) * scale + zero per group of 32, read back through it:
+    the identity matrix gives the weights themselves, exactly, in float32."""
+    raw, reference = _blocks(qtype, 128, 64, seed=1)
+    layer = packed.PackedLinear(int4_form(qtype.name, raw, 128, 64), None, torch.float32, qtype.name)
+    assert torch.equal(layer(torch.eye(64)).t(), reference)
+    x = torch.randn(3, 5, 64)  # (batch, seq, in): any leading shape
+    want = torch.nn.functional.linear(x, reference)
+    torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
+    fast = packed.PackedLinear(int4_form(qtype.name, raw, 128, 64), None, torch.bfloat16, qtype.name)
+    got = fast(x)
+    assert got.dtype == torch.float32
+    assert (got - want).abs().max() < 0.02 * want.abs().max()  # bfloat16 input and scales
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_packed_head_refines_the_top_logits_in_float32(qtype):
+    """The lm_head's kernel output is bfloat16; its best `refine` logits per row are recomputed
+    from the exact weights, so they equal float32 to rounding, the rest stay coarse."""
+    raw, reference = _blocks(qtype, 256, 64, seed=2)
+    head = packed.PackedHead(int4_form(qtype.name, raw, 256, 64), None, torch.bfloat16, qtype.name, refine=16)
+    x = torch.randn(2, 3, 64) * 4
+    got, want = head(x), torch.nn.functional.linear(x, reference)
+    top = want.topk(8, dim=-1).indices  # well inside the 16 refined ones
+    torch.testing.assert_close(got.gather(-1, top), want.gather(-1, top), rtol=1e-5, atol=1e-5)
+    assert (got - want).abs().max() > 1e-4  # the tail is the coarse bfloat16 product
+
+
+def test_unsupported_type_has_no_int4_form():
+    with pytest.raises(ValueError, match="Q6_K"):
+        int4_form("Q6_K", np.zeros((4, 210), np.uint8), 4, 256)
+
+
+def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """The row order llama.cpp's converter writes q/k in (transformers undoes it on load)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down"}  # fmt: skip
+
+
+def _tiny_gguf(path) -> LlamaForCausalLM:
+    """A random tiny Llama (tied embeddings) whose linear weights are written to a GGUF file as
+    Q4_1, Q4_0 and Q8_0 blocks (one as F16, which has no int4 form), and set in the model to
+    gguf's dequantization of them: the state `load()` gives from such a file."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    writer = GGUFWriter(str(path), "llama")
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            for hf, name in GGUF_NAMES.items():
+                linear = layer.get_submodule(hf)
+                qtype = Q.F16 if (i, name) == (1, "attn_v") else (Q.Q4_0 if name == "ffn_down" else Q.Q4_1)
+                heads = {"attn_q": 4, "attn_k": 2}.get(name)
+                w = linear.weight.numpy()
+                w = _llama_cpp_permute(w, heads) if heads else w
+                raw = w.astype(np.float16) if qtype == Q.F16 else quantize(w, qtype)
+                writer.add_tensor(f"blk.{i}.{name}.weight", raw, raw_dtype=qtype)
+                back = dequantize(raw, qtype).reshape(w.shape).astype(np.float32)
+                linear.weight.copy_(torch.from_numpy(_unpermute(back, heads) if heads else back))
+        raw = quantize(model.model.embed_tokens.weight.numpy(), Q.Q8_0)
+        writer.add_tensor("token_embd.weight", raw, raw_dtype=Q.Q8_0)
+        model.model.embed_tokens.weight.copy_(torch.from_numpy(dequantize(raw, Q.Q8_0).reshape(320, 64).copy()))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """transformers' reverse of llama.cpp's q/k permutation."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@pytest.fixture(scope="module")
+def tiny_packed(tmp_path_factory):
+    """(float model as loaded, the same model packed with float32 and bfloat16 kernels, report)."""
+    import copy
+
+    path = tmp_path_factory.mktemp("packed") / "tiny.gguf"
+    model = _tiny_gguf(path)
+    exact, fast = copy.deepcopy(model), copy.deepcopy(model)
+    packed.pack_gguf(exact, path, compute_dtype=torch.float32)
+    report = packed.pack_gguf(fast, path)
+    return model, exact, fast, report
+
+
+def test_every_quantized_linear_is_packed_and_the_rest_said(tiny_packed):
+    model, exact, fast, report = tiny_packed
+    assert report.packed["model.layers.0.self_attn.q_proj"] == "Q4_1"
+    assert report.packed["model.layers.0.mlp.down_proj"] == "Q4_0"
+    assert report.packed["lm_head"] == "Q8_0"  # tied to the embedding: the token_embd blocks
+    assert set(report.kept_float) == {"model.layers.1.self_attn.v_proj"}
+    assert "F16" in report.kept_float["model.layers.1.self_attn.v_proj"]
+    assert len(report.packed) == 14 and "kept in float" in report.line()
+    assert isinstance(fast.lm_head, packed.PackedHead) and not isinstance(exact.lm_head, packed.PackedHead)
+    assert isinstance(fast.model.embed_tokens, torch.nn.Embedding)  # lookups stay float
+    assert packed.report_of(fast) is report and packed.report_of(model) is None
+    from lmtrace.arch import summarize
+
+    want = "packed 4-bit (Q4_0 x2, Q4_1 x11, Q8_0 x1), bfloat16 activations; kept float: 1"
+    assert summarize(fast.config, fast).weights == want
+    assert summarize(fast.config, fast).parameters == summarize(model.config, model).parameters
+    assert summarize(model.config, model).weights is None
+
+
+def test_packed_model_against_its_dequantized_float32(tiny_packed):
+    model, exact, fast, _ = tiny_packed
+    ids = torch.randint(0, 320, (2, 12))
+    with torch.inference_mode():
+        want = torch.log_softmax(model(ids).logits.float(), -1)
+        got_exact = torch.log_softmax(exact(ids).logits.float(), -1)
+        got_fast = torch.log_softmax(fast(ids).logits.float(), -1)
+    assert (got_exact - want).abs().max() < 1e-5  # the same weights, another summation order
+    assert (got_fast - want).abs().max() < 0.05  # bfloat16 activations into the packed matmuls
+    assert (got_fast.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+
+
+def test_float_reference_rebuilds_the_float_model(tiny_packed):
+    model, _, fast, _ = tiny_packed
+    ref = packed.float_reference(fast)
+    assert not any(isinstance(m, packed.PackedLinear) for m in ref.modules())
+    assert packed.report_of(ref) is None
+    ids = torch.randint(0, 320, (1, 9))
+    with torch.inference_mode():
+        assert torch.equal(ref(ids).logits, model(ids).logits)
+
+
+def test_gguf_file_round_trip(tiny_packed, tmp_path):
+    path = tmp_path / "one.gguf"
+    raw, reference = _blocks(Q.Q4_1, 64, 128)
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=Q.Q4_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensor = GGUFReader(str(path)).tensors[0]
+    assert tensor.tensor_type == Q.Q4_1
+    assert torch.equal(int4_form("Q4_1", tensor.data, 64, 128).dequantize(), reference)
+
+
+def test_load_refuses_packed_without_a_gguf(tiny_dir):
+    import lmtrace
+
+    with pytest.raises(InvalidParameter, match="weights"):
+        lmtrace.load(str(tiny_dir), weights="packed")
+    with pytest.raises(InvalidParameter, match="weights must be one of"):
+        lmtrace.load(str(tiny_dir), weights="int3")
+
+
+@pytest.fixture(scope="session")
+def bundled_packed():
+    import lmtrace
+
+    return lmtrace.load(weights="packed")
+
+
+@pytest.mark.integration
+def test_bundled_packed_against_float32(bundled_packed, bundled_lm):
+    """Every linear layer of the bundled Q4_1 file runs packed; greedy decoding agrees with the
+    float32 path on the chosen tokens' logprobs within the bfloat16-activation cost."""
+    import lmtrace
+
+    report = packed.report_of(bundled_packed.model)
+    assert len(report.packed) == 211 and not report.kept_float  # 30 layers x 7 + the Q8_0 lm_head
+    prompt = "The capital of France is"
+    got = lmtrace.generate(bundled_packed, prompt, max_new_tokens=8, temperature=0, top_logprobs=3)
+    ids = lmtrace.encode_prompt(bundled_lm, prompt) + [s.token_id for s in got.steps]
+    with torch.inference_mode():
+        logits = bundled_lm.model(torch.tensor([ids])).logits[0, -len(got.steps) - 1 : -1].float()
+    ref = torch.log_softmax(logits, -1)
+    diffs = [abs(s.logprob - float(ref[i, s.token_id])) for i, s in enumerate(got.steps)]
+    assert max(diffs) < 0.1 and sum(diffs) / len(diffs) < 0.03
+    assert got.steps[0].text == " Paris"
+
+
+def test_verify_reports_the_packed_cost_against_float32(tiny_packed, tiny_tok):
+    from lmtrace.loading import LM
+    from lmtrace.verify import verify
+
+    model, _, fast, _ = tiny_packed
+    fast.generation_config.eos_token_id = tiny_tok.eos_token_id
+    lm = LM.from_objects(fast, tiny_tok, source="tiny-packed")
+    report = verify(lm, tiny_tok("Hello world")["input_ids"], max_new_tokens=6)
+    d = report.to_dict()
+    assert d["weights"] == "packed" and len(report.steps) >= 1
+    assert 0 < d["float32_max_logprob_diff"] < 0.1
+    assert 0 <= d["float32_mean_logprob_diff"] <= d["float32_max_logprob_diff"]
+    assert 0 <= d["float32_top1_agreement"] <= 1
+    assert report.first_divergence is None  # cached, uncached and model.generate: the same packed path
+
+
+def test_cli_weights_packed_needs_a_gguf(capsys, tiny_dir):
+    from lmtrace.cli import main
+
+    code = main(["generate", "Hello", "--model", str(tiny_dir), "--weights", "packed"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("lmtrace: error: weights: 'packed' runs a GGUF file's own quantized weights")
+
+
+@pytest.mark.integration
+def test_cli_verify_packed_on_the_bundled_model(capsys):
+    """`lmtrace verify --weights packed` says what runs packed and what it costs against float32."""
+    import json
+
+    from lmtrace.cli import main
+
+    code = main(["verify", "The capital of France is", "--weights", "packed", "--max-new-tokens", "4",
+                 "--json", "-", "--no-color"])  # fmt: skip
+    out = capsys.readouterr()
+    d = json.loads(out.out)
+    brief = {k: d[k] for k in ("ok", "max_logprob_diff", "first_divergence", "float32_mean_logprob_diff")}
+    assert code == 0 and d["weights"] == "packed" and d["float32_top1_agreement"] == 1.0, brief
+    assert "packed weights: 211 linear layers at 4 bits" in out.err
