@@ -51,3 +51,27 @@ def test_a_request_joins_a_running_generation_and_leaves_first(slow_lm):
 
 def test_max_batch_1_is_one_request_at_a_time(chat_lm):
     assert type(create_app(chat_lm, max_batch=1).state.lmtrace.worker) is ModelWorker
+
+
+def test_a_lens_request_runs_between_the_batch_steps_not_beside_them(slow_lm):
+    """Lens and attention swap the model's attention function: such a request runs on the
+    batcher's own model thread between two steps, and both answers stay what they are alone."""
+    app = create_app(slow_lm, name="tiny", max_concurrency=4)
+    worker = app.state.lmtrace.worker
+    long = {"prompt": "Once upon a time", "max_tokens": 60, "ignore_eos": True, "temperature": 0, "logprobs": 1}
+    inside = {"prompt": "Hi", "max_tokens": 4, "temperature": 0, "lens": True, "attention": True}
+    with RunningServer(app) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        answers: list[dict] = []
+        reader = threading.Thread(target=lambda: answers.append(c.post("/v1/completions", json=long).json()))
+        reader.start()
+        wait_until(lambda: worker.peak_rows == 1)
+        with httpx.Client(base_url=server.url, timeout=60) as c2:
+            traced = c2.post("/v1/traces", json=inside).json()
+        assert reader.is_alive()  # it ran while the long one was still generating
+        reader.join(60)
+    alone = lmtrace.generate(slow_lm, "Hi", max_new_tokens=4, temperature=0, lens=True, attention=True)
+    assert [s["token_id"] for s in traced["steps"]] == [s.token_id for s in alone.steps]
+    assert [s["logprob"] for s in traced["steps"]] == [s.logprob for s in alone.steps]
+    assert [s["lens"] for s in traced["steps"]] == [json.loads(json.dumps(s.lens)) for s in alone.steps]
+    long_alone = lmtrace.generate(slow_lm, "Once upon a time", max_new_tokens=60, temperature=0, stop_on_eos=False)
+    assert answers[0]["choices"][0]["text"] == long_alone.text

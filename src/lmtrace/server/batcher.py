@@ -22,7 +22,7 @@ from lmtrace.continuous import ContinuousBatch, Row, RowSpec
 from lmtrace.loading import LM
 from lmtrace.records import Step, Trace
 from lmtrace.server.logprobs import prompt_logprobs
-from lmtrace.server.worker import _END, Busy, Cancelled, Handle, ModelWorker, ShuttingDown
+from lmtrace.server.worker import _END, Busy, Cancelled, Handle, ModelWorker, ShuttingDown, Work
 
 if TYPE_CHECKING:
     from lmtrace.server.prepare import Job
@@ -57,6 +57,9 @@ class BatchingWorker(ModelWorker):
         self.lm, self.max_batch = lm, max_batch
         self._waiting: deque[_Request] = deque()
         self._rows: deque[tuple[_Request, RowSpec]] = deque()  # admitted, not yet in the batch
+        # whole works that need the model to themselves (lens / attention swap its attention
+        # function): run on the model thread between two steps of the batch, never beside it
+        self._exclusive: deque[tuple[Handle, Work]] = deque()
         self._wake = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
@@ -73,22 +76,56 @@ class BatchingWorker(ModelWorker):
             self._live.add(handle)
         with self._wake:
             self._waiting.append(_Request(handle, job, loop))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="lmtrace-batch", daemon=True)
-                self._thread.start()
+            self._start()
             self._wake.notify()
         return handle
+
+    def submit(self, work: Work) -> Handle:
+        """Queues a whole work for the model thread (call from the event loop); Busy when full."""
+        if self.admitted >= self.limit:
+            raise Busy(self.limit, self.retry_after())
+        loop = asyncio.get_running_loop()
+        handle = Handle(loop)
+        self.admitted += 1
+        with self._lock:
+            self._live.add(handle)
+        with self._wake:
+            self._exclusive.append((handle, work))
+            self._start()
+            self._wake.notify()
+        return handle
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="lmtrace-batch", daemon=True)
+            self._thread.start()
+
+    def _run_exclusive(self, handle: Handle, work: Work, run: bool = True) -> None:
+        if run:
+            self._run(handle, work)  # emits the work's events and its end
+        else:  # dropped at shutdown before it ran
+            handle.emit(_END)
+        with self._lock:
+            self._live.discard(handle)
+        try:
+            handle._loop.call_soon_threadsafe(self._release)
+        except RuntimeError:
+            pass
 
     def _loop(self) -> None:
         batch = ContinuousBatch(self.lm, self.max_batch)
         while True:
             with self._wake:
-                while not (self._stopped or self._waiting or self._rows or not batch.empty):
+                while not (self._stopped or self._waiting or self._rows or self._exclusive or not batch.empty):
                     self._wake.wait(IDLE_WAIT_S)
                 if self._stopped:
                     break
                 arrived = list(self._waiting)
                 self._waiting.clear()
+                exclusive = list(self._exclusive)
+                self._exclusive.clear()
+            for handle, work in exclusive:
+                self._run_exclusive(handle, work)
             for req in arrived:
                 self._open(req)
             self._join(batch)
@@ -105,6 +142,8 @@ class BatchingWorker(ModelWorker):
                 self._leave(row)
         for req in [*self._waiting, *(r for r, _ in self._rows), *(row.spec.tag[0] for row in batch.rows)]:
             self._close(req, Cancelled())
+        for handle, work in list(self._exclusive):
+            self._run_exclusive(handle, work, run=False)
 
     def _open(self, req: _Request) -> None:
         """Echo's prompt logprobs, then the request's rows into the line for the batch."""

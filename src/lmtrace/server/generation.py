@@ -77,7 +77,8 @@ def work(lm: LM, job: Job) -> Work:
 
 def start(state: ServerState, job: Job) -> Handle:
     try:
-        # lens / attention run the engine's own batch with a probe (not the continuous batcher)
+        # lens / attention run the engine's own batch with a probe (not the continuous batcher),
+        # on the batcher's model thread between two of its steps (BatchingWorker.submit)
         if isinstance(state.worker, BatchingWorker) and not any(job.inside.values()):
             return state.worker.submit_job(job)
         return state.worker.submit(work(state.lm, job))
