@@ -82,6 +82,7 @@ def test_greedy_equals_lmtrace(mode, lm32, raw_engine, processed_engine):
         engine_info = a.model["engine"]
         assert engine_info["logprobs_mode"] == f"{mode}_logprobs"
         assert engine_info["check"]["max_abs_diff"] <= TOL
+        assert (a.origin, b.origin) == ("vllm", "lmtrace")
         assert lmtrace.Trace.from_json(a.to_json()).to_dict() == a.to_dict()
 
 

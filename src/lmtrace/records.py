@@ -182,8 +182,8 @@ class Trace:
     kv_anatomy: dict[str, Any] | None = None
     # the prompt's own tokens, teacher-forced in the prefill pass (generate with echo=True)
     prompt_logprobs: list[TokenScore] | None = None
-    # where the trace came from: "lmtrace" (its own loop), "model.generate" (from_generate) or
-    # "watch" (a person's own loop, watched); older traces are lmtrace's
+    # where the trace came from: "lmtrace" (its own loop), "model.generate" (from_generate),
+    # "watch" (a person's own loop, watched) or "vllm" (batch --engine vllm); older traces are lmtrace's
     origin: str = "lmtrace"
     # which distributions the steps hold: "both", "raw" (logprob, rank, entropy) or "processed"
     # (sampled_logprob, sampled_entropy); the numbers of a missing one are None, never guessed

@@ -13,7 +13,7 @@ Group = tuple[str, list[tuple[str, str]]]
 
 _OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
 _ORIGINS = {"lmtrace": "lmtrace's own loop", "model.generate": "model.generate (from_generate)",
-            "watch": "a watched loop (watch, record=True)"}  # fmt: skip
+            "watch": "a watched loop (watch, record=True)", "vllm": "vLLM (batch --engine vllm)"}  # fmt: skip
 _DISTRIBUTIONS = {"both": "raw and processed", "raw": "raw only", "processed": "processed only"}
 
 

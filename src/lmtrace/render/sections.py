@@ -115,7 +115,8 @@ def origin_note(d: dict[str, Any]) -> str | None:
     if origin == "lmtrace" and dist == "both":
         return None
     where = {"model.generate": "from model.generate (lmtrace.from_generate)",
-             "watch": "from a watched loop (lmtrace.watch, record=True)"}.get(origin, f"from {origin}")  # fmt: skip
+             "watch": "from a watched loop (lmtrace.watch, record=True)",
+             "vllm": "from vLLM (batch --engine vllm)"}.get(origin, f"from {origin}")  # fmt: skip
     holds = {"both": "raw and processed distributions", "raw": "raw distribution only (no processed scores)",
              "processed": "processed distribution only (no raw logits)"}.get(dist, dist)  # fmt: skip
     return f"{where}; {holds}"
@@ -148,11 +149,10 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
     tv = views.token_views(d["steps"])
     sampled = views.sampling_differs(tv)
     found = [
-        text_section(tv, (d.get("prompt") or {}).get("text"), sampled),
-        lens_section(d, tv),
-        attention_section(d, tv),
         problems_section(tv),
         text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat"))),
+        lens_section(d, tv),
+        attention_section(d, tv),
         step_charts(tv, sampled),
         kv_section(d),
         steps_table(tv, sampled),

@@ -9,7 +9,7 @@ from rich.text import Text
 from lmtrace.records import Step, Trace
 from lmtrace.render.tokens import SCALE, colour, escape, prob, show_bytes
 
-_ORIGIN = {"model.generate": "from model.generate", "watch": "from a watched loop"}
+_ORIGIN = {"model.generate": "from model.generate", "watch": "from a watched loop", "vllm": "from vLLM"}
 _HOLDS = {"raw": "raw distribution only", "processed": "processed distribution only"}
 
 

@@ -171,6 +171,7 @@ def to_trace(lm: LM, request: Request, result: Any, engine: dict[str, Any], layo
         steps=steps,
         kv_anatomy=_anatomy(lm, layout.dtype),
         prompt_logprobs=_prompt_scores(lm, request, result, res, tb),
+        origin="vllm",
     )
 
 
