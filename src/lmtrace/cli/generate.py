@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -79,10 +81,20 @@ def print_extras(trace, waterfall: str | None, view) -> None:
 
 
 def inside_options(f):
-    """--lens and --attention: what happens inside each step (lmtrace.lens, lmtrace.attention)."""
-    attention = "Record each step's attention over the cache per layer (top positions, sinks)."
-    f = click.option("--attention", is_flag=True, help=attention)(f)
-    return click.option("--lens", is_flag=True, help="Record every layer's prediction per step (logit lens).")(f)
+    """--lens, --attention and --attention-heads: what happens inside each step (lmtrace.lens,
+    lmtrace.attention); the command gets `attention` True, False or "heads"."""
+
+    @functools.wraps(f)
+    def command(*args, **kw):
+        if kw.pop("attention_heads"):
+            kw["attention"] = "heads"
+        return f(*args, **kw)
+
+    attention = "Record each step's attention over the cache per layer (top positions, sinks), mean over heads."
+    heads = "Like --attention, and also each head's own top positions, sink and recent mass, entropy."
+    command = click.option("--attention-heads", is_flag=True, help=heads)(command)
+    command = click.option("--attention", is_flag=True, help=attention)(command)
+    return click.option("--lens", is_flag=True, help="Record every layer's prediction per step (logit lens).")(command)
 
 
 def progress_bar(console, total: int) -> Progress:
