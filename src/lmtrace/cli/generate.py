@@ -7,6 +7,7 @@ import functools
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from lmtrace.checks import step_selector
 from lmtrace.cli.common import (
     cli,
     consoles,
@@ -124,11 +125,10 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     params = params_from(kw)  # argument errors first: they need no torch
     html_path, plot_path = kw.pop("html_path"), kw.pop("plot_path")
     check_report_paths(html_path, plot_path)
+    step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
     from lmtrace.render.terminal import print_trace
     from lmtrace.tracing import generate as run
-    from lmtrace.waterfall import step_selector
 
-    step_selector(kw["waterfall"], params.max_new_tokens)  # checked before the model loads
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, kw.pop("device_map"),
