@@ -63,6 +63,39 @@ def test_weights_equal_eager_attention_at_absolute_positions(arch_lm):
                     assert {t["position"] for t in rec["top"]} <= set(range(n - 4, n))
 
 
+def test_per_head_weights_equal_eager_attention_and_average_to_the_layer(arch_lm):
+    """attention="heads": each head's record is that head's own row of eager attention's
+    weights; their mean is the layer's record; the tokens and logprobs do not change."""
+    arch, lm = arch_lm
+    kw = {"max_new_tokens": 4, "temperature": 0, "top_logprobs": 30}
+    heads = lmtrace.generate(lm, PROMPTS, attention="heads", **kw)
+    plain = lmtrace.generate(lm, PROMPTS, attention=True, **kw)
+    model = copy.deepcopy(lm.model)
+    model.set_attn_implementation("eager")
+    for trace, mean in zip(heads, plain):
+        assert [s.logprob for s in trace.steps] == [s.logprob for s in mean.steps]
+        seq = trace.prompt["token_ids"] + trace.token_ids
+        for i, step in enumerate(trace.steps):
+            n = len(trace.prompt["token_ids"]) + i
+            with torch.no_grad():
+                oracle = model(torch.tensor([seq[:n]]), output_attentions=True).attentions
+            for rec, same, want in zip(step.attention["layers"], mean.steps[i].attention["layers"], oracle):
+                assert {k: v for k, v in rec.items() if k != "heads"} == same  # the mean is unchanged
+                assert [h["head"] for h in rec["heads"]] == list(range(want.shape[1]))
+                for h in rec["heads"]:
+                    w = want[0, h["head"], -1].float()
+                    assert (_dense(h, n) - w).abs().max() < 1e-6
+                    assert all(t["token_id"] == seq[t["position"]] and "text" in t for t in h["top"])
+                    assert h["sink_mass"] == pytest.approx(w[: attention.SINKS].sum().item(), abs=1e-6)
+                    assert h["entropy"] == pytest.approx(-torch.special.xlogy(w, w).sum().item(), abs=1e-5)
+    assert heads[0].params["attention"]["heads"] == "mean and per head"
+
+
+def test_attention_other_than_true_false_or_heads_is_refused(tiny_lm):
+    with pytest.raises(lmtrace.InvalidParameter, match="attention must be true, false or 'heads', got 'all'"):
+        lmtrace.generate(tiny_lm, "Hi", max_new_tokens=2, attention="all")
+
+
 def test_capturing_changes_no_logit_and_restores_the_model(arch_lm):
     _, lm = arch_lm
     before = lm.model.config._attn_implementation

@@ -33,6 +33,17 @@ def test_generate_cli_records_and_shows_both(capsys, tiny_dir, tmp_path):
     assert "lens-heatmap" in html.read_text()
 
 
+def test_generate_cli_attention_heads(tiny_dir, tmp_path):
+    out = tmp_path / "t.json"
+    args = ["generate", "Hello world", "--model", str(tiny_dir), *TINY, "--attention-heads", "--json", str(out)]
+    assert main(args) == 0
+    step = json.loads(out.read_text())["steps"][1]
+    heads = step["attention"]["layers"][0]["heads"]
+    assert [h["head"] for h in heads] == list(range(len(heads))) and len(heads) > 1
+    assert set(heads[0]) == {"head", "top", "sink_mass", "recent_mass", "entropy"}
+    assert "lens" not in step
+
+
 def test_generate_cli_refuses_compile_with_lens(capsys, tiny_dir):
     code = main(["generate", "Hi", "--model", str(tiny_dir), *TINY, "--lens", "--compile"])
     assert code == 2 and "compile" in capsys.readouterr().err
@@ -66,13 +77,14 @@ def test_branch_cli_flags(tiny_dir, tmp_path):
 def test_batch_cli_flags_and_per_line_override(tiny_dir, tmp_path):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     lines = [{"id": 1, "prompt": "Hello world"}, {"id": 2, "prompt": "Hello", "attention": False},
-             {"id": 3, "prompt": "Hi", "lens": "yes"}]  # fmt: skip
+             {"id": 3, "prompt": "Hi", "lens": "yes"}, {"id": 4, "prompt": "Hi", "attention": "heads"}]  # fmt: skip
     src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     assert main(["batch", str(src), str(out), "--model", str(tiny_dir), *TINY[:-1], "--lens", "--attention"]) == 0
     rec = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     _has_both(rec[1]["trace"]["steps"][0])
     assert "lens" in rec[2]["trace"]["steps"][0] and "attention" not in rec[2]["trace"]["steps"][0]
     assert rec[3]["error"] == "lens must be true or false, got 'yes'"
+    assert "heads" in rec[4]["trace"]["steps"][0]["attention"]["layers"][0]
 
 
 def test_traces_route_fields(tiny_lm):
@@ -81,11 +93,16 @@ def test_traces_route_fields(tiny_lm):
         d = client.post("/v1/traces", json=body).json()
         plain = client.post("/v1/traces", json={**body, "lens": False, "attention": False}).json()
         bad = client.post("/v1/traces", json={**body, "lens": "maybe"})
+        per_head = client.post("/v1/traces", json={**body, "lens": False, "attention": "heads"}).json()
+        bad_heads = client.post("/v1/traces", json={**body, "attention": "all"})
     for step in d["steps"]:
         _has_both(step)
     assert [s["logprob"] for s in d["steps"]] == [s["logprob"] for s in plain["steps"]]
     assert "lens" not in plain["steps"][0]
     assert bad.status_code == 400
+    assert "heads" in per_head["steps"][0]["attention"]["layers"][0]
+    assert [s["logprob"] for s in per_head["steps"]] == [s["logprob"] for s in plain["steps"]]
+    assert bad_heads.status_code == 400
 
 
 def test_render_lens_prints_a_layer_table(capsys, tiny_lm, tmp_path):

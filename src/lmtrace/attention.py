@@ -4,7 +4,8 @@ A registered attention function (transformers' AttentionInterface, with the matc
 function) stands in for the model's own while a generation runs. Its output is the model's own
 kernel's (sdpa or eager), so the logits are unchanged bit for bit; beside it, the last query
 row's weights are computed with eager attention's arithmetic (one query row: cheap at prefill
-and at every one-query decode step). Only those weights, averaged over heads, are kept.
+and at every one-query decode step). Only those weights are kept: averaged over heads, and per
+head where asked (`heads=True`).
 Columns are key positions in the left-padded sequence; a sliding-window layer's cache holds
 only the most recent keys, so its column j is position (total - kv_len + j)."""
 
@@ -59,7 +60,7 @@ def _forward(kind: str):
                 last = attention_mask[..., -1:, :] if attention_mask is not None else None
                 _, weights = eager_weights(module, query[:, :, -1:], key, value, last, scaling, softcap)
         if sink is not None:
-            sink[module.layer_idx] = weights[:, :, -1, :].float().mean(1)  # (batch, heads, q, kv) -> (batch, kv)
+            sink[module.layer_idx] = weights[:, :, -1, :].float()  # (batch, heads, q, kv) -> (batch, heads, kv)
         return out, weights
 
     return forward
@@ -73,7 +74,7 @@ for _kind, _name in CAPTURE.items():
 @contextmanager
 def capturing(model) -> Iterator[dict[int, torch.Tensor]]:
     """Switches the model to the capturing attention; yields the dict each forward fills with
-    {layer index: (batch, kv_len) weights of the last query, mean over heads}."""
+    {layer index: (batch, heads, kv_len) weights of the last query}."""
     original = model.config._attn_implementation
     if original not in CAPTURE:
         raise InvalidParameter(f"attention needs a model with sdpa or eager attention, got {original!r}")
@@ -90,34 +91,56 @@ def capturing(model) -> Iterator[dict[int, torch.Tensor]]:
         model.set_attn_implementation(original)
 
 
-def summarize(weights: dict[int, torch.Tensor], total: int, pads: Sequence[int], top_n: int) -> list[list[dict]]:
-    """Per row, per layer: {layer, top: [{position, token_id?, weight}], sink_mass, recent_mass,
-    entropy} from `weights` {layer: (batch, kv_len)} over a left-padded sequence of `total`
-    columns; positions are absolute (padding removed) and padding never appears."""
+def summarize(
+    weights: dict[int, torch.Tensor], total: int, pads: Sequence[int], top_n: int, heads: bool = False
+) -> list[list[dict]]:
+    """Per row, per layer: {layer, top: [{position, weight}], sink_mass, recent_mass, entropy}
+    over the mean of the heads, from `weights` {layer: (batch, heads, kv_len)} over a left-padded
+    sequence of `total` columns; with `heads`, also `heads: [{head, top, sink_mass, recent_mass,
+    entropy}]`, each head's own. Positions are absolute (padding removed); padding never appears."""
     rows: list[list[dict]] = [[] for _ in pads]
-    pad = torch.tensor(list(pads))[:, None]  # (batch, 1)
     by_len: dict[int, list[int]] = {}
     for layer, w in weights.items():
         by_len.setdefault(w.shape[-1], []).append(layer)
-    for kv_len, layers in by_len.items():
-        w = torch.stack([weights[i] for i in layers]).cpu()  # (layers, batch, kv_len)
-        pos = torch.arange(total - kv_len, total)[None, :] - pad  # (batch, kv_len) absolute positions
-        valid = pos >= 0
-        w = w.masked_fill(~valid, 0.0)
-        query = total - 1 - pad  # (batch, 1) the query's own position
-        sink = (w * (valid & (pos < SINKS))).sum(-1)
-        recent = (w * (pos > query - RECENT)).sum(-1)
-        entropy = -torch.special.xlogy(w, w).sum(-1)
-        top_w, top_i = w.masked_fill(~valid, -1.0).topk(min(top_n, kv_len), dim=-1)
-        top_pos = pos.expand_as(w).gather(-1, top_i)
-        nums = zip(layers, sink.tolist(), recent.tolist(), entropy.tolist(), top_w.tolist(), top_pos.tolist())
-        for layer, sinks, recents, ents, tws, tps in nums:
+    for layers in by_len.values():
+        w = torch.stack([weights[i] for i in layers]).cpu()  # (layers, batch, heads, kv_len)
+        mean = _records(w.mean(2), total, pads, top_n)  # [layer][row]
+        per_head = None
+        if heads:
+            n = w.shape[2]  # every head of a row as a row of its own, with that row's padding
+            flat = _records(w.flatten(1, 2), total, [p for p in pads for _ in range(n)], top_n)
+            per_head = [[[{"head": h, **flat[li][r * n + h]} for h in range(n)] for r in range(len(pads))]
+                        for li in range(len(layers))]  # fmt: skip
+        for li, layer in enumerate(layers):
             for r in range(len(pads)):
-                # masked columns (outside a sliding window, padding) have weight 0: never listed
-                top = [{"position": p, "weight": x} for p, x in zip(tps[r], tws[r]) if p >= 0 and x > 0]
-                rows[r].append(
-                    {"layer": layer, "top": top, "sink_mass": sinks[r], "recent_mass": recents[r], "entropy": ents[r]}
-                )
+                record = {"layer": layer, **mean[li][r]}
+                if per_head is not None:
+                    record["heads"] = per_head[li][r]
+                rows[r].append(record)
     for r in rows:
         r.sort(key=lambda d: d["layer"])
     return rows
+
+
+def _records(w: torch.Tensor, total: int, pads: Sequence[int], top_n: int) -> list[list[dict]]:
+    """[layer][row] {top, sink_mass, recent_mass, entropy} from `w` (layers, rows, kv_len), the
+    rows' columns the last kv_len of a sequence of `total` columns left-padded by `pads`."""
+    kv_len = w.shape[-1]
+    pad = torch.tensor(list(pads))[:, None]  # (rows, 1)
+    pos = torch.arange(total - kv_len, total)[None, :] - pad  # (rows, kv_len) absolute positions
+    valid = pos >= 0
+    w = w.masked_fill(~valid, 0.0)
+    query = total - 1 - pad  # (rows, 1) the query's own position
+    sink = (w * (valid & (pos < SINKS))).sum(-1)
+    recent = (w * (pos > query - RECENT)).sum(-1)
+    entropy = -torch.special.xlogy(w, w).sum(-1)
+    top_w, top_i = w.masked_fill(~valid, -1.0).topk(min(top_n, kv_len), dim=-1)
+    top_pos = pos.expand_as(w).gather(-1, top_i)
+    out = []
+    for sinks, recents, ents, tws, tps in zip(sink.tolist(), recent.tolist(), entropy.tolist(), top_w.tolist(),
+                                              top_pos.tolist()):  # fmt: skip
+        # masked columns (outside a sliding window, padding) have weight 0: never listed
+        out.append([{"top": [{"position": p, "weight": x} for p, x in zip(tps[r], tws[r]) if p >= 0 and x > 0],
+                     "sink_mass": sinks[r], "recent_mass": recents[r], "entropy": ents[r]}
+                    for r in range(len(pads))])  # fmt: skip
+    return out

@@ -132,7 +132,9 @@ def _ranks(alternatives: Sequence[int] | None, fan: int | None, vocab: int) -> l
 class _Session:
     """One prompt's original decoding and its branches, sharing one KV cache."""
 
-    def __init__(self, lm: LM, prompt: str, p: SamplingParams, chat: bool, lens: bool = False, attention: bool = False):
+    def __init__(
+        self, lm: LM, prompt: str, p: SamplingParams, chat: bool, lens: bool = False, attention: bool | str = False
+    ):
         self.lm, self.prompt, self.p, self.chat = lm, prompt, p, chat
         self.ids = tracing.encode_prompt(lm, prompt, chat)
         probe = inside.Probe([self.ids], p.top_logprobs, lens, attention)
@@ -193,7 +195,7 @@ def branch(
     params: SamplingParams | None = None,
     chat: bool = False,
     lens: bool = False,
-    attention: bool = False,
+    attention: bool | str = False,
     **kwargs: Any,
 ) -> Branches:
     """Decodes `prompt`, then once more per alternative rank K with the token at step `at`

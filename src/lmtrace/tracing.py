@@ -233,7 +233,7 @@ def generate(
     waterfall: int | str | None = None,
     compile: bool = False,
     lens: bool = False,
-    attention: bool = False,
+    attention: bool | str = False,
     **kwargs: Any,
 ) -> Trace | list[Trace]:
     """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
@@ -242,7 +242,8 @@ def generate(
     `waterfall` (a step index or "all") records the distribution after each sampling stage;
     `compile` uses a static cache and a torch.compile'd decode step (a one-off compile);
     `lens` records every layer's prediction at each step (the logit lens) and `attention` what
-    each step's token attended to in the cache (lmtrace.lens, lmtrace.attention)."""
+    each step's token attended to in the cache, the mean over heads (True) and also each head
+    ("heads") (lmtrace.lens, lmtrace.attention)."""
     p = _seeded(make_params(params, **kwargs))
     inside.check(compile, lens, attention)
     selector = waterfall_mod.step_selector(waterfall, p.max_new_tokens)
@@ -266,7 +267,7 @@ def generate_each(
     chat: bool = False,
     on_step: Callable[[int, Step], None] | None = None,
     lens: bool = False,
-    attention: bool = False,
+    attention: bool | str = False,
 ) -> list[Trace]:
     """Decodes prompts (their text and token ids) as one left-padded batch, each row as it would
     decode alone: one generator per row seeded by its own params' seed, and each step's `kv` the
@@ -299,7 +300,7 @@ def stream(
     chat: bool = False,
     waterfall: int | str | None = None,
     lens: bool = False,
-    attention: bool = False,
+    attention: bool | str = False,
     **kwargs: Any,
 ) -> Iterator[Step]:
     """Steps with text and timing, as they are produced (`lens`, `attention` as in generate)."""
@@ -329,7 +330,7 @@ def generate_ids(
     chat: bool = False,
     on_step: Callable[[int, Step], None] | None = None,
     lens: bool = False,
-    attention: bool = False,
+    attention: bool | str = False,
     **kwargs: Any,
 ) -> list[Trace]:
     """Like `generate` for prompts already tokenized (a server's token-id prompts, a chat

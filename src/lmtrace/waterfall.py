@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lmtrace import sampling
-from lmtrace.errors import InvalidParameter
+from lmtrace.checks import step_selector  # noqa: F401 (where callers have found it)
 from lmtrace.params import SamplingParams
 
 STAGES = ("raw", "repetition_penalty", "temperature", "top_k", "top_p", "min_p")
@@ -96,18 +96,3 @@ def with_texts(waterfall: dict[str, Any], text_of: Callable[[int], str]) -> list
         tokens = [{"token_id": t, "text": x, "prob": p} for t, x, p in zip(ids, texts, stage["probs"])]
         out.append({**{k: v for k, v in stage.items() if k != "probs"}, "tokens": tokens})
     return out
-
-
-def step_selector(waterfall: int | str | None, max_new_tokens: int) -> Callable[[int], bool] | None:
-    """`waterfall` as given by a user: a step index, "all", or None (off)."""
-    if waterfall is None:
-        return None
-    if waterfall == "all":
-        return lambda index: True
-    if isinstance(waterfall, str) and waterfall.strip().isdigit():
-        waterfall = int(waterfall)
-    if isinstance(waterfall, bool) or not isinstance(waterfall, int) or not 0 <= waterfall < max_new_tokens:
-        raise InvalidParameter(
-            f"waterfall must be a step index in [0, {max_new_tokens - 1}] or 'all', got {waterfall!r}"
-        )
-    return lambda index: index == waterfall

@@ -30,7 +30,7 @@ class Job:
     params: SamplingParams
     chat: bool
     messages: list[dict[str, Any]] | None = None
-    inside: dict[str, bool] = field(default_factory=dict)  # lens / attention (lmtrace.inside)
+    inside: dict[str, bool | str] = field(default_factory=dict)  # lens / attention (lmtrace.inside)
     group: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -98,12 +98,13 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
     return Job(line, text, ids, params, chat or messages is not None, messages, inside_of(line.data, defaults))
 
 
-def inside_of(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, bool]:
-    """The line's `lens` / `attention` over the command's (--lens, --attention)."""
+def inside_of(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, bool | str]:
+    """The line's `lens` / `attention` over the command's (--lens, --attention, --attention-heads)."""
     out = {}
     for name in ("lens", "attention"):
         value = data.get(name, defaults.get(name, False))
-        if not isinstance(value, bool):
-            raise InvalidParameter(f"{name} must be true or false, got {value!r}")
+        if not isinstance(value, bool) and not (name == "attention" and value == "heads"):
+            allowed = "true, false or 'heads'" if name == "attention" else "true or false"
+            raise InvalidParameter(f"{name} must be {allowed}, got {value!r}")
         out[name] = value
     return out

@@ -33,14 +33,14 @@ from lmtrace.params import _integer
 def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plot_path, no_color, **kw):
     """Decode PROMPT, then again with the token at step --at replaced by the K-th most likely
     token, continuing with the same settings (the shared prefix's cache is reused)."""
-    from lmtrace.branch import branch as run
-    from lmtrace.render.branch import print_branches
-
     loading = [kw.pop(k) for k in ("model", "device", "dtype", "allow_pickle", "trust_remote_code")]
-    params = params_from(kw)
+    params = params_from(kw)  # argument errors before torch is imported
     _integer("at", at, low=0, high=params.max_new_tokens - 1)
     if alternatives and fan is not None:
         raise InvalidParameter("alternative: give --alternative or --fan, not both")
+    from lmtrace.branch import branch as run
+    from lmtrace.render.branch import print_branches
+
     text = read_prompt(prompt, prompt_file)
     check_report_paths(html_path, plot_path)
     view, status = consoles(json_path, no_color)

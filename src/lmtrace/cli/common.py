@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from lmtrace import checks
 from lmtrace.errors import InvalidParameter
 from lmtrace.files import write_atomic
 
@@ -23,6 +24,16 @@ def cli() -> None:
     entropy, and the KV cache."""
 
 
+def _checked(check):
+    """A click callback: the value checked as it is parsed, before any command imports torch."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str) -> str:
+        check(value)
+        return value
+
+    return callback
+
+
 _MODEL_OPTIONS = [
     click.option(
         "--model",
@@ -31,11 +42,13 @@ _MODEL_OPTIONS = [
         metavar="PATH|ID",
         help="Model folder, .gguf file or hub id (local cache). Default: the bundled SmolLM2-135M-Instruct.",
     ),
-    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or mps."),
+    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or mps.",
+                 callback=_checked(checks.device)),  # fmt: skip
     click.option(
         "--dtype",
         default="auto",
         show_default=True,
+        callback=_checked(checks.dtype),
         help="auto (float32 on CPU, bfloat16 on CUDA), float32, float16 or bfloat16.",
     ),
     click.option("--allow-pickle", is_flag=True, help="Allow .bin/.pt pickle weights (they can run code)."),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from lmtrace.checks import step_selector
 from lmtrace.cli.common import (
     cli,
     consoles,
@@ -79,10 +82,20 @@ def print_extras(trace, waterfall: str | None, view) -> None:
 
 
 def inside_options(f):
-    """--lens and --attention: what happens inside each step (lmtrace.lens, lmtrace.attention)."""
-    attention = "Record each step's attention over the cache per layer (top positions, sinks)."
-    f = click.option("--attention", is_flag=True, help=attention)(f)
-    return click.option("--lens", is_flag=True, help="Record every layer's prediction per step (logit lens).")(f)
+    """--lens, --attention and --attention-heads: what happens inside each step (lmtrace.lens,
+    lmtrace.attention); the command gets `attention` True, False or "heads"."""
+
+    @functools.wraps(f)
+    def command(*args, **kw):
+        if kw.pop("attention_heads"):
+            kw["attention"] = "heads"
+        return f(*args, **kw)
+
+    attention = "Record each step's attention over the cache per layer (top positions, sinks), mean over heads."
+    heads = "Like --attention, and also each head's own top positions, sink and recent mass, entropy."
+    command = click.option("--attention-heads", is_flag=True, help=heads)(command)
+    command = click.option("--attention", is_flag=True, help=attention)(command)
+    return click.option("--lens", is_flag=True, help="Record every layer's prediction per step (logit lens).")(command)
 
 
 def progress_bar(console, total: int) -> Progress:
@@ -112,11 +125,10 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     params = params_from(kw)  # argument errors first: they need no torch
     html_path, plot_path = kw.pop("html_path"), kw.pop("plot_path")
     check_report_paths(html_path, plot_path)
+    step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
     from lmtrace.render.terminal import print_trace
     from lmtrace.tracing import generate as run
-    from lmtrace.waterfall import step_selector
 
-    step_selector(kw["waterfall"], params.max_new_tokens)  # checked before the model loads
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, kw.pop("device_map"),

@@ -97,12 +97,12 @@ def serve(
     /v1/traces with the full trace, and a viewer page at /."""
     from rich.console import Console
 
+    check_options(host, port, max_concurrency, api_key, shutdown_timeout)  # before torch is imported
+    if max_batch < 1:
+        raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
     from lmtrace.server import create_app
     from lmtrace.server.run import Runner
 
-    check_options(host, port, max_concurrency, api_key, shutdown_timeout)
-    if max_batch < 1:
-        raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
     status = Console(stderr=True)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
     app = create_app(

@@ -32,13 +32,13 @@ def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote
     without cache and against model.generate. Exit code 0 when they agree, 1 otherwise."""
     import math
 
-    from lmtrace.tracing import encode_prompt
-    from lmtrace.verify import verify as run
-
-    if max_new_tokens < 1:
+    if max_new_tokens < 1:  # argument errors before torch is imported
         raise InvalidParameter(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if tolerance is not None and (not math.isfinite(tolerance) or tolerance < 0):
         raise InvalidParameter(f"tolerance must be a finite number >= 0, got {tolerance}")
+    from lmtrace.tracing import encode_prompt
+    from lmtrace.verify import verify as run
+
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, weights=weights)

@@ -120,9 +120,10 @@ class TraceRequest(Sampling):
     messages: list[Message] | None = None
     # Alternatives recorded per step (0-100, as the CLI's --top-logprobs).
     top_logprobs: int = 5
-    # Record every layer's prediction per step (the logit lens) / the attention over the cache.
+    # Record every layer's prediction per step (the logit lens) / the attention over the cache
+    # (true: the mean over heads; "heads": also each head's own).
     lens: bool = False
-    attention: bool = False
+    attention: bool | Literal["heads"] = False
 
 
 class TokenizeRequest(BaseModel):

@@ -1,0 +1,45 @@
+"""Checks of a user's arguments that need no torch: the command line runs them before it imports
+torch and transformers, so a typo is answered in a fraction of a second, not after a model load."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lmtrace.errors import InvalidParameter
+
+# a --dtype name -> the torch dtype's attribute name
+DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+def device(name: str) -> None:
+    if name not in DEVICES and not name.startswith("cuda:"):
+        raise InvalidParameter(f"device must be one of {', '.join(DEVICES)}, got {name!r}")
+
+
+def dtype(name: str) -> None:
+    if name != "auto" and name not in DTYPE_NAMES:
+        raise InvalidParameter(f"dtype must be auto or one of {', '.join(DTYPE_NAMES)}, got {name!r}")
+
+
+def step_selector(waterfall: int | str | None, max_new_tokens: int) -> Callable[[int], bool] | None:
+    """`waterfall` as given by a user: a step index, "all", or None (off)."""
+    if waterfall is None:
+        return None
+    if waterfall == "all":
+        return lambda index: True
+    if isinstance(waterfall, str) and waterfall.strip().isdigit():
+        waterfall = int(waterfall)
+    if isinstance(waterfall, bool) or not isinstance(waterfall, int) or not 0 <= waterfall < max_new_tokens:
+        raise InvalidParameter(
+            f"waterfall must be a step index in [0, {max_new_tokens - 1}] or 'all', got {waterfall!r}"
+        )
+    return lambda index: index == waterfall
