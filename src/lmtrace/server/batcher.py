@@ -16,13 +16,13 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lmtrace.continuous import ContinuousBatch, Row, RowSpec
 from lmtrace.loading import LM
 from lmtrace.records import Step, Trace
 from lmtrace.server.logprobs import prompt_logprobs
-from lmtrace.server.worker import _END, Busy, Cancelled, Handle, ModelWorker, ShuttingDown, Work
+from lmtrace.server.worker import _END, Cancelled, Handle, ModelWorker, ShuttingDown, Work
 
 if TYPE_CHECKING:
     from lmtrace.server.prepare import Job
@@ -67,38 +67,23 @@ class BatchingWorker(ModelWorker):
 
     def submit_job(self, job: Job) -> Handle:
         """Queues the request's rows (call from the event loop); raises Busy when full."""
-        if self.admitted >= self.limit:
-            raise Busy(self.limit, self.retry_after())
-        loop = asyncio.get_running_loop()
-        handle = Handle(loop)
-        self.admitted += 1
-        with self._lock:
-            self._live.add(handle)
-        with self._wake:
-            self._waiting.append(_Request(handle, job, loop))
-            self._start()
-            self._wake.notify()
+        handle = self._admit()
+        self._queue(self._waiting, _Request(handle, job, handle._loop))
         return handle
 
     def submit(self, work: Work) -> Handle:
         """Queues a whole work for the model thread (call from the event loop); Busy when full."""
-        if self.admitted >= self.limit:
-            raise Busy(self.limit, self.retry_after())
-        loop = asyncio.get_running_loop()
-        handle = Handle(loop)
-        self.admitted += 1
-        with self._lock:
-            self._live.add(handle)
-        with self._wake:
-            self._exclusive.append((handle, work))
-            self._start()
-            self._wake.notify()
+        handle = self._admit()
+        self._queue(self._exclusive, (handle, work))
         return handle
 
-    def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="lmtrace-batch", daemon=True)
-            self._thread.start()
+    def _queue(self, line: deque, item: Any) -> None:
+        with self._wake:
+            line.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="lmtrace-batch", daemon=True)
+                self._thread.start()
+            self._wake.notify()
 
     def _run_exclusive(self, handle: Handle, work: Work, run: bool = True) -> None:
         if run:

@@ -112,15 +112,19 @@ class ModelWorker:
 
     def submit(self, work: Work) -> Handle:
         """Queues the work (call from the event loop); raises Busy when every slot is taken."""
+        handle = self._admit()
+        future = self._pool.submit(self._run, handle, work)
+        future.add_done_callback(lambda f: self._done(handle._loop, handle, f))
+        return handle
+
+    def _admit(self) -> Handle:
+        """A slot for one request (call from the event loop), or Busy when every slot is taken."""
         if self.admitted >= self.limit:
             raise Busy(self.limit, self.retry_after())
-        loop = asyncio.get_running_loop()
-        handle = Handle(loop)
+        handle = Handle(asyncio.get_running_loop())
         self.admitted += 1
         with self._lock:
             self._live.add(handle)
-        future = self._pool.submit(self._run, handle, work)
-        future.add_done_callback(lambda f: self._done(loop, handle, f))
         return handle
 
     def _done(self, loop: asyncio.AbstractEventLoop, handle: Handle, future: Future) -> None:
