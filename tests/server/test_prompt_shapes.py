@@ -3,9 +3,14 @@ client on a real server), and vLLM's /tokenize and /detokenize."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import pytest
+from fastapi.testclient import TestClient
 
 import lmtrace
+from lmtrace.server import create_app
 from tests.same_record import assert_same
 from tests.server.conftest import sse_events
 
@@ -101,3 +106,26 @@ def test_the_one_at_a_time_server_answers_a_list_the_same(client, chat_lm):
     for key in ("id", "created"):
         together.pop(key), one_by_one.pop(key)
     assert_same(together, one_by_one)
+
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|tools|>{% for t in tools %}{{ t['function']['name'] }};{% endfor %}{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% if think %}<think>{% endif %}{% endif %}"
+)
+
+
+def test_tokenize_hands_tools_and_template_variables_to_the_chat_template(chat_lm):
+    tok = copy.deepcopy(chat_lm.tokenizer)
+    tok.chat_template = TOOLS_TEMPLATE
+    lm = dataclasses.replace(chat_lm, tokenizer=tok)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    with TestClient(create_app(lm, name="tiny")) as c:
+        got = c.post("/tokenize", json={"messages": msgs, "tools": tools, "chat_template_kwargs": {"think": True}})
+        plain = c.post("/tokenize", json={"messages": msgs}).json()
+        clash = c.post("/tokenize", json={"messages": msgs, "chat_template_kwargs": {"tools": []}})
+    text = "<|tools|>get_weather;<|user|>Weather in Paris?\n<|assistant|><think>"
+    assert got.json()["tokens"] == tok(text, add_special_tokens=False)["input_ids"]
+    assert plain["tokens"] == tok("<|user|>Weather in Paris?\n<|assistant|>", add_special_tokens=False)["input_ids"]
+    assert clash.status_code == 400 and clash.json()["error"]["param"] == "chat_template_kwargs"

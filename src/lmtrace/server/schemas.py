@@ -142,6 +142,11 @@ class TokenizeRequest(BaseModel):
     # message (the two exclude each other).
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # With messages, as vLLM's: tool definitions handed to the chat template (templates that know
+    # tools write them into the prompt), and extra variables for the template (such as
+    # enable_thinking). A template sent with the request is not run: the model's own is.
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     # Also answer each token as the tokenizer's own string.
     return_token_strs: bool = False
 

@@ -28,12 +28,23 @@ def _chat_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
             "continue_final_message",
         )
     turns = [{"role": m.role, "content": m.text()} for m in body.messages]
-    text = tok.apply_chat_template(
-        turns,
-        add_generation_prompt=body.add_generation_prompt,
-        continue_final_message=body.continue_final_message,
-        tokenize=False,
-    )
+    extra = dict(body.chat_template_kwargs or {})
+    taken = {"messages", "tools", "add_generation_prompt", "continue_final_message", "tokenize", "chat_template"}
+    clash = sorted(taken & set(extra))
+    if clash:
+        message = f"chat_template_kwargs: {clash[0]!r} is not a template variable to set here"
+        raise bad_request(message, "chat_template_kwargs")
+    try:
+        text = tok.apply_chat_template(
+            turns,
+            tools=body.tools,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            tokenize=False,
+            **extra,
+        )
+    except Exception as e:  # the model's template refused these messages, tools or variables
+        raise bad_request(f"messages: the chat template failed: {' '.join(str(e).split())[:300]}", "messages") from e
     special = bool(body.add_special_tokens)  # vLLM's default for messages: false
     return list(tok(text, add_special_tokens=special)["input_ids"])
 
