@@ -52,6 +52,31 @@ def test_heatmap_hover_and_attention_shading(seen, tmp_path):
         browser.close()
 
 
+def test_head_selector_shades_by_one_heads_weights(tiny_lm, tmp_path):
+    trace = lmtrace.generate(tiny_lm, "Hello world, the quick brown fox", max_new_tokens=6, temperature=0,
+                             top_logprobs=3, attention="heads")  # fmt: skip
+    report = tmp_path / "report.html"
+    write_html(report, trace)
+    browser = open_report(report, tmp_path / "profile")
+    try:
+        hover(browser, '.tok[data-i="4"]')
+        browser.js("(() => { for (const [id, v] of [['att-layer', '0'], ['att-head', '1']]) {"
+                   " const s = document.getElementById(id); s.value = v; s.dispatchEvent(new Event('change')); }"
+                   " return 1; })()")  # fmt: skip
+        boxes = "[...document.querySelectorAll('.att-text .pos')]"
+        positions = browser.js(boxes + ".filter(b => b.style.background).map(b => +b.dataset.pos)")
+        head = trace.steps[4].attention["layers"][0]["heads"][1]
+        assert sorted(positions) == sorted(t["position"] for t in head["top"])
+        assert "layer 0, head 1" in browser.js("document.getElementById('att-note').textContent")
+        assert problems(browser) == []
+    finally:
+        browser.close()
+
+
+def test_head_selector_only_with_per_head_records(seen):
+    assert 'id="att-head"' not in render_html(seen)
+
+
 def _poisoned(seen) -> dict:
     d = seen.to_dict()
     d["prompt"]["tokens"][0] = PAYLOAD

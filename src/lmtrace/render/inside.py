@@ -50,18 +50,24 @@ def lens_view(lens: dict[str, Any]) -> dict[str, Any]:
 
 def attention_view(attention: dict[str, Any]) -> dict[str, Any]:
     """The page script's data for one step's attention: per layer [position, weight] pairs,
-    the sink and recent masses and the entropy."""
-    layers = [
-        {
-            "l": x["layer"],
-            "top": [[t["position"], _r(t["weight"])] for t in x.get("top") or []],
-            "sink": _r(x.get("sink_mass")),
-            "recent": _r(x.get("recent_mass")),
-            "H": _r(x.get("entropy")),
-        }
-        for x in attention.get("layers") or []
-    ]
+    the sink and recent masses and the entropy (mean over heads), and each head's own where
+    recorded (attention="heads")."""
+    layers = []
+    for x in attention.get("layers") or []:
+        layer = {"l": x["layer"], **_att_numbers(x)}
+        if x.get("heads"):
+            layer["heads"] = [_att_numbers(h) for h in x["heads"]]
+        layers.append(layer)
     return {"layers": layers}
+
+
+def _att_numbers(x: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "top": [[t["position"], _r(t["weight"])] for t in x.get("top") or []],
+        "sink": _r(x.get("sink_mass")),
+        "recent": _r(x.get("recent_mass")),
+        "H": _r(x.get("entropy")),
+    }
 
 
 def _cell_title(step: int, token: str, layer: dict[str, Any], settled: int | None) -> str:

@@ -95,8 +95,9 @@ def attention_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | 
     layers = next((len(v["att"]["layers"]) for v in tv if "att" in v), 0)
     if shown is None or not layers:
         return None
+    heads = next((len(x["heads"]) for v in tv if "att" in v for x in v["att"]["layers"] if x.get("heads")), 0)
     sinks = ((d.get("params") or {}).get("attention") or {}).get("sinks", 4)
-    return Section("attention", "Attention over the cache", parts().attention(shown, layers, sinks))
+    return Section("attention", "Attention over the cache", parts().attention(shown, layers, sinks, heads))
 
 
 def problems_section(tv: list[dict[str, Any]]) -> Section | None:

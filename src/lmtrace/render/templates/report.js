@@ -171,7 +171,14 @@
     var boxes = document.querySelectorAll(".att-text .pos");
     if (!boxes.length || !select) return;
     var layers = s.att.layers, pick = select.value, weights = {}, chosen = layers;
+    var headSelect = document.getElementById("att-head"), head = headSelect ? headSelect.value : "mean";
     if (pick !== "mean") chosen = layers.filter(function (x) { return String(x.l) === pick; });
+    if (head !== "mean") {  // one head's own record of each chosen layer (attention="heads")
+      chosen = chosen.filter(function (x) { return x.heads && x.heads[+head]; }).map(function (x) {
+        var h = x.heads[+head];
+        return {l: x.l, head: +head, top: h.top, sink: h.sink, recent: h.recent, H: h.H};
+      });
+    }
     chosen.forEach(function (x) {
       x.top.forEach(function (t) { weights[t[0]] = (weights[t[0]] || 0) + t[1] / chosen.length; });
     });
@@ -185,10 +192,11 @@
       b.classList.toggle("query", pos === query);
     });
     var one = chosen.length === 1 ? chosen[0] : null, note = document.getElementById("att-note");
-    note.textContent = "step " + s.i + " (" + s.shown + "), " + (one ? "layer " + one.l : "mean of " + chosen.length + " layers") +
+    var which = head !== "mean" ? ", head " + head : "";
+    note.textContent = "step " + s.i + " (" + s.shown + "), " + (one ? "layer " + one.l : "mean of " + chosen.length + " layers") + which +
       (one ? ": sink mass " + num(one.sink, 3) + ", last-32 mass " + num(one.recent, 3) + ", entropy " + num(one.H, 3) + " nats" : "");
     if (one) {
-      panel.appendChild(el("h4", null, "attention · layer " + one.l));
+      panel.appendChild(el("h4", null, "attention · layer " + one.l + which));
       var dl = el("dl", "panel-nums");
       rows(dl, [["sink mass", num(one.sink, 3)], ["last-32 mass", num(one.recent, 3)], ["entropy", num(one.H, 3) + " nats"]]);
       panel.appendChild(dl);
@@ -237,10 +245,12 @@
       e.preventDefault();
     }
   });
-  var layerSelect = document.getElementById("att-layer");
-  if (layerSelect) layerSelect.addEventListener("change", function () {
-    var at = pinned || last;
-    if (at) show(at[0], at[1]);
+  ["att-layer", "att-head"].forEach(function (id) {
+    var select = document.getElementById(id);
+    if (select) select.addEventListener("change", function () {
+      var at = pinned || last;
+      if (at) show(at[0], at[1]);
+    });
   });
   document.querySelectorAll('input[name="dist"]').forEach(function (input) {
     input.addEventListener("change", function () {
