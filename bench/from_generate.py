@@ -7,6 +7,7 @@ Usage: python bench/from_generate.py [--rounds 3] [--tokens 32]"""
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import time
@@ -46,7 +47,7 @@ def main() -> None:
                                                stop_on_eos=False))[0]  # fmt: skip
             )
     print(f"bundled model, fp32, batch 1, greedy, {args.tokens} tokens, {args.rounds} rounds, "
-          f"{platform.processor() or platform.machine()}, torch {torch.__version__} (a shared machine)")  # fmt: skip
+          f"{platform.processor() or platform.machine()} × {os.cpu_count()} cores, torch {torch.__version__}")
     print("| contender | median ms | ms per token | ratio to generate |")
     print("|---|---|---|---|")
     base = statistics.median(ms["generate"])
