@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, read_text, write_json
-from lmtrace.cli.reports import check_report_paths
+from lmtrace.cli.reports import check_report_paths, write_reports
 from lmtrace.errors import InvalidParameter
 
 POLICY_HELP = (
@@ -84,13 +84,8 @@ def kv_lab(prompt, prompt_file, policies, continuation, continuation_file, free,
                        free=free, map_step=map_step, params=params, on_step=advance)  # fmt: skip
     write_json(json_path, result.to_json(indent=2))
     print_lab(result, view)
-    if html_path is not None:
+    if html_path is not None or plot_path is not None:
         from lmtrace.render.kvlab_html import write_lab_html
-
-        write_lab_html(html_path, result)
-        view.print(f"[dim]report written to {html_path}[/dim]", soft_wrap=True)
-    if plot_path is not None:
         from lmtrace.render.kvlab_plot import write_lab_plot
 
-        write_lab_plot(plot_path, result)
-        view.print(f"[dim]plot written to {plot_path}[/dim]", soft_wrap=True)
+        write_reports(result, html_path, plot_path, view, html=write_lab_html, plot=write_lab_plot)

@@ -4,6 +4,7 @@ loads (bad paths fail fast, exit 2), then `write_reports(result, html, plot, con
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +46,25 @@ def check_report_paths(html_path: str | None, plot_path: str | None) -> None:
         _check_folder("plot", plot_path)
 
 
-def write_reports(result: Any, html_path: str | None, plot_path: str | None, console: Console) -> None:
-    """Writes the requested report files (atomically) and says where they went."""
+def write_reports(
+    result: Any,
+    html_path: str | None,
+    plot_path: str | None,
+    console: Console,
+    html: Callable[[str, Any], None] | None = None,
+    plot: Callable[[str, Any], None] | None = None,
+) -> None:
+    """Writes the requested report files (atomically) and says where they went; `html` and `plot`
+    write another kind of result than lmtrace.render's (a KV-lab result)."""
     if html_path is not None:
-        from lmtrace.render.html import write_html
+        if html is None:
+            from lmtrace.render.html import write_html as html
 
-        write_html(html_path, result)
+        html(html_path, result)
         console.print(f"[dim]report written to {html_path}[/dim]", soft_wrap=True)
     if plot_path is not None:
-        from lmtrace.render.plots import write_plot
+        if plot is None:
+            from lmtrace.render.plots import write_plot as plot
 
-        write_plot(plot_path, result)
+        plot(plot_path, result)
         console.print(f"[dim]plot written to {plot_path}[/dim]", soft_wrap=True)
