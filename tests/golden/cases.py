@@ -1,0 +1,79 @@
+"""Golden cases: the JSON the CLI and the server give for fixed inputs on the bundled model,
+recorded once (record.py) on the code before the families moved into folders; test_golden.py
+checks that today's code still gives them (token ids and texts identical, numbers within 1e-6)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent / "recorded"
+
+# name -> CLI arguments; "{out}" is the JSON file the command writes
+CLI_CASES: dict[str, list[str]] = {
+    "generate_greedy_inside": [
+        "generate", "The capital of France is", "--max-new-tokens", "6", "--temperature", "0",
+        "--top-logprobs", "3", "--lens", "--attention", "--echo", "--waterfall", "all", "--json", "{out}",
+    ],
+    "generate_sampled_processors": [
+        "generate", "Once upon a time", "--max-new-tokens", "10", "--temperature", "0.8", "--top-k", "40",
+        "--top-p", "0.9", "--min-p", "0.02", "--repetition-penalty", "1.3", "--seed", "7",
+        "--top-logprobs", "4", "--waterfall", "all", "--json", "{out}",
+    ],
+    "score": ["score", "The quick brown fox jumps over the lazy dog.", "--top-logprobs", "3", "--json", "{out}"],
+    "kv_lab": [
+        "kv-lab", "The history of the city begins with", "--max-new-tokens", "8",
+        "--policy", "window:size=6", "--policy", "streaming:sinks=2,window=4", "--json", "{out}",
+    ],
+    "branch": [
+        "branch", "My favourite colour is", "--at", "1", "--max-new-tokens", "5", "--temperature", "0",
+        "--top-logprobs", "2", "--json", "{out}",
+    ],
+}  # fmt: skip
+
+TRACES_REQUEST: dict[str, Any] = {
+    "prompt": "Hello, my name is",
+    "max_tokens": 5,
+    "temperature": 0.7,
+    "seed": 3,
+    "top_logprobs": 3,
+    "top_p": 0.95,
+}
+
+# keys whose values change from run to run or machine to machine
+VOLATILE = {"time_ms", "timing", "versions", "source", "created", "id", "elapsed_ms", "seconds", "path"}
+
+
+def normalize(value: Any) -> Any:
+    """The comparable part of a JSON document: volatile keys dropped."""
+    if isinstance(value, dict):
+        return {k: normalize(v) for k, v in value.items() if k not in VOLATILE and not k.endswith("_ms")}
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    return value
+
+
+def differences(old: Any, new: Any, where: str = "$", tol: float = 1e-6) -> list[str]:
+    """Where two normalized documents differ: strings, ints and structure exactly, floats within tol."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = [f"{where}: keys {sorted(set(old) ^ set(new))}"] if set(old) != set(new) else []
+        for k in sorted(set(old) & set(new)):
+            out += differences(old[k], new[k], f"{where}.{k}", tol)
+        return out
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) != len(new):
+            return [f"{where}: length {len(old)} != {len(new)}"]
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in differences(a, b, f"{where}[{i}]", tol)]
+    if isinstance(old, float) or isinstance(new, float):
+        if isinstance(old, bool) or isinstance(new, bool) or old is None or new is None:
+            return [] if old == new else [f"{where}: {old!r} != {new!r}"]
+        if math.isclose(float(old), float(new), rel_tol=0, abs_tol=tol):
+            return []
+        return [f"{where}: {old!r} != {new!r}"]
+    return [] if old == new else [f"{where}: {old!r} != {new!r}"]
+
+
+def load(name: str) -> Any:
+    return json.loads((HERE / f"{name}.json").read_text(encoding="utf-8"))
