@@ -49,10 +49,12 @@ vllm: $(VENV)/.vllm
 
 test: install browser vllm
 	$(BIN)/ruff check src tests bench
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -rs
 
 lint: install
 	$(BIN)/ruff check src tests bench
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) trace.json report.html

@@ -79,7 +79,7 @@ class Bench:
 def weights_read_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every linear layer (packed or float) and the norms;
     the input embedding only where it is also the lm_head (a lookup reads one row)."""
-    from lmtrace.packed import PackedLinear
+    from lmtrace.model.gguf.packed import PackedLinear
 
     embed = model.get_input_embeddings().weight
     seen, total = {embed.data_ptr()}, 0
@@ -122,7 +122,7 @@ def llama_cpp_run(n: int, logprobs: int) -> Callable[[list[str]], tuple[int, flo
     """One child process per timed run: it loads the file, warms up, and times one completion."""
 
     def run(prompts: list[str]) -> tuple[int, float]:
-        args = [sys.executable, str(WORKER), str(lmtrace.loading.bundled_gguf()), prompts[0], str(n),
+        args = [sys.executable, str(WORKER), str(lmtrace.model.load.bundled_gguf()), prompts[0], str(n),
                 str(torch.get_num_threads()), str(logprobs)]  # fmt: skip
         try:
             done = subprocess.run(args, capture_output=True, text=True, timeout=600)
@@ -174,7 +174,7 @@ def c_compile(b: Bench, batch: int) -> Contender | str:
     return Contender("lmtrace float32 --compile", "float32", lambda p: traced(b.lm, p, b.tokens, compile=True))
 
 
-# inside each step (lmtrace.lens, lmtrace.attention), against the plain float32 traced contender
+# inside each step (lmtrace.inside.lens, lmtrace.inside.attention), against the plain float32 traced contender
 INSIDE = {"lens": {"lens": True}, "attention": {"attention": True},
           "lens + attention": {"lens": True, "attention": True}}  # fmt: skip
 PLAIN = "lmtrace float32 (top_logprobs=20, KV ledger)"
@@ -264,8 +264,8 @@ def measure(bench: Bench, batch: int, rounds: int, errors: dict[str, str]) -> di
 
 def fidelity(bench: Bench, n: int) -> dict[str, dict]:
     """Cost of bfloat16 and packed against float32: greedy on every bench prompt, then the
-    float32 model teacher-forced on the same tokens (lmtrace.verify.float32_cost)."""
-    from lmtrace.verify import cached_greedy, float32_cost
+    float32 model teacher-forced on the same tokens (lmtrace.scoring.verify.float32_cost)."""
+    from lmtrace.scoring.verify import cached_greedy, float32_cost
 
     found = {}
     for label, lm in (("bfloat16", bench.bf16), ("packed", bench.packed)):
@@ -326,7 +326,7 @@ def load_all(args) -> Bench:
     lm = lmtrace.load(device="cpu", dtype="float32")
     bench = Bench(tokens=args.tokens, compile=not args.no_compile, lm=lm, inside=args.inside)
     bench.step_bytes["float32"] = weights_read_per_token(lm.model)
-    bench.step_bytes["gguf"] = gguf_bytes(lmtrace.loading.bundled_gguf())
+    bench.step_bytes["gguf"] = gguf_bytes(lmtrace.model.load.bundled_gguf())
     if not args.no_bf16:
         bench.bf16 = lmtrace.load(device="cpu", dtype="bfloat16")
         bench.step_bytes["bfloat16"] = weights_read_per_token(bench.bf16.model)

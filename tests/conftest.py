@@ -7,7 +7,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from lmtrace.loading import LM  # noqa: E402
+from lmtrace.model.lm import LM  # noqa: E402
 from tests.tiny import tiny_model, tiny_tokenizer  # noqa: E402
 
 

@@ -72,7 +72,7 @@ def teacher_forced_cached(lm, prompt_ids: list[int], generated: list[int], param
     between a cached and an uncached forward pass."""
     from transformers import DynamicCache
 
-    from lmtrace.kv import cache_kwargs  # only the keyword's name: `cache=` or `past_key_values=`
+    from lmtrace.kv.ledger import cache_kwargs  # only the keyword's name: `cache=` or `past_key_values=`
 
     seq = torch.tensor([prompt_ids + generated])
     cache = DynamicCache(config=lm.model.config)

@@ -13,7 +13,7 @@ import pytest
 from transformers import Gemma2Config
 
 import lmtrace
-from lmtrace import kvsize
+from lmtrace.kv import size as kvsize
 from lmtrace.render import anatomy
 from lmtrace.render.html import write_html
 from tests.server.cdp import find_browser

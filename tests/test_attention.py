@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lmtrace
-from lmtrace import attention
+from lmtrace.inside import attention
 from tests.tiny_archs import ARCHS, tiny_arch
 
 PROMPTS = ["Hello world, the quick brown", "很久"]  # the second row is left-padded in the batch

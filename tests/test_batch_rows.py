@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmtrace import SamplingParams, sampling, tracing
-from lmtrace.rowkv import own_part
+from lmtrace import SamplingParams
+from lmtrace.decode import tracing
+from lmtrace.kv.rows import own_part
+from lmtrace.logits import sampling
 from tests.same_record import assert_same, one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -74,7 +74,7 @@ def test_llama_cpp_sampled_reports_raw_logprobs(bundled_lm):
 def test_llama_cpp_live(bundled_lm):
     from llama_cpp import Llama
 
-    from lmtrace.loading import bundled_gguf
+    from lmtrace.model.load import bundled_gguf
 
     llm = Llama(model_path=str(bundled_gguf()), n_ctx=512, logits_all=True, verbose=False)
     request = {"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0.0, "logprobs": 5}

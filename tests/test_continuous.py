@@ -1,4 +1,4 @@
-"""Continuous batching (lmtrace.continuous): rows with different settings decode together, join
+"""Continuous batching (lmtrace.decode.continuous): rows with different settings decode together, join
 while others are mid-flight and leave when done, and each row's trace is the one it gets alone."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmtrace import SamplingParams, continuous, tracing
-from lmtrace.continuous import ContinuousBatch, RowSpec
+from lmtrace import SamplingParams
+from lmtrace.decode import continuous, tracing
+from lmtrace.decode.continuous import ContinuousBatch, RowSpec
 from tests.same_record import assert_same, one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -126,7 +126,7 @@ def test_bundled_greedy_batch_equals_alone_within_the_bound(bundled_lm):
     print(f"\nbundled model, batch of 4 vs alone, largest logprob difference: {worst:.2e}")
 
 
-# rows of one continuous batch, each with its own settings and length (lmtrace.continuous)
+# rows of one continuous batch, each with its own settings and length (lmtrace.decode.continuous)
 MIXED = [
     {"temperature": 0, "max_new_tokens": 8, "top_logprobs": 5},
     {"temperature": 0.8, "top_k": 40, "seed": 1, "max_new_tokens": 3, "top_logprobs": 5},
@@ -139,7 +139,7 @@ MIXED = [
 def mixed_rows_vs_alone(lm, prompts: list[str], max_batch: int) -> float:
     """Decodes the prompts with MIXED settings, `max_batch` rows at a time (so rows join while
     others are mid-flight); asserts each row's tokens are its alone tokens; the worst difference."""
-    from lmtrace.continuous import RowSpec, generate_rows
+    from lmtrace.decode.continuous import RowSpec, generate_rows
 
     params = [lmtrace.SamplingParams(**kw) for kw in MIXED]
     specs = [RowSpec(lmtrace.encode_prompt(lm, p), sp, p) for p, sp in zip(prompts, params)]

@@ -1,4 +1,4 @@
-"""`lmtrace export` / lmtrace.export: a safetensors folder that transformers loads back to the
+"""`lmtrace export` / lmtrace.model.export: a safetensors folder that transformers loads back to the
 same logits, bit for bit: from a tiny GGUF written here, a tiny folder, a tied model, and the
 bundled model (integration)."""
 
@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lmtrace
 from lmtrace.cli import main
-from lmtrace.export import export, save_folder
+from lmtrace.model.export import export
+from lmtrace.model.folder import save_folder
 from tests.tiny import tiny_model
 from tests.tiny_gguf import write_tiny_gguf
 

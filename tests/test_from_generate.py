@@ -1,4 +1,4 @@
-"""lmtrace.from_generate: Traces of transformers' own model.generate runs, proven equal to
+"""lmtrace.external.from_generate: Traces of transformers' own model.generate runs, proven equal to
 lmtrace.generate on the same model, prompt, seed and settings (transformers is the oracle)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import lmtrace
-from lmtrace.loading import LM
+from lmtrace.model.lm import LM
 from lmtrace.records import Trace
 
 TOL = 1e-5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import lmtrace
-from lmtrace.tracing import generate_ids
+from lmtrace.decode.tracing import generate_ids
 
 
 def test_equals_generate_on_the_same_ids(tiny_lm):

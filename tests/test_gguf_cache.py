@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lmtrace
-from lmtrace import gguf_cache
+from lmtrace.model.gguf import converted as gguf_cache
 from tests.tiny_gguf import write_tiny_gguf
 
 TEXT = "Hello world, 很久很久以前 🙂 naïve"
@@ -135,7 +135,7 @@ def test_the_default_cache_folder(monkeypatch, tmp_path):
 def test_the_bundled_model_from_the_cache_equals_the_gguf_bit_for_bit(bundled_lm):
     """bundled_lm comes through the converted copy (the user's cache, shared by the suite's runs
     and its subprocesses); the GGUF read by transformers itself is the oracle."""
-    assert gguf_cache.ready_folder(lmtrace.loading.bundled_gguf()) is not None
+    assert gguf_cache.ready_folder(lmtrace.model.load.bundled_gguf()) is not None
     direct = lmtrace.load(gguf_cache=False)
     for text in (TEXT, "The capital of France is"):
         ids, expected = logits(direct, text)
@@ -143,11 +143,11 @@ def test_the_bundled_model_from_the_cache_equals_the_gguf_bit_for_bit(bundled_lm
         assert torch.equal(got_ids, ids) and torch.equal(got, expected)
     assert bundled_lm.tokenizer.chat_template == direct.tokenizer.chat_template
     assert (bundled_lm.eos_token_ids, bundled_lm.pad_token_id) == (direct.eos_token_ids, direct.pad_token_id)
-    assert bundled_lm.source == direct.source == f"bundled:{lmtrace.loading.bundled_gguf().name}"
+    assert bundled_lm.source == direct.source == f"bundled:{lmtrace.model.load.bundled_gguf().name}"
 
 
 def test_load_config_reads_the_converted_copy_when_there_is_one(cache, tiny_gguf):
-    from lmtrace.loading import load_config
+    from lmtrace.model.load import load_config
 
     before = load_config(tiny_gguf).to_dict()
     lmtrace.load(tiny_gguf)

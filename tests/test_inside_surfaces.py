@@ -8,8 +8,8 @@ import json
 from fastapi.testclient import TestClient
 
 import lmtrace
-from lmtrace.branch import branch
 from lmtrace.cli import main
+from lmtrace.decode.branch import branch
 from lmtrace.server import create_app
 
 TINY = ["--max-new-tokens", "4", "--temperature", "0", "--top-logprobs", "3", "--no-color"]

@@ -8,8 +8,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import lmtrace
-from lmtrace import kvsize
-from lmtrace.loading import LM
+from lmtrace.kv import size as kvsize
+from lmtrace.model.lm import LM
 
 SMALL = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
              max_position_embeddings=128, vocab_size=300, eos_token_id=0, pad_token_id=1)  # fmt: skip
@@ -107,7 +107,7 @@ def test_anatomy_explains_where_the_numbers_come_from(tiny_lm):
 
 
 def test_a_mismatch_is_reported(tiny_lm, monkeypatch):
-    from lmtrace import engine
+    from lmtrace.decode import engine
 
     real = engine.expected_bytes
     monkeypatch.setattr(engine, "expected_bytes", lambda m, b: lambda s: real(m, b)(s) + 1)

@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import DynamicCache, QuantizedCache, Qwen2Config, Qwen2ForCausalLM
 
-from lmtrace import kv
+from lmtrace.kv import ledger as kv
 from lmtrace.kvlab import kvlab
-from lmtrace.loading import LM
+from lmtrace.model.lm import LM
 
 
 def _fill(model, cache, n: int = 10, decode: int = 3) -> None:

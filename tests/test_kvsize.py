@@ -7,8 +7,8 @@ import json
 import pytest
 from transformers import AutoConfig
 
-from lmtrace import kvsize
 from lmtrace.cli import main
+from lmtrace.kv import size as kvsize
 
 LLAMA3_8B = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
              "num_hidden_layers": 32, "intermediate_size": 14336, "max_position_embeddings": 8192,

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("torch", "transformers", "numpy", "safetensors", "lmtrace.loading", "lmtrace.engine")
+HEAVY = ("torch", "transformers", "numpy", "safetensors", "lmtrace.model.load", "lmtrace.decode.engine")
 COMMANDS = ("generate", "score", "cache", "kv-size", "verify", "branch", "render", "serve", "batch", "compare",
             "export", "kv-lab")  # fmt: skip
 ARGVS = [
@@ -50,9 +50,10 @@ def test_help_and_argument_errors_import_no_torch():
 def test_import_lmtrace_is_light_and_the_api_still_resolves():
     code = (
         "import sys, lmtrace; light = 'torch' not in sys.modules; "
-        "import lmtrace.score, lmtrace.branch; "  # submodules that share a public function's name
+        "import lmtrace.scoring.score, lmtrace.decode.branch; "  # modules named as public functions
         "print(light, callable(lmtrace.score), callable(lmtrace.branch), lmtrace.load.__module__, "
-        "lmtrace.loading.__name__, sorted(lmtrace.__all__) == sorted(set(lmtrace.__all__)))"
+        "lmtrace.model.load.__name__, sorted(lmtrace.__all__) == sorted(set(lmtrace.__all__)))"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.stdout.split() == ["True", "True", "True", "lmtrace.loading", "lmtrace.loading", "True"], run.stderr
+    expected = ["True", "True", "True", "lmtrace.model.load", "lmtrace.model.load", "True"]
+    assert run.stdout.split() == expected, run.stderr

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lmtrace
-from lmtrace import lens
+from lmtrace.inside import lens
 from tests.tiny_archs import ARCHS, final_head, tiny_arch
 
 PROMPTS = ["Hello world, the quick", "很久很久以前，"]

@@ -12,9 +12,9 @@ from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lmtrace import packed
 from lmtrace.errors import InvalidParameter
-from lmtrace.gguf_blocks import int4_form
+from lmtrace.model.gguf import packed
+from lmtrace.model.gguf.blocks import int4_form
 
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
 
@@ -139,7 +139,7 @@ def test_every_quantized_linear_is_packed_and_the_rest_said(tiny_packed):
     assert isinstance(fast.lm_head, packed.PackedHead) and not isinstance(exact.lm_head, packed.PackedHead)
     assert isinstance(fast.model.embed_tokens, torch.nn.Embedding)  # lookups stay float
     assert packed.report_of(fast) is report and packed.report_of(model) is None
-    from lmtrace.arch import summarize
+    from lmtrace.model.arch import summarize
 
     want = "packed 4-bit (Q4_0 x2, Q4_1 x11, Q8_0 x1), bfloat16 activations; kept float: 1"
     assert summarize(fast.config, fast).weights == want
@@ -219,8 +219,8 @@ def test_bundled_packed_against_float32(bundled_packed, bundled_lm):
 
 
 def test_verify_reports_the_packed_cost_against_float32(tiny_packed, tiny_tok):
-    from lmtrace.loading import LM
-    from lmtrace.verify import verify
+    from lmtrace.model.lm import LM
+    from lmtrace.scoring.verify import verify
 
     model, _, fast, _ = tiny_packed
     fast.generation_config.eos_token_id = tiny_tok.eos_token_id

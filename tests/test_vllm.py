@@ -18,7 +18,7 @@ from lmtrace.cli import main
 from lmtrace.comparison import compare
 from lmtrace.params import SamplingParams
 from tests.same_record import by_id, one_thread, read_records  # noqa: F401
-from tests.vllm_world import needs_vllm, save_tiny_32
+from tests.vllm_world import chat_response, needs_vllm, save_tiny_32
 
 pytestmark = [*needs_vllm, pytest.mark.usefixtures("one_thread")]
 KV = 64 << 20  # the tiny model's paged cache: 64 MiB
@@ -138,7 +138,6 @@ def test_seeded_sampling_follows_the_model(lm32, raw_engine, processed_engine):
 
 @pytest.mark.parametrize("mode", ["raw", "processed"])
 def test_compare_verdict(mode, lm32, raw_engine, processed_engine):
-    from lmtrace.vllm.openai import chat_response
     from lmtrace.vllm.params import to_vllm
 
     engine = raw_engine if mode == "raw" else processed_engine
@@ -217,7 +216,7 @@ def test_a_model_vllm_cannot_run(tmp_path, tiny_dir, capsys):
 
 @pytest.mark.integration
 def test_bundled_model_exported_to_a_folder(bundled_lm):
-    """The bundled GGUF, written to a folder in lmtrace's cache (lmtrace.export) and run by vLLM."""
+    """The bundled GGUF, written to a folder in lmtrace's cache (lmtrace.model.export) and run by vLLM."""
     from lmtrace.vllm import VLLMEngine
 
     engine = VLLMEngine.start(bundled_lm, None, kv_cache_bytes=256 << 20, max_model_len=512)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import lmtrace
-from lmtrace import kv
-from lmtrace.misuse import run_loop
+from lmtrace.external.misuse import run_loop
+from lmtrace.kv import ledger as kv
 
 
 def refeed_lengths(n: int, rounds: int) -> list[int]:

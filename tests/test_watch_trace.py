@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 
 import lmtrace
-from lmtrace import kv
+from lmtrace.kv import ledger as kv
 from lmtrace.records import Trace
 from lmtrace.render.html import render_html, write_html
 from lmtrace.render.plots import plot_png

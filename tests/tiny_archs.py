@@ -14,7 +14,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from lmtrace.loading import LM
+from lmtrace.model.lm import LM
 
 ARCHS = ("llama", "qwen2", "gemma2", "gpt2")
 

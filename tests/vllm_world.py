@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from lmtrace.detokenize import TokenBytes
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 # the marker of every test that runs vLLM, and why it is skipped where vLLM is not installed
@@ -45,3 +48,23 @@ def save_tiny_32(tokenizer, path: Path) -> Path:
     tiny_model_32(tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def _entry(tb: TokenBytes, token_id: int, logprob: float) -> dict[str, Any]:
+    return {"token": tb.text(token_id), "logprob": max(logprob, -9999.0), "bytes": list(tb(token_id))}
+
+
+def chat_response(result: Any, tokenizer: Any, prompt: str | None = None) -> dict[str, Any]:
+    """A vLLM RequestOutput as an OpenAI chat response's `logprobs.content`, for compare:
+    {"request": {"prompt"}, "response": {"choices": [{"logprobs": {"content": [...]}}]}}."""
+    tb = TokenBytes(tokenizer)
+    output = result.outputs[0]
+    content = []
+    for token, numbers in zip(output.token_ids, output.logprobs or []):
+        item = _entry(tb, token, numbers[token].logprob)
+        ranked = sorted((lp.rank, t, lp.logprob) for t, lp in numbers.items() if lp.rank is not None)
+        item["top_logprobs"] = [_entry(tb, t, lp) for _, t, lp in ranked]
+        content.append(item)
+    text = tokenizer.decode(list(output.token_ids))
+    response = {"choices": [{"index": 0, "text": text, "logprobs": {"content": content}}]}
+    return {"request": {"prompt": prompt}, "response": response} if prompt is not None else response

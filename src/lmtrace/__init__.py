@@ -11,10 +11,12 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from lmtrace import records
+
 # public name -> the module that defines it
 _NAMES = {
-    "Branches": "lmtrace.branch",
-    "branch": "lmtrace.branch",
+    "Branches": "lmtrace.decode.branch",
+    "branch": "lmtrace.decode.branch",
     "compare": "lmtrace.comparison",
     "GenerationError": "lmtrace.errors",
     "InvalidParameter": "lmtrace.errors",
@@ -22,45 +24,46 @@ _NAMES = {
     "ModelLoadError": "lmtrace.errors",
     "LabResult": "lmtrace.kvlab",
     "kvlab": "lmtrace.kvlab",
-    "from_generate": "lmtrace.from_generate",
-    "LM": "lmtrace.loading",
-    "load": "lmtrace.loading",
+    "from_generate": "lmtrace.external.from_generate",
+    "LM": "lmtrace.model.lm",
+    "load": "lmtrace.model.load",
     "SamplingParams": "lmtrace.params",
     "Alternative": "lmtrace.records",
     "Candidate": "lmtrace.records",
     "Step": "lmtrace.records",
     "TokenScore": "lmtrace.records",
     "Trace": "lmtrace.records",
-    "rescore": "lmtrace.rescore",
-    "ScoreResult": "lmtrace.score",
-    "score": "lmtrace.score",
-    "score_batch": "lmtrace.score",
-    "encode_prompt": "lmtrace.tracing",
-    "generate": "lmtrace.tracing",
-    "generate_steps": "lmtrace.tracing",
-    "stream": "lmtrace.tracing",
-    "CacheMisuseWarning": "lmtrace.watch",
-    "watch": "lmtrace.watch",
+    "rescore": "lmtrace.scoring.rescore",
+    "ScoreResult": "lmtrace.scoring.score",
+    "score": "lmtrace.scoring.score",
+    "score_batch": "lmtrace.scoring.score",
+    "encode_prompt": "lmtrace.decode.tracing",
+    "generate": "lmtrace.decode.tracing",
+    "generate_steps": "lmtrace.decode.tracing",
+    "stream": "lmtrace.decode.tracing",
+    "CacheMisuseWarning": "lmtrace.external.watch",
+    "watch": "lmtrace.external.watch",
 }
 
 if TYPE_CHECKING:
-    from lmtrace.branch import Branches, branch  # noqa: F401
     from lmtrace.comparison import compare  # noqa: F401
+    from lmtrace.decode.branch import Branches, branch  # noqa: F401
+    from lmtrace.decode.tracing import encode_prompt, generate, generate_steps, stream  # noqa: F401
     from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError  # noqa: F401
-    from lmtrace.from_generate import from_generate  # noqa: F401
+    from lmtrace.external.from_generate import from_generate  # noqa: F401
+    from lmtrace.external.watch import CacheMisuseWarning, watch  # noqa: F401
     from lmtrace.kvlab import LabResult, kvlab  # noqa: F401
-    from lmtrace.loading import LM, load  # noqa: F401
+    from lmtrace.model.lm import LM  # noqa: F401
+    from lmtrace.model.load import load  # noqa: F401
     from lmtrace.params import SamplingParams  # noqa: F401
     from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace  # noqa: F401
-    from lmtrace.rescore import rescore  # noqa: F401
-    from lmtrace.score import ScoreResult, score, score_batch  # noqa: F401
-    from lmtrace.tracing import encode_prompt, generate, generate_steps, stream  # noqa: F401
-    from lmtrace.watch import CacheMisuseWarning, watch  # noqa: F401
+    from lmtrace.scoring.rescore import rescore  # noqa: F401
+    from lmtrace.scoring.score import ScoreResult, score, score_batch  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
     module = _NAMES.get(name)
-    if module is None:  # a submodule (lmtrace.loading, lmtrace.kv, ...), as an eager import made them
+    if module is None:  # a submodule (lmtrace.model.load, lmtrace.kv.ledger, ...), as an eager import made them
         if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
             raise AttributeError(f"module 'lmtrace' has no attribute {name!r}")
         return importlib.import_module(f"{__name__}.{name}")
@@ -74,9 +77,9 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """`lmtrace.score`, `.branch`, `.rescore`, `.watch` are functions that share their names
-    with submodules; importing such a submodule binds it on the package, which would hide the
-    function. The binding is skipped (the submodule stays in sys.modules, where imports find it)."""
+    """`lmtrace.kvlab` is a function that shares its name with a subpackage; importing the
+    subpackage binds it on the package, which would hide the function. The binding is skipped
+    (the subpackage stays in sys.modules, where imports find it)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _NAMES and isinstance(value, types.ModuleType):
@@ -85,6 +88,16 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+
+
+def _notebook_html(obj: Any) -> str:
+    # imported when a notebook first shows a record: the records themselves import no renderer
+    from lmtrace.render.html import notebook_html
+
+    return notebook_html(obj)
+
+
+records.set_notebook_view(_notebook_html)
 
 
 __all__ = sorted(_NAMES, key=str.lower)

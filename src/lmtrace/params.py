@@ -49,11 +49,11 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self) -> None:
-        _integer("max_new_tokens", self.max_new_tokens, low=1)
-        _integer("top_k", self.top_k, low=0)
-        _integer("top_logprobs", self.top_logprobs, low=0, high=MAX_TOP_LOGPROBS)
+        check_integer("max_new_tokens", self.max_new_tokens, low=1)
+        check_integer("top_k", self.top_k, low=0)
+        check_integer("top_logprobs", self.top_logprobs, low=0, high=MAX_TOP_LOGPROBS)
         if self.seed is not None:
-            _integer("seed", self.seed, low=0)
+            check_integer("seed", self.seed, low=0)
             if self.seed >= 2**64:  # torch.Generator takes 64 bits
                 raise InvalidParameter(f"seed must be < 2**64, got {self.seed}")
         t = _number("temperature", self.temperature)
@@ -83,7 +83,8 @@ class SamplingParams:
         return cls(**known)
 
 
-def _integer(name: str, value: Any, *, low: int, high: int | None = None) -> int:
+def check_integer(name: str, value: Any, *, low: int, high: int | None = None) -> int:
+    """`value` as an integer parameter in [low, high]; else InvalidParameter naming it."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidParameter(f"{name} must be an integer, got {value!r}")
     if value < low or (high is not None and value > high):

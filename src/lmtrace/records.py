@@ -6,12 +6,23 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lmtrace.errors import InvalidParameter
 
 SCHEMA_VERSION = 1
+
+# Jupyter's HTML view of a Trace, registered from above (the package's __init__) so that the
+# records import no renderer
+_notebook_view: Callable[[Any], str] | None = None
+
+
+def set_notebook_view(view: Callable[[Any], str] | None) -> None:
+    """Registers the function that renders a record for Jupyter (`_repr_html_`)."""
+    global _notebook_view
+    _notebook_view = view
 
 
 def _num(x: float | None) -> float | None:
@@ -62,11 +73,11 @@ class Step:
     top: list[Alternative]
     kv: dict[str, Any]
     time_ms: float | None
-    # the distribution after each sampling stage, one dict per stage (lmtrace.waterfall); only
+    # the distribution after each sampling stage, one dict per stage (lmtrace.logits.waterfall); only
     # where asked for
     waterfall: list[dict[str, Any]] | None = None
     # the logit lens {settled_at, layers: [...]} and the attention over the cache {layers: [...]}
-    # (lmtrace.lens, lmtrace.attention); only where asked for
+    # (lmtrace.inside.lens, lmtrace.inside.attention); only where asked for
     lens: dict[str, Any] | None = None
     attention: dict[str, Any] | None = None
     # a watched loop's cache misuse, on the step (round) where it starts (lmtrace.watch)
@@ -237,11 +248,10 @@ class Trace:
             content.append(item)
         return {"content": content}
 
-    def _repr_html_(self) -> str:
-        """Jupyter's view: the coloured tokens, each with a hover panel of its alternatives."""
-        from lmtrace.render.html import notebook_html
-
-        return notebook_html(self)
+    def _repr_html_(self) -> str | None:
+        """Jupyter's view: the coloured tokens, each with a hover panel of its alternatives
+        (the renderer registered by the package, lmtrace/__init__.py; None: plain repr)."""
+        return _notebook_view(self) if _notebook_view is not None else None
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(f"Trace({len(self.steps)} steps, finish_reason={self.finish_reason!r}, text={self.text!r})")

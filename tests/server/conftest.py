@@ -96,7 +96,7 @@ def running(chat_lm):
 def slow_lm(tiny_tok):
     """Its own tiny model that sleeps 10 ms per forward pass, so that a long generation is
     still running while a test does something else."""
-    from lmtrace.loading import LM
+    from lmtrace.model.lm import LM
     from tests.tiny import tiny_model
 
     model = tiny_model(tiny_tok)

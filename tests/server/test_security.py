@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from lmtrace.loading import LM
+from lmtrace.model.lm import LM
 from lmtrace.server import create_app
 from lmtrace.server.security import split_host
 from tests.server.conftest import RunningServer, sse_events

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from lmtrace.records import Step
 from lmtrace.server import create_app
-from lmtrace.server.streaming import ChoiceStream, answer_pieces
+from lmtrace.server.sse import ChoiceStream, answer_pieces
 from tests.server.conftest import sse_events
 
 

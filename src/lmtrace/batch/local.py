@@ -1,5 +1,5 @@
 """The local engine: lines into batches of similar length, each batch decoded together (each
-line with its own settings: lmtrace.continuous), one output line per input line. The Ray
+line with its own settings: lmtrace.decode.continuous), one output line per input line. The Ray
 engine runs the same function inside each worker."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 from lmtrace.batch.lines import InputLine
 from lmtrace.batch.output import record_line
 from lmtrace.batch.prepare import Job, prepare
-from lmtrace.continuous import RowSpec, generate_rows
-from lmtrace.loading import LM
-from lmtrace.tracing import generate_each
+from lmtrace.decode.continuous import RowSpec, generate_rows
+from lmtrace.decode.tracing import generate_each
+from lmtrace.model.lm import LM
 
 # lines tokenized and sorted together: longer windows pad less, shorter ones write sooner
 WINDOW_BATCHES = 64

@@ -8,12 +8,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmtrace import engine
 from lmtrace.batch.lines import InputLine
+from lmtrace.decode import engine
+from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
-from lmtrace.loading import LM
+from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
-from lmtrace.tracing import encode_prompt
 
 # the per-line fields that override the command's defaults (plus `chat`)
 OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
@@ -30,7 +30,7 @@ class Job:
     params: SamplingParams
     chat: bool
     messages: list[dict[str, Any]] | None = None
-    inside: dict[str, bool | str] = field(default_factory=dict)  # lens / attention (lmtrace.inside)
+    inside: dict[str, bool | str] = field(default_factory=dict)  # lens / attention (lmtrace.inside.probe)
     group: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -90,7 +90,7 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
         text, ids, messages = _encode(lm, line.data, chat or "messages" in line.data)
         inside_of(line.data, defaults)
         # the engine's own check, so a line's error reads as `lmtrace generate` would say it
-        engine._check_context(lm.model, [ids], params)
+        engine.check_context(lm.model, [ids], params)
     except InvalidParameter as e:
         return str(e)
     except (TypeError, ValueError) as e:  # a chat template missing or failing, odd field types

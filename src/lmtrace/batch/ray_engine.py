@@ -53,7 +53,7 @@ class Tracer:
     """A Ray Data actor: one model replica; each call traces a batch of input lines."""
 
     def __init__(self, model_kwargs: dict[str, Any], defaults: dict[str, Any], batch_size: int):
-        from lmtrace.loading import load
+        from lmtrace.model.load import load
 
         quiet_transformers()
         self.lm = load(**model_kwargs)

@@ -18,7 +18,7 @@ from lmtrace.batch.lines import InputLine
 from lmtrace.batch.local import Outcome, error_outcome
 from lmtrace.batch.output import record_line
 from lmtrace.batch.prepare import Job, prepare
-from lmtrace.loading import LM
+from lmtrace.model.lm import LM
 
 
 def _outcome(job: Job, result: Any) -> Outcome:
@@ -41,7 +41,7 @@ def trace_lines_vllm(
     echo: bool = False,
 ) -> Iterator[Outcome]:
     """An Outcome for every line; `engine` is a lmtrace.vllm.VLLMEngine."""
-    from lmtrace.tracing import make_params
+    from lmtrace.decode.tracing import make_params
     from lmtrace.vllm.convert import Request
 
     it = iter(lines)
@@ -94,7 +94,7 @@ class VLLMTracer:
     def __init__(self, model_kwargs: dict[str, Any], defaults: dict[str, Any], batch_size: int,
                  engine_kwargs: dict[str, Any], echo: bool = False):  # fmt: skip
         from lmtrace.batch.ray_engine import quiet_transformers
-        from lmtrace.loading import load
+        from lmtrace.model.load import load
         from lmtrace.vllm.engine import VLLMEngine
 
         quiet_transformers()

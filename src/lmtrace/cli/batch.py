@@ -10,8 +10,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from lmtrace.cli.common import cli, device_map_option, load_model, model_options
-from lmtrace.cli.generate import inside_options, params_from, sampling_options
+from lmtrace.cli.common import cli, load_model
+from lmtrace.cli.options import device_map_option, inside_options, model_options, params_from, sampling_options
 from lmtrace.errors import InvalidParameter
 
 if TYPE_CHECKING:  # lmtrace.batch imports torch: the command imports it when it runs

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import click
 
-from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
-from lmtrace.cli.generate import inside_options, params_from, sampling_options
+from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli.options import inside_options, json_option, model_options, params_from, sampling_options
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
-from lmtrace.params import _integer
+from lmtrace.params import check_integer
 
 
 @cli.command()
@@ -26,7 +26,7 @@ from lmtrace.params import _integer
 @click.option("--fan", type=int, default=None, help="Branch on each of the K most likely tokens instead.")
 @model_options
 @sampling_options
-@click.option("--json", "json_path", default=None, metavar="FILE", help='Write {"branches": [trace, ...]} as JSON.')
+@json_option('{"branches": [trace, ...]}')
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 @inside_options
@@ -35,10 +35,10 @@ def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plo
     token, continuing with the same settings (the shared prefix's cache is reused)."""
     loading = [kw.pop(k) for k in ("model", "device", "dtype", "allow_pickle", "trust_remote_code")]
     params = params_from(kw)  # argument errors before torch is imported
-    _integer("at", at, low=0, high=params.max_new_tokens - 1)
+    check_integer("at", at, low=0, high=params.max_new_tokens - 1)
     if alternatives and fan is not None:
         raise InvalidParameter("alternative: give --alternative or --fan, not both")
-    from lmtrace.branch import branch as run
+    from lmtrace.decode.branch import branch as run
     from lmtrace.render.branch import print_branches
 
     text = read_prompt(prompt, prompt_file)

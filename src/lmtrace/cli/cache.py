@@ -8,8 +8,9 @@ import click
 from rich.console import Group
 from rich.text import Text
 
-from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, write_json
-from lmtrace.cli.generate import params_from, progress_bar, sampling_options
+from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli.generate import progress_bar
+from lmtrace.cli.options import json_option, model_options, params_from, sampling_options
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 
@@ -21,15 +22,15 @@ from lmtrace.errors import InvalidParameter
 @sampling_options
 @click.option("--demo-misuse", is_flag=True, help="Run a right and a re-feeding hand-written loop side by side.")
 @click.option("--rounds", type=int, default=6, show_default=True, help="Rounds of each loop for --demo-misuse.")
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the ledger as JSON ('-' for stdout).")
+@json_option("the ledger")
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 def cache(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, demo_misuse, rounds, json_path,
           html_path, plot_path, no_color, **kw):  # fmt: skip
     """Generate from PROMPT and show the KV cache: its dimensions, its size per step, its growth."""
+    from lmtrace.decode.tracing import encode_prompt
+    from lmtrace.decode.tracing import generate as run
     from lmtrace.render.kv_terminal import anatomy_view, chart, misuse_view, steps_view
-    from lmtrace.tracing import encode_prompt
-    from lmtrace.tracing import generate as run
 
     params = params_from(kw)
     if rounds < 1:
@@ -39,7 +40,7 @@ def cache(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_
     view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
     if demo_misuse:
-        from lmtrace.misuse import compare
+        from lmtrace.external.misuse import compare
 
         with status.status("Running both loops…"):
             result = compare(lm, encode_prompt(lm, text, kw["chat"]), rounds)
@@ -72,13 +73,13 @@ def cache(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_
 @click.option("--dtype", default="auto", show_default=True,
               help="Cache dtype: auto (the config's, else float32), float32, float16, bfloat16, float8.")  # fmt: skip
 @click.option("--trust-remote-code", is_flag=True, help="Run the model repository's own Python code.")
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the result as JSON ('-' for stdout).")
+@json_option("the result")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 def kv_size(model_or_config, context, batch, dtype, trust_remote_code, json_path, no_color):
     """KV-cache size of MODEL_OR_CONFIG (config.json, a folder, a .gguf, a hub id; default the
     bundled model) at --context positions, from the config alone: no weights are loaded."""
-    from lmtrace.kvsize import anatomy, context_table
-    from lmtrace.loading import load_config
+    from lmtrace.kv.size import anatomy, context_table
+    from lmtrace.model.load import load_config
     from lmtrace.render.kv_terminal import anatomy_view, size_view
 
     if context < 1:

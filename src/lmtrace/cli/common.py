@@ -1,5 +1,5 @@
-"""What the commands share: the group, model options, prompt input, loading with a spinner,
-and writing JSON (atomically, or to stdout with '-')."""
+"""What the commands share: the group, prompt input, loading with a spinner, and writing JSON
+(atomically, or to stdout with '-'). The options themselves are declared in options.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from lmtrace import checks
 from lmtrace.errors import InvalidParameter
 from lmtrace.files import write_atomic
 
@@ -22,68 +21,6 @@ from lmtrace.files import write_atomic
 def cli() -> None:
     """See inside a language model's decoding: every token's probability, rank, alternatives,
     entropy, and the KV cache."""
-
-
-def _checked(check):
-    """A click callback: the value checked as it is parsed, before any command imports torch."""
-
-    def callback(ctx: click.Context, param: click.Parameter, value: str) -> str:
-        check(value)
-        return value
-
-    return callback
-
-
-_MODEL_OPTIONS = [
-    click.option(
-        "--model",
-        "model",
-        default=None,
-        metavar="PATH|ID",
-        help="Model folder, .gguf file or hub id (local cache). Default: the bundled SmolLM2-135M-Instruct.",
-    ),
-    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or mps.",
-                 callback=_checked(checks.device)),  # fmt: skip
-    click.option(
-        "--dtype",
-        default="auto",
-        show_default=True,
-        callback=_checked(checks.dtype),
-        help="auto (float32 on CPU, bfloat16 on CUDA), float32, float16 or bfloat16.",
-    ),
-    click.option("--allow-pickle", is_flag=True, help="Allow .bin/.pt pickle weights (they can run code)."),
-    click.option("--trust-remote-code", is_flag=True, help="Run the model repository's own Python code."),
-]
-
-
-def model_options(f):
-    """Adds --model --device --dtype --allow-pickle --trust-remote-code."""
-    for option in reversed(_MODEL_OPTIONS):
-        f = option(f)
-    return f
-
-
-def device_map_option(f):
-    """Adds --device-map, for the commands that decode a model too large for one GPU."""
-    return click.option(
-        "--device-map",
-        "device_map",
-        type=click.Choice(["auto", "balanced", "balanced_low_0", "sequential"]),
-        default=None,
-        help="Spread the model's layers over the GPUs present (accelerate); instead of --device.",
-    )(f)
-
-
-def weights_option(f):
-    """Adds --weights: float (the default) or packed (a GGUF's own 4-bit weights, CPU)."""
-    return click.option(
-        "--weights",
-        type=click.Choice(["float", "packed"]),
-        default="float",
-        show_default=True,
-        help="packed: run a .gguf's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU, bfloat16 activations) "
-        "instead of dequantizing them to --dtype.",
-    )(f)
 
 
 def read_text(value: str | None, path: str | None, name: str, file_option: str, none_given: str) -> str:
@@ -112,7 +49,7 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 def no_gguf_bar() -> Iterator[None]:
     """transformers' GGUF loader draws a plain tqdm bar; the CLI says what a load does in one
     status line instead (lmtrace.load keeps it quiet too; kept for callers of this name)."""
-    from lmtrace.gguf_quiet import quiet_gguf
+    from lmtrace.model.gguf.quiet import quiet_gguf
 
     with quiet_gguf():
         yield
@@ -133,7 +70,7 @@ def load_model(
     with packed weights, one more line says what runs packed and what stays float."""
     from transformers.utils import logging as hf_logging
 
-    from lmtrace.loading import load
+    from lmtrace.model.load import load
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -159,7 +96,7 @@ def load_model(
         line = f"{said[-1]}; loaded in {time.perf_counter() - started:.1f} s"
         console.print(line, markup=False, highlight=False, soft_wrap=True, style="dim")
     if weights == "packed":
-        from lmtrace.packed import report_of
+        from lmtrace.model.gguf.packed import report_of
 
         console.print(report_of(lm.model).line(), markup=False, highlight=False, soft_wrap=True, style="dim")
     return lm

@@ -10,7 +10,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from lmtrace.cli.common import cli, consoles, load_model, model_options, write_json
+from lmtrace.cli.common import cli, consoles, load_model, write_json
+from lmtrace.cli.options import json_option, model_options
 from lmtrace.errors import InvalidParameter
 from lmtrace.render.tokens import escape
 
@@ -33,7 +34,7 @@ def read_json(path: str, parameter: str):
 @click.option("--top-k", type=int, default=0, show_default=True, help="The engine's top-k (0: off).")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="The engine's top-p (1: off).")
 @click.option("--threshold", type=float, default=0.1, show_default=True, help="A large difference, in nats.")
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the comparison ('-' for stdout).")
+@json_option("the comparison")
 @click.option("--html", "html_path", default=None, metavar="FILE", help="Write the text coloured by difference.")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 def compare(response_file, model, device, dtype, allow_pickle, trust_remote_code, prompt, messages_file, temperature,

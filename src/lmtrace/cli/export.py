@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from lmtrace.cli.common import cli, load_model, model_options
+from lmtrace.cli.common import cli, load_model
+from lmtrace.cli.options import model_options
 
 
 @cli.command("export")
@@ -19,9 +20,9 @@ def export_command(out_dir, model, device, dtype, allow_pickle, trust_remote_cod
     """Write the model (default: the bundled one; a .gguf is dequantized) to OUT_DIR, a new or
     empty folder, as config.json, model.safetensors and the tokenizer: transformers loads it
     back to the same logits. --dtype auto means float32 here, the GGUF's weights exactly."""
-    from lmtrace.export import _check_out_dir, save_folder
+    from lmtrace.model.folder import check_out_dir, save_folder
 
-    _check_out_dir(Path(out_dir).expanduser())  # a bad OUT_DIR fails before the model loads
+    check_out_dir(Path(out_dir).expanduser())  # a bad OUT_DIR fails before the model loads
     status = Console(stderr=True, no_color=no_color, highlight=False)
     lm = load_model(status, model, device, "float32" if dtype == "auto" else dtype, allow_pickle, trust_remote_code)
     with status.status(f"Writing {out_dir}…"):

@@ -2,60 +2,21 @@
 
 from __future__ import annotations
 
-import functools
-
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lmtrace.checks import step_selector
-from lmtrace.cli.common import (
-    cli,
-    consoles,
+from lmtrace.arguments import step_selector
+from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli.options import (
     device_map_option,
-    load_model,
+    inside_options,
+    json_option,
     model_options,
-    read_prompt,
+    params_from,
+    sampling_options,
     weights_option,
-    write_json,
 )
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
-from lmtrace.params import SamplingParams
-
-
-def sampling_options(f):
-    """The sampling options shared by the commands that decode."""
-    options = [
-        click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens to generate at most."),
-        click.option("--temperature", type=float, default=1.0, show_default=True, help="0 means greedy."),
-        click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k most likely tokens (0: off)."),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass (1: off)."),
-        click.option("--min-p", type=float, default=0.0, show_default=True, help="Drop tokens below min_p × the top."),
-        click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1: off."),
-        click.option("--seed", type=int, default=None, help="Seed for sampling (recorded in the trace)."),
-        click.option("--stop", multiple=True, help="Stop string (repeatable); the text is cut before it."),
-        click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the chat template."),
-        click.option(
-            "--top-logprobs", type=int, default=5, show_default=True, help="Alternatives recorded per step (0-100)."
-        ),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
-
-
-def params_from(kw: dict) -> SamplingParams:
-    """SamplingParams from the sampling options (validated before the model loads)."""
-    return SamplingParams(
-        max_new_tokens=kw["max_new_tokens"],
-        temperature=kw["temperature"],
-        top_k=kw["top_k"],
-        top_p=kw["top_p"],
-        min_p=kw["min_p"],
-        repetition_penalty=kw["repetition_penalty"],
-        seed=kw["seed"],
-        stop=tuple(kw["stop"]),
-        top_logprobs=kw["top_logprobs"],
-    )
 
 
 def print_extras(trace, waterfall: str | None, view) -> None:
@@ -81,23 +42,6 @@ def print_extras(trace, waterfall: str | None, view) -> None:
         view.print(waterfall_view(step))
 
 
-def inside_options(f):
-    """--lens, --attention and --attention-heads: what happens inside each step (lmtrace.lens,
-    lmtrace.attention); the command gets `attention` True, False or "heads"."""
-
-    @functools.wraps(f)
-    def command(*args, **kw):
-        if kw.pop("attention_heads"):
-            kw["attention"] = "heads"
-        return f(*args, **kw)
-
-    attention = "Record each step's attention over the cache per layer (top positions, sinks), mean over heads."
-    heads = "Like --attention, and also each head's own top positions, sink and recent mass, entropy."
-    command = click.option("--attention-heads", is_flag=True, help=heads)(command)
-    command = click.option("--attention", is_flag=True, help=attention)(command)
-    return click.option("--lens", is_flag=True, help="Record every layer's prediction per step (logit lens).")(command)
-
-
 def progress_bar(console, total: int) -> Progress:
     columns = [TextColumn("Generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     return Progress(*columns, console=console, transient=True)
@@ -109,7 +53,7 @@ def progress_bar(console, total: int) -> Progress:
 @model_options
 @device_map_option
 @sampling_options
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the trace as JSON ('-' for stdout).")
+@json_option("the trace")
 @report_options
 @weights_option
 @click.option("--compile", "compile_", is_flag=True,
@@ -126,8 +70,8 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     html_path, plot_path = kw.pop("html_path"), kw.pop("plot_path")
     check_report_paths(html_path, plot_path)
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
+    from lmtrace.decode.tracing import generate as run
     from lmtrace.render.terminal import print_trace
-    from lmtrace.tracing import generate as run
 
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import click
 
-from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, read_text, write_json
+from lmtrace.cli.common import cli, consoles, load_model, read_prompt, read_text, write_json
+from lmtrace.cli.options import json_option, model_options, sampling_options
 from lmtrace.cli.reports import check_report_paths, write_reports
 from lmtrace.errors import InvalidParameter
 
@@ -16,22 +17,16 @@ POLICY_HELP = (
 )
 
 
-def _sampling(f):
-    options = [
-        click.option("--max-new-tokens", type=int, default=None,
-                     help="Reference tokens: generated (default 32), or the first N of --continuation (default all)."),
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 means greedy."),
-        click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k most likely (0: off)."),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus mass (1: off)."),
-        click.option("--min-p", type=float, default=0.0, show_default=True, help="Min-p (0: off)."),
-        click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1: off."),
-        click.option("--seed", type=int, default=None, help="Seed for sampling (every arm gets the same)."),
-        click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the chat template."),
-        click.option("--top-logprobs", type=int, default=5, show_default=True, help="Alternatives per step (0-100)."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+# the lab measures a reference decoding: greedy unless asked, and its length follows --continuation
+_LAB_SAMPLING = sampling_options(
+    max_new_tokens=None,
+    temperature=0.0,
+    without=("stop",),
+    help={
+        "max_new_tokens": "Reference tokens: generated (default 32), or the first N of --continuation (default all).",
+        "seed": "Seed for sampling (every arm gets the same).",
+    },
+)
 
 
 @cli.command("kv-lab")
@@ -42,9 +37,9 @@ def _sampling(f):
 @click.option("--continuation-file", default=None, help="Read --continuation from this file.")
 @click.option("--free", is_flag=True, help="Also let each arm generate alone from the step its choice diverges.")
 @click.option("--map-step", type=int, default=None, help="Step of the layer x position map (default: the last).")
-@_sampling
+@_LAB_SAMPLING
 @model_options
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the lab as JSON ('-' for stdout).")
+@json_option("the lab")
 @click.option("--html", "html_path", default=None, metavar="FILE", help="Write a self-contained HTML report.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Write a PNG: KL, logprob change, bytes.")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")

@@ -9,11 +9,12 @@ from pathlib import Path
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lmtrace.cli.common import cli, consoles, device_map_option, load_model, model_options, read_text
+from lmtrace.cli.common import cli, consoles, load_model, read_text
+from lmtrace.cli.options import device_map_option, json_option, model_options
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.files import write_atomic
-from lmtrace.params import MAX_TOP_LOGPROBS, _integer
+from lmtrace.params import MAX_TOP_LOGPROBS, check_integer
 
 
 def _text(text: str | None, file: str | None, prompt: str | None, continuation: str | None) -> str | None:
@@ -30,12 +31,12 @@ def _text(text: str | None, file: str | None, prompt: str | None, continuation: 
 
 def _check(options: dict) -> None:
     """The checks that need no model, before it loads (window's upper bound needs the model)."""
-    _integer("top_logprobs", options["top_logprobs"], low=0, high=MAX_TOP_LOGPROBS)
-    _integer("batch_size", options["batch_size"], low=1)
+    check_integer("top_logprobs", options["top_logprobs"], low=0, high=MAX_TOP_LOGPROBS)
+    check_integer("batch_size", options["batch_size"], low=1)
     if options["window"] is not None:
-        _integer("window", options["window"], low=2)
+        check_integer("window", options["window"], low=2)
     if options["stride"] is not None:
-        _integer("stride", options["stride"], low=1)
+        check_integer("stride", options["stride"], low=1)
 
 
 def read_jsonl(path: str) -> list[tuple[object, str | tuple[str, str]]]:
@@ -75,7 +76,7 @@ def _progress(console, total: int) -> Progress:
 
 def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
     from lmtrace.render.score import summary_table
-    from lmtrace.score import score_batch
+    from lmtrace.scoring.score import score_batch
 
     with _progress(status, len(records)) as progress:
         task = progress.add_task("score", total=len(records))
@@ -113,7 +114,7 @@ def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
 @click.option("--top-logprobs", type=int, default=5, show_default=True, help="Alternatives per token (0-100).")
 @model_options
 @device_map_option
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the scores as JSON ('-' for stdout).")
+@json_option("the scores")
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_path, no_color, **options):
@@ -121,7 +122,7 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
     the total logprob, perplexity and bits per byte."""
     from lmtrace.cli.common import write_json
     from lmtrace.render.score import print_score
-    from lmtrace.score import score as run
+    from lmtrace.scoring.score import score as run
 
     keys = ("model", "device", "dtype", "allow_pickle", "trust_remote_code", "device_map")
     loading = [options.pop(k) for k in keys]

@@ -7,7 +7,8 @@ import ipaddress
 
 import click
 
-from lmtrace.cli.common import cli, load_model, model_options
+from lmtrace.cli.common import cli, load_model
+from lmtrace.cli.options import model_options
 from lmtrace.errors import InvalidParameter
 
 

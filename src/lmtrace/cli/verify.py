@@ -8,7 +8,8 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from lmtrace.cli.common import cli, consoles, load_model, model_options, read_prompt, weights_option, write_json
+from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli.options import json_option, model_options, weights_option
 from lmtrace.errors import InvalidParameter
 
 
@@ -24,7 +25,7 @@ from lmtrace.errors import InvalidParameter
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the chat template.")
 @click.option("--rescore", is_flag=True,
               help="Also trace a generation and rescore it teacher-forced against the recorded logprobs.")  # fmt: skip
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the report as JSON ('-' for stdout).")
+@json_option("the report")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, weights, max_new_tokens,
            tolerance, chat, rescore, json_path, no_color):  # fmt: skip
@@ -36,8 +37,8 @@ def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote
         raise InvalidParameter(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if tolerance is not None and (not math.isfinite(tolerance) or tolerance < 0):
         raise InvalidParameter(f"tolerance must be a finite number >= 0, got {tolerance}")
-    from lmtrace.tracing import encode_prompt
-    from lmtrace.verify import verify as run
+    from lmtrace.decode.tracing import encode_prompt
+    from lmtrace.scoring.verify import verify as run
 
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)
@@ -61,8 +62,8 @@ def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote
 
 def rescore_trace(lm, text: str, chat: bool, max_new_tokens: int) -> dict:
     """The round trip: a traced greedy generation, rescored teacher-forced (lmtrace.rescore)."""
-    from lmtrace.rescore import rescore
-    from lmtrace.tracing import generate
+    from lmtrace.decode.tracing import generate
+    from lmtrace.scoring.rescore import rescore
 
     trace = generate(lm, text, chat=chat, max_new_tokens=max_new_tokens, temperature=0)
     found = rescore(lm, trace)

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from lmtrace import sampling
 from lmtrace.comparison.parse import Reported, Token, token_bytes
 from lmtrace.comparison.verdict import fit_temperature, judge
 from lmtrace.detokenize import TokenBytes
-from lmtrace.loading import LM
+from lmtrace.logits import sampling
+from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from lmtrace import kv
 from lmtrace.errors import InvalidParameter
+from lmtrace.kv import ledger as kv
 
 
 class LabCache:

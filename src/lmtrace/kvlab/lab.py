@@ -14,13 +14,14 @@ from typing import Any
 
 import torch
 
-from lmtrace import kv, sampling
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.errors import InvalidParameter
+from lmtrace.kv import ledger as kv
 from lmtrace.kvlab import metrics, runner
 from lmtrace.kvlab.policies.base import Policy
 from lmtrace.kvlab.spec import parse_policies
-from lmtrace.loading import LM
+from lmtrace.logits import measure
+from lmtrace.model.lm import LM
 from lmtrace.records import Alternative, Step, Trace
 
 
@@ -81,7 +82,7 @@ def _reference_steps(lm: LM, tokens: list[int], top_n: int) -> tuple[list[Step],
         steps.append(Step(
             index=index, token_id=token, text=piece, bytes=list(tb(token)),
             logprob=float(chosen), sampled_logprob=float(chosen), rank=int((lp > chosen).sum()) + 1,
-            entropy=float(sampling.entropy(lp[None])[0]), sampled_entropy=float(sampling.entropy(lp[None])[0]),
+            entropy=float(measure.entropy(lp[None])[0]), sampled_entropy=float(measure.entropy(lp[None])[0]),
             top=[Alternative(t, tb.text(t), list(tb(t)), v, v) for t, v in zip(top_ids.tolist(), top_lp.tolist())],
             kv=kv.state(ref.lab.cache).to_dict(), time_ms=0.0,
         ))  # fmt: skip
@@ -117,6 +118,17 @@ def _arm_dict(arm: runner.Arm, ref: runner.Arm, free: list[int] | None, lm: LM) 
     return d
 
 
+def _continuation(lm: LM, text: str, limit: int | None) -> tuple[list[int], str]:
+    """The reference tokens of a given continuation (its first `limit` where given) and its text."""
+    tokens = list(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
+    if limit is not None:
+        tokens = tokens[:limit]
+        text = lm.tokenizer.decode(tokens)
+    if not tokens:
+        raise InvalidParameter("continuation: the text has no tokens")
+    return tokens, text
+
+
 def kvlab(
     lm: LM,
     prompt: str,
@@ -138,19 +150,15 @@ def kvlab(
     step) is where each arm's kept positions are recorded for the layer x position map;
     `free` lets each arm generate alone from its divergence step; `on_step(index, total)` is
     called after each step (a progress bar); `params` a SamplingParams instead of `sampling`."""
-    from lmtrace.tracing import _seeded, encode_prompt, generate, make_params
+    from lmtrace.decode.rows import seeded
+    from lmtrace.decode.tracing import encode_prompt, generate, make_params
 
     chosen = parse_policies(list(policies))
-    params = _seeded(make_params(params, **sampling))
+    params = seeded(make_params(params, **sampling))
     ids = encode_prompt(lm, prompt, chat)
     started = time.perf_counter()
     if continuation is not None:
-        tokens = list(lm.tokenizer(continuation, add_special_tokens=False)["input_ids"])
-        if max_continuation_tokens is not None:
-            tokens = tokens[:max_continuation_tokens]
-            continuation = lm.tokenizer.decode(tokens)
-        if not tokens:
-            raise InvalidParameter("continuation: the text has no tokens")
+        tokens, continuation = _continuation(lm, continuation, max_continuation_tokens)
         steps, build = _reference_steps(lm, tokens, params.top_logprobs)
     else:
         trace = generate(lm, prompt, params, chat=chat)

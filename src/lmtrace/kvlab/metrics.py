@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from lmtrace import sampling
+from lmtrace.logits import measure
 
 
 def step_numbers(ref_lp: torch.Tensor, arm_logits: torch.Tensor, token: int) -> dict[str, Any]:
@@ -16,7 +16,7 @@ def step_numbers(ref_lp: torch.Tensor, arm_logits: torch.Tensor, token: int) -> 
     chosen = lp[token]
     p_ref = ref_lp.exp()
     kl = torch.sum(p_ref * (ref_lp - lp))  # KL(full || arm), in nats
-    entropy_shift = sampling.entropy(lp[None])[0] - sampling.entropy(ref_lp[None])[0]
+    entropy_shift = measure.entropy(lp[None])[0] - measure.entropy(ref_lp[None])[0]
     numbers = torch.stack([chosen, chosen - ref_lp[token], kl.clamp(min=0.0), entropy_shift]).tolist()
     return {
         "logprob": numbers[0],

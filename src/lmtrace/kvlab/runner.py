@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 
-from lmtrace import kv, sampling
+from lmtrace.kv import ledger as kv
 from lmtrace.kvlab import capture, metrics
 from lmtrace.kvlab.cache import LabCache
 from lmtrace.kvlab.policies.base import Policy
 from lmtrace.kvlab.policies.full import Full
+from lmtrace.logits import sampling
 from lmtrace.params import SamplingParams
 
 

@@ -2,7 +2,7 @@
 dimension with its value and the config field it comes from, the formula with the numbers
 filled in and its result, "none" where a list is empty, and an alert only when the measured
 cache differed from the formula. Input: the anatomy dict of a trace (`kv_anatomy`, from
-lmtrace.kvsize.Anatomy.to_dict, plus `mismatches`)."""
+lmtrace.kv.size.Anatomy.to_dict, plus `mismatches`)."""
 
 from __future__ import annotations
 

@@ -106,7 +106,7 @@ def token_view(step: dict[str, Any], i: int) -> dict[str, Any]:
         view["kv"] = step["kv"]
     if isinstance(step.get("waterfall"), list):
         view["waterfall"] = step["waterfall"]
-    if isinstance(step.get("lens"), dict):  # lmtrace.lens / lmtrace.attention, compacted
+    if isinstance(step.get("lens"), dict):  # lmtrace.inside.lens / lmtrace.inside.attention, compacted
         view["lens"] = inside.lens_view(step["lens"])
     if isinstance(step.get("attention"), dict):
         view["att"] = inside.attention_view(step["attention"])

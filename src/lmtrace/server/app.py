@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from lmtrace.loading import LM
+from lmtrace.model.lm import LM
 from lmtrace.server import chat, completions, errors, models, tokenization, traces, viewer
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.generation import ServerState

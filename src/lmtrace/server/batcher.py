@@ -5,7 +5,7 @@ once, and a request whose client went away (or that the server's shutdown cancel
 rows out at the next step. Admission, 429 with Retry-After, drain and shutdown are the
 ModelWorker's own; only what runs on the model thread differs.
 
-Each answer is what it would be alone (lmtrace.continuous): greedy tokens, seeded draws (choice
+Each answer is what it would be alone (lmtrace.decode.continuous): greedy tokens, seeded draws (choice
 j of a request with `seed` s draws from its own generator seeded s + j), each step's `kv` the
 row's own part of the cache; logprobs differ from alone only by batched float noise."""
 
@@ -18,11 +18,11 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from lmtrace.continuous import ContinuousBatch, Row, RowSpec
-from lmtrace.loading import LM
+from lmtrace.decode.continuous import ContinuousBatch, Row, RowSpec
+from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
 from lmtrace.server.logprobs import prompt_logprobs
-from lmtrace.server.worker import _END, Cancelled, Handle, ModelWorker, ShuttingDown, Work
+from lmtrace.server.worker import END, Cancelled, Handle, ModelWorker, ShuttingDown, Work
 
 if TYPE_CHECKING:
     from lmtrace.server.prepare import Job
@@ -68,7 +68,7 @@ class BatchingWorker(ModelWorker):
     def submit_job(self, job: Job) -> Handle:
         """Queues the request's rows (call from the event loop); raises Busy when full."""
         handle = self._admit()
-        self._queue(self._waiting, _Request(handle, job, handle._loop))
+        self._queue(self._waiting, _Request(handle, job, handle.loop))
         return handle
 
     def submit(self, work: Work) -> Handle:
@@ -89,11 +89,11 @@ class BatchingWorker(ModelWorker):
         if run:
             self._run(handle, work)  # emits the work's events and its end
         else:  # dropped at shutdown before it ran
-            handle.emit(_END)
+            handle.emit(END)
         with self._lock:
             self._live.discard(handle)
         try:
-            handle._loop.call_soon_threadsafe(self._release)
+            handle.loop.call_soon_threadsafe(self._release)
         except RuntimeError:
             pass
 
@@ -202,7 +202,7 @@ class BatchingWorker(ModelWorker):
         else:
             self.finished += 1
         self._durations.append(time.perf_counter() - req.started)
-        handle.emit(_END)
+        handle.emit(END)
         with self._lock:
             self._live.discard(handle)
         try:

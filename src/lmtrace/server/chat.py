@@ -14,7 +14,7 @@ from lmtrace.server.generation import Part, ServerState, collect, new_id, openai
 from lmtrace.server.logprobs import chat_entry
 from lmtrace.server.prepare import Job, chat_job, check_model
 from lmtrace.server.schemas import ChatRequest
-from lmtrace.server.streaming import SSEResponse
+from lmtrace.server.sse import SSEResponse
 from lmtrace.server.worker import Handle
 
 router = APIRouter()

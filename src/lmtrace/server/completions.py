@@ -17,7 +17,7 @@ from lmtrace.server.generation import Part, ServerState, collect, new_id, openai
 from lmtrace.server.logprobs import CompletionLogprobs, PromptToken
 from lmtrace.server.prepare import Job, check_model, completion_job
 from lmtrace.server.schemas import CompletionRequest
-from lmtrace.server.streaming import SSEResponse, answer_pieces
+from lmtrace.server.sse import SSEResponse, answer_pieces
 from lmtrace.server.worker import Handle
 
 router = APIRouter()

@@ -13,15 +13,15 @@ from typing import Any
 
 from starlette.requests import Request
 
-from lmtrace.loading import LM
+from lmtrace.decode.tracing import generate_ids
+from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.errors import APIError, failure
 from lmtrace.server.logprobs import PromptToken, prompt_logprobs
 from lmtrace.server.prepare import Job
-from lmtrace.server.streaming import DONE, ChoiceStream, sse
+from lmtrace.server.sse import DONE, ChoiceStream, sse
 from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, ShuttingDown, Work
-from lmtrace.tracing import generate_ids
 
 
 @dataclass

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
-from lmtrace.loading import LM
+from lmtrace.logits import measure
+from lmtrace.model.lm import LM
 from lmtrace.records import Alternative, Step
 
 FLOOR = -9999.0  # OpenAI's stand-in for a token too unlikely to have a number
@@ -53,7 +54,8 @@ class PromptToken:
 
 def prompt_logprobs(lm: LM, ids: list[int], top_n: int) -> list[PromptToken]:
     """One teacher-forced forward over the prompt: token i's logprob is read from the
-    distribution after tokens 0..i-1; the first token has none (null), as OpenAI."""
+    distribution after tokens 0..i-1 (lmtrace.logits.measure.targets, as score and echo read
+    it); the first token has none (null), as OpenAI."""
     tb = TokenBytes(lm.tokenizer)
     detok = IncrementalDetokenizer(lm.tokenizer)
     pieces = [detok.add(t) for t in ids]
@@ -61,16 +63,11 @@ def prompt_logprobs(lm: LM, ids: list[int], top_n: int) -> list[PromptToken]:
     with torch.inference_mode():
         x = torch.tensor([ids], device=lm.model.device)
         logits = lm.model(input_ids=x, use_cache=False).logits[0, :-1]  # (len - 1, vocab)
+        numbers = measure.targets(logits, torch.tensor(ids[1:]), top_n)
     out = [PromptToken(ids[0], pieces[0], list(tb(ids[0])), None)]
-    for start in range(0, logits.shape[0], 256):  # float32 log-softmax a block of rows at a time
-        lp = torch.log_softmax(logits[start : start + 256].float(), dim=-1)
-        targets = torch.tensor(ids[start + 1 : start + 1 + lp.shape[0]], device=lp.device)
-        chosen = lp.gather(-1, targets[:, None])[:, 0].tolist()
-        top_lp, top_ids = torch.topk(lp, top_n, dim=-1) if top_n else (lp[:, :0], lp[:, :0].long())
-        for row, (value, alts, alt_ids) in enumerate(zip(chosen, top_lp.tolist(), top_ids.tolist())):
-            i = start + row + 1
-            top = [Alternative(t, tb.text(t), list(tb(t)), a, a) for t, a in zip(alt_ids, alts)]
-            out.append(PromptToken(ids[i], pieces[i], list(tb(ids[i])), value, top))
+    for i, value, alt_ids, alts in zip(range(1, len(ids)), numbers.logprob, numbers.top_ids, numbers.top_logprobs):
+        top = [Alternative(t, tb.text(t), list(tb(t)), a, a) for t, a in zip(alt_ids, alts)]
+        out.append(PromptToken(ids[i], pieces[i], list(tb(ids[i])), value, top))
     return out
 
 

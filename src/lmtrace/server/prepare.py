@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
-from lmtrace.loading import LM
+from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.server.errors import APIError, bad_request, from_invalid
 from lmtrace.server.schemas import ChatRequest, CompletionRequest, Message, Sampling, TraceRequest, unicode_text
-from lmtrace.tracing import encode_prompt
 
 MAX_LOGPROBS = 20  # OpenAI's cap on alternatives per token, for both routes
 MAX_N = 16

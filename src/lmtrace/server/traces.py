@@ -17,7 +17,7 @@ from lmtrace.server.errors import failure
 from lmtrace.server.generation import ServerState, collect, start
 from lmtrace.server.prepare import check_model, trace_job
 from lmtrace.server.schemas import TraceRequest
-from lmtrace.server.streaming import DONE, SSEResponse, sse
+from lmtrace.server.sse import DONE, SSEResponse, sse
 from lmtrace.server.worker import Handle
 
 router = APIRouter()

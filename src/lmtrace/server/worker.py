@@ -22,7 +22,7 @@ Emit = Callable[[Event], None]
 # check() raises Cancelled once the request has been cancelled.
 Work = Callable[[Emit, Callable[[], None]], None]
 
-_END = ("end",)
+END = ("end",)
 DISCONNECT_POLL_S = 0.25
 
 
@@ -49,14 +49,14 @@ class Handle:
     """One admitted request: its events arrive on an asyncio queue, fed from the model thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
+        self.loop = loop  # the request's event loop (callbacks from the model thread go through it)
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._cancelled = threading.Event()
         self.server_stopping = False  # cancelled because the server stops, not because the client left
 
     def emit(self, event: Event) -> None:
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            self.loop.call_soon_threadsafe(self._queue.put_nowait, event)
         except RuntimeError:  # the event loop has closed (server shutting down): nobody listens
             pass
 
@@ -88,7 +88,7 @@ class Handle:
                     return
             if event is None:
                 continue
-            if event is _END:
+            if event is END:
                 return
             if event[0] == "error":
                 raise event[1]
@@ -114,7 +114,7 @@ class ModelWorker:
         """Queues the work (call from the event loop); raises Busy when every slot is taken."""
         handle = self._admit()
         future = self._pool.submit(self._run, handle, work)
-        future.add_done_callback(lambda f: self._done(handle._loop, handle, f))
+        future.add_done_callback(lambda f: self._done(handle.loop, handle, f))
         return handle
 
     def _admit(self) -> Handle:
@@ -132,7 +132,7 @@ class ModelWorker:
         with self._lock:
             self._live.discard(handle)
         if future.cancelled():  # dropped at shutdown before it ran
-            handle.emit(_END)
+            handle.emit(END)
         try:
             loop.call_soon_threadsafe(self._release)
         except RuntimeError:
@@ -155,7 +155,7 @@ class ModelWorker:
             handle.emit(("error", e))
         finally:
             self._durations.append(time.perf_counter() - started)
-            handle.emit(_END)
+            handle.emit(END)
 
     def retry_after(self) -> int:
         """Seconds until a slot is likely free: the typical request time times the line ahead."""

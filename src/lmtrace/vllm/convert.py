@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from lmtrace import kvsize
 from lmtrace.detokenize import TokenBytes
-from lmtrace.forced import token_scores
-from lmtrace.loading import LM
+from lmtrace.kv import size as kvsize
+from lmtrace.logits.forced import token_scores
+from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.records import Alternative, Step, Trace
 from lmtrace.versions import versions

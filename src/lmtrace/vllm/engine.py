@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtrace.errors import GenerationError, InvalidParameter
-from lmtrace.loading import LM
+from lmtrace.model.lm import LM
 from lmtrace.params import MAX_TOP_LOGPROBS, SamplingParams
 from lmtrace.records import Trace
 from lmtrace.vllm import kv
@@ -194,7 +194,7 @@ class VLLMEngine:
         echo: bool = False, **kwargs: Any,
     ) -> Trace | list[Trace]:  # fmt: skip
         """Like lmtrace.generate, decoded by vLLM: a Trace per prompt (one for a string)."""
-        from lmtrace.tracing import make_params
+        from lmtrace.decode.tracing import make_params
 
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         traces = self.generate_each(texts, [make_params(params, **kwargs)] * len(texts), chat=chat, echo=echo)
@@ -205,7 +205,7 @@ class VLLMEngine:
     ) -> list[Trace]:
         """A Trace per prompt, each with its own params, decoded together; a sampled prompt
         without a seed gets a random one (recorded in its trace)."""
-        from lmtrace.tracing import encode_prompt, make_params
+        from lmtrace.decode.tracing import encode_prompt, make_params
 
         requests = []
         for text, p in zip(prompts, params, strict=True):

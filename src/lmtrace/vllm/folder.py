@@ -1,7 +1,7 @@
 """vLLM loads a model from a folder (config, tokenizer, safetensors). A folder given as the
 model is used as it is; anything else lmtrace loads (the bundled GGUF, a .gguf file, a hub id)
-is written once to `<cache>/vllm/<key>/` (lmtrace's cache, lmtrace.gguf_cache.cache_root) with
-lmtrace.export.save_folder, the weights exactly as lmtrace traced them, and reused while the
+is written once to `<cache>/vllm/<key>/` (lmtrace's cache, lmtrace.model.gguf.converted.cache_root) with
+lmtrace.model.folder.save_folder, the weights exactly as lmtrace traced them, and reused while the
 source file (path, size, modification time) and the dtype are unchanged."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtrace.errors import InvalidParameter
-from lmtrace.gguf_cache import cache_root
+from lmtrace.model.gguf.converted import cache_root
 
 
 def is_model_folder(source: str | Path | None) -> bool:
@@ -21,7 +21,7 @@ def is_model_folder(source: str | Path | None) -> bool:
 
 def _identity(source: str | None, dtype: str) -> dict[str, Any]:
     """What the exported folder depends on: the source file (path, size, time) and the dtype."""
-    from lmtrace.loading import bundled_gguf
+    from lmtrace.model.load import bundled_gguf
 
     path = bundled_gguf() if source is None else Path(source).expanduser()
     if path.exists():
@@ -40,7 +40,7 @@ def model_folder(lm: Any, source: str | None) -> Path:
     out = cache_root() / "vllm" / key
     if (out / "config.json").is_file():
         return out
-    from lmtrace.export import save_folder
+    from lmtrace.model.folder import save_folder
 
     try:
         return save_folder(lm, out)

@@ -3,16 +3,16 @@
 vLLM keeps the cache in fixed-size blocks (its `block_size`, from the engine's config) and gives
 a request ceil(positions / block_size) of them; it does not expose a request's tensors, so the
 bytes of a block come from the formula (2 x layers x kv_heads x head_dim x block_size x bytes per
-element, lmtrace.kvsize), marked as such in the record."""
+element, lmtrace.kv.size), marked as such in the record."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from lmtrace import kvsize
+from lmtrace.kv import size as kvsize
 
-SOURCE = "vllm block_size and blocks; bytes per token from the formula (lmtrace.kvsize)"
+SOURCE = "vllm block_size and blocks; bytes per token from the formula (lmtrace.kv.size)"
 
 
 @dataclass
@@ -53,7 +53,7 @@ class KVLayout:
             d["bytes"] = blocks * self.block_size * per_token
             d["bytes_used"] = used
             d["blocks"] = {"count": blocks, "block_size": self.block_size, "prefix_cached_tokens": cached_tokens}
-        d["source"] = SOURCE if self.block_size else "the formula (lmtrace.kvsize)"
+        d["source"] = SOURCE if self.block_size else "the formula (lmtrace.kv.size)"
         return d
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lmtrace import sampling
+from lmtrace.logits import sampling
 from lmtrace.params import SamplingParams
 
 VLLM_ORDER = "repetition_penalty -> temperature -> min_p -> top_k -> top_p"

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from lmtrace import forced, sampling
-from lmtrace.loading import LM
+from lmtrace.logits import measure
+from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
-from lmtrace.score import forward_windows, resolve_window
+from lmtrace.scoring.score import forward_windows, resolve_window
 from lmtrace.vllm.params import process_like_vllm
 
 
@@ -30,7 +30,7 @@ class Rescored:
     top_ids: list[list[int]]
     top_logprobs: list[list[float]]
     processed: torch.Tensor  # (steps, vocab) processed logprobs, for alternatives looked up later
-    prompt: forced.Forced | None = None  # the prompt's tokens from position 1 on (echo)
+    prompt: measure.Forced | None = None  # the prompt's tokens from position 1 on (echo)
 
 
 def _seen(prompt_ids: Sequence[int], generated: Sequence[int], vocab: int, device: torch.device) -> torch.Tensor:
@@ -104,7 +104,7 @@ def _numbers(
     prompt = None
     if echo:
         targets = torch.tensor(ids[1 : len(prompt_ids)])
-        prompt = forced.measure_targets(logits[: len(prompt_ids) - 1], targets, top_n)
+        prompt = measure.targets(logits[: len(prompt_ids) - 1], targets, top_n)
     steps = logits[len(prompt_ids) - first :]  # (generated, vocab)
     with torch.inference_mode():
         raw = torch.log_softmax(steps, -1)
@@ -112,14 +112,13 @@ def _numbers(
         used = torch.log_softmax(process_like_vllm(steps, params, seen), -1)
         chosen = torch.tensor(list(generated), device=steps.device)[:, None]  # (generated, 1)
         lp = raw.gather(-1, chosen)
-        rank = (raw > lp).sum(-1) + 1  # the same rule as lmtrace's loop
         top_lp, top_ids = torch.topk(raw, top_n, dim=-1) if top_n else (raw[:, :0], chosen[:, :0])
         return Rescored(
             logprob=lp[:, 0].tolist(),
-            rank=rank.tolist(),
-            entropy=sampling.entropy(raw).tolist(),
+            rank=measure.rank(raw, lp).tolist(),
+            entropy=measure.entropy(raw).tolist(),
             sampled_logprob=used.gather(-1, chosen)[:, 0].tolist(),
-            sampled_entropy=sampling.entropy(used).tolist(),
+            sampled_entropy=measure.entropy(used).tolist(),
             top_ids=top_ids.tolist(),
             top_logprobs=top_lp.tolist(),
             processed=used,

@@ -1,0 +1,155 @@
+"""Every option more than one command takes, declared once: the model (--model --device
+--dtype ...), sampling (--temperature --top-k ... --top-logprobs), inside a step (--lens
+--attention), output (--json). A command whose default differs says so in its help."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from lmtrace import arguments
+from lmtrace.params import SamplingParams
+
+
+def _checked(check):
+    """A click callback: the value checked as it is parsed, before any command imports torch."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str) -> str:
+        check(value)
+        return value
+
+    return callback
+
+
+_MODEL_OPTIONS = [
+    click.option(
+        "--model",
+        "model",
+        default=None,
+        metavar="PATH|ID",
+        help="Model folder, .gguf file or hub id (local cache). Default: the bundled SmolLM2-135M-Instruct.",
+    ),
+    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or mps.",
+                 callback=_checked(arguments.device)),  # fmt: skip
+    click.option(
+        "--dtype",
+        default="auto",
+        show_default=True,
+        callback=_checked(arguments.dtype),
+        help="auto (float32 on CPU, bfloat16 on CUDA), float32, float16 or bfloat16.",
+    ),
+    click.option("--allow-pickle", is_flag=True, help="Allow .bin/.pt pickle weights (they can run code)."),
+    click.option("--trust-remote-code", is_flag=True, help="Run the model repository's own Python code."),
+]
+
+
+def model_options(f):
+    """Adds --model --device --dtype --allow-pickle --trust-remote-code."""
+    for option in reversed(_MODEL_OPTIONS):
+        f = option(f)
+    return f
+
+
+def device_map_option(f):
+    """Adds --device-map, for the commands that decode a model too large for one GPU."""
+    return click.option(
+        "--device-map",
+        "device_map",
+        type=click.Choice(["auto", "balanced", "balanced_low_0", "sequential"]),
+        default=None,
+        help="Spread the model's layers over the GPUs present (accelerate); instead of --device.",
+    )(f)
+
+
+def weights_option(f):
+    """Adds --weights: float (the default) or packed (a GGUF's own 4-bit weights, CPU)."""
+    return click.option(
+        "--weights",
+        type=click.Choice(["float", "packed"]),
+        default="float",
+        show_default=True,
+        help="packed: run a .gguf's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU, bfloat16 activations) "
+        "instead of dequantizing them to --dtype.",
+    )(f)
+
+
+# name -> (flag, click settings); the defaults are SamplingParams' own
+_SAMPLING: dict[str, tuple[str, dict[str, Any]]] = {
+    "max_new_tokens": ("--max-new-tokens", {"type": int, "default": 64, "help": "Tokens to generate at most."}),
+    "temperature": ("--temperature", {"type": float, "default": 1.0, "help": "0 means greedy."}),
+    "top_k": ("--top-k", {"type": int, "default": 0, "help": "Keep the k most likely tokens (0: off)."}),
+    "top_p": ("--top-p", {"type": float, "default": 1.0, "help": "Nucleus sampling mass (1: off)."}),
+    "min_p": ("--min-p", {"type": float, "default": 0.0, "help": "Drop tokens below min_p × the top."}),
+    "repetition_penalty": ("--repetition-penalty", {"type": float, "default": 1.0, "help": "1: off."}),
+    "seed": ("--seed", {"type": int, "default": None, "help": "Seed for sampling (recorded in the trace)."}),
+    "stop": ("--stop", {"multiple": True, "help": "Stop string (repeatable); the text is cut before it."}),
+    "chat": ("--chat", {"is_flag": True, "help": "Wrap the prompt as a user message with the chat template."}),
+    "top_logprobs": ("--top-logprobs", {"type": int, "default": 5, "help": "Alternatives recorded per step (0-100)."}),
+}
+
+
+def sampling_options(f: Callable | None = None, *, without: tuple[str, ...] = (), **changed: Any) -> Callable:
+    """Adds the sampling options: `@sampling_options`, or `@sampling_options(temperature=0.0,
+    without=("stop",), help={"seed": "..."})` for a command whose defaults differ (its help then
+    names the difference) or that takes fewer options."""
+    helps = changed.pop("help", {})
+
+    def decorate(g: Callable) -> Callable:
+        for name, (flag, settings) in reversed(_SAMPLING.items()):
+            if name in without:
+                continue
+            s = dict(settings)
+            if name in changed:
+                s["default"] = changed[name]
+                s["help"] = f"{s['help']} This command's default differs from generate's ({settings['default']})."
+            s["help"] = helps.get(name, s["help"])
+            if "default" in s and s["default"] is not None:
+                s["show_default"] = True
+            g = click.option(flag, **s)(g)
+        return g
+
+    return decorate(f) if f is not None else decorate
+
+
+def params_from(kw: dict) -> SamplingParams:
+    """SamplingParams from the sampling options (validated before the model loads)."""
+    return SamplingParams(
+        max_new_tokens=kw["max_new_tokens"],
+        temperature=kw["temperature"],
+        top_k=kw["top_k"],
+        top_p=kw["top_p"],
+        min_p=kw["min_p"],
+        repetition_penalty=kw["repetition_penalty"],
+        seed=kw["seed"],
+        stop=tuple(kw.get("stop", ())),
+        top_logprobs=kw["top_logprobs"],
+    )
+
+
+def json_option(what: str) -> Callable:
+    """--json FILE: write `what` as JSON ('-' for stdout)."""
+    return click.option(
+        "--json", "json_path", default=None, metavar="FILE", help=f"Write {what} as JSON ('-' for stdout)."
+    )
+
+
+def inside_options(f):
+    """--lens, --attention and --attention-heads: what happens inside each step (lmtrace.inside.lens,
+    lmtrace.inside.attention); the command gets `attention` True, False or "heads"."""
+
+    @functools.wraps(f)
+    def command(*args, **kw):
+        if kw.pop("attention_heads"):
+            kw["attention"] = "heads"
+        return f(*args, **kw)
+
+    attention = "Record each step's attention over the cache per layer (top positions, sinks), mean over heads."
+    heads = "Like --attention, and also each head's own top positions, sink and recent mass, entropy."
+    command = click.option("--attention-heads", is_flag=True, help=heads)(command)
+    command = click.option("--attention", is_flag=True, help=attention)(command)
+    return click.option("--lens", is_flag=True, help="Record every layer's prediction per step (logit lens).")(command)
+
+

@@ -1,0 +1,186 @@
+"""One row's records while it decodes, and the records made from the engine's numbers: the
+text pieces (held back where a character spans tokens), stop strings, each Step, and the Trace
+at the end. Shared by generate, branch and continuous batching."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from lmtrace.decode.step import BatchStep
+from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
+from lmtrace.errors import InvalidParameter
+from lmtrace.inside import probe as inside
+from lmtrace.kv import size
+from lmtrace.logits import forced
+from lmtrace.logits import waterfall as waterfall_mod
+from lmtrace.model.lm import LM
+from lmtrace.params import SamplingParams
+from lmtrace.records import Alternative, Step, Trace
+from lmtrace.versions import versions
+
+
+def make_params(params: SamplingParams | None = None, **kwargs: Any) -> SamplingParams:
+    """`params` with `kwargs` laid over them (or SamplingParams(**kwargs))."""
+    if params is not None and kwargs:
+        merged = {**params.to_dict(), **kwargs}
+        return SamplingParams.from_dict(merged)
+    return params if params is not None else SamplingParams(**kwargs)
+
+
+class RowRecord:
+    """Per-prompt state: its detokenizer, its steps, where a stop string cut the text."""
+
+    def __init__(self, lm: LM, stops: Sequence[str]):
+        self.detok = IncrementalDetokenizer(lm.tokenizer)
+        self.stops = stops
+        self.steps: list[Step] = []
+        self.piece = ""
+        self.cut: int | None = None
+        self.stop_reason: str | int | None = None
+        self.text_before_eos: str | None = None
+        self.prompt_logprobs: list | None = None  # with echo: the prompt's TokenScores
+
+    def add(self, token_id: int, is_eos: bool) -> bool:
+        """Feeds a token; True when a stop string is now complete."""
+        before = self.detok.emitted
+        if is_eos:  # the answer's text ends before the end token, held-back bytes included
+            self.text_before_eos = self.detok.tokenizer.decode(self.detok.ids)
+        self.piece = self.detok.add(token_id)
+        if is_eos or not self.stops:
+            return False
+        text = self.detok.emitted
+        start = max(0, len(before) - max(len(s) for s in self.stops))
+        hits = [(text.find(s, start), s) for s in self.stops if text.find(s, start) >= 0]
+        if hits:
+            self.cut, self.stop_reason = min(hits)
+            return True
+        return False
+
+
+def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> Step:
+    top = [
+        Alternative(t, tb.text(t), list(tb(t)), lp, slp)
+        for t, lp, slp in zip(bs.top_ids[row], bs.top_logprobs[row], bs.top_sampled_logprobs[row])
+    ]
+    token = bs.token_ids[row]
+    return Step(
+        index=bs.index,
+        token_id=token,
+        text=piece,
+        bytes=list(tb(token)),
+        logprob=bs.logprob[row],
+        sampled_logprob=bs.sampled_logprob[row],
+        rank=bs.rank[row],
+        entropy=bs.entropy[row],
+        sampled_entropy=bs.sampled_entropy[row],
+        top=top,
+        kv=bs.kv.to_dict(),
+        time_ms=bs.time_ms,
+        waterfall=waterfall_mod.with_texts(bs.waterfall[row], tb.text) if bs.waterfall else None,
+        lens=inside.with_texts(bs.lens[row], tb.text) if bs.lens else None,
+        attention=inside.with_texts(bs.attention[row], tb.text) if bs.attention else None,
+    )
+
+
+def generator(lm: LM, params: SamplingParams) -> torch.Generator | None:
+    """The row's random stream, seeded by its params (None for greedy decoding)."""
+    if params.greedy:
+        return None
+    return torch.Generator(device=lm.model.device).manual_seed(params.seed)
+
+
+def records(
+    lm: LM, prompts: Sequence[list[int]], steps: Iterator[BatchStep], rows: list[RowRecord]
+) -> Iterator[tuple[int, Step]]:
+    """The engine's BatchSteps as (row, Step) records; `rows` were fed each token by the hook."""
+    tb = TokenBytes(lm.tokenizer)
+    for bs in steps:
+        if bs.prompt is not None:
+            for ids, state, numbers in zip(prompts, rows, bs.prompt):
+                state.prompt_logprobs = forced.token_scores(lm.tokenizer, ids, 0, numbers, tb)
+        for r, state in enumerate(rows):
+            if not bs.active[r]:
+                continue
+            piece = state.piece + (state.detok.flush() if bs.finish[r] else "")
+            if bs.finish[r] == "eos":
+                state.stop_reason = bs.token_ids[r]
+            step = step_record(lm, bs, r, piece, tb)
+            state.steps.append(step)
+            yield r, step
+
+
+def to_trace(
+    lm: LM,
+    prompt: str,
+    ids: list[int],
+    params: SamplingParams,
+    row: RowRecord,
+    chat: bool,
+    compile: bool = False,
+    probe: inside.Probe | None = None,
+) -> Trace:
+    full = row.detok.emitted
+    if row.cut is not None:
+        text = full[: row.cut]
+    elif row.text_before_eos is not None:
+        text = row.text_before_eos
+    else:
+        text = full
+    last = row.steps[-1] if row.steps else None
+    finish = "length" if last is not None and row.cut is None and row.text_before_eos is None else "stop"
+    times = [s.time_ms for s in row.steps]
+    decode_ms = sum(times[1:])
+    summary = lm.summary.to_dict()
+    return Trace(
+        model={"source": lm.source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]},
+        params={**params.to_dict(), "chat": chat, **({"compile": True} if compile else {}), **inside.params(lm, probe)},
+        prompt={"text": prompt, "token_ids": ids, **inside.prompt_tokens(lm, probe, ids)},
+        text=text,
+        token_ids=[s.token_id for s in row.steps],
+        finish_reason=finish,
+        stop_reason=row.stop_reason,
+        timing={
+            "prefill_ms": times[0] if times else 0.0,
+            "decode_ms": decode_ms,
+            "total_ms": sum(times),
+            "prompt_tokens": len(ids),
+            "generated_tokens": len(times),
+            "prefill_tokens_per_s": len(ids) / (times[0] / 1000) if times and times[0] > 0 else None,
+            "decode_tokens_per_s": (len(times) - 1) / (decode_ms / 1000) if decode_ms > 0 else None,
+        },
+        versions=versions(),
+        steps=row.steps,
+        kv_anatomy=anatomy(lm, row.steps),
+        prompt_logprobs=row.prompt_logprobs,
+    )
+
+
+def _measured(kv: dict[str, Any]) -> int:
+    """Bytes holding tokens: what the formula predicts (a static cache allocates more)."""
+    return kv.get("bytes_used", kv["bytes"])
+
+
+def anatomy(lm: LM, steps: list[Step]) -> dict[str, Any] | None:
+    """The header's explanation of the cache, with the steps where measurement and formula differ."""
+    layers = steps[0].kv.get("layers") if steps else None
+    batch = layers[0]["keys"][0] if layers and layers[0]["keys"] else 1  # rows decoded together
+    try:
+        an = size.anatomy(lm.model.config, lm.summary.dtype or "float32", batch)
+    except InvalidParameter as e:
+        return {"unsupported": str(e)}
+    d = an.to_dict()
+    d["mismatches"] = [s.index for s in steps if _measured(s.kv) != s.kv.get("expected_bytes", _measured(s.kv))]
+    return d
+
+
+def seeded(params: SamplingParams) -> SamplingParams:
+    """Sampling params with a seed (a random one where none was given), so a trace can be replayed."""
+    if params.greedy or params.seed is not None:
+        return params
+    return make_params(params, seed=random.randrange(2**31))
+
+

@@ -1,0 +1,166 @@
+"""The one decoding step: from a batch's raw logits and how each row chooses, the chosen tokens
+with their measured numbers. The engine's loop, branching and continuous batching all call
+`take`; speculative decoding and grammar masks change the step here and nowhere else.
+
+    how = Choosing([params], rng, seen)                  # one params for all rows, or one per row
+    tokens, step = take(index, logits, how, active, kv)  # logits (batch, vocab) float32 raw"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lmtrace.kv import ledger
+from lmtrace.logits import measure, sampling
+from lmtrace.params import SamplingParams
+
+# on_token(row, token_id) -> True when the row must stop (a stop string was completed)
+TokenHook = Callable[[int, int], bool]
+
+
+@dataclass
+class BatchStep:
+    """Numbers for one step of every row in the batch (lists indexed by row)."""
+
+    index: int
+    token_ids: list[int]
+    active: list[bool]  # rows that were still generating at this step
+    finish: list[str | None]  # "eos", "stop" or "length" where a row ends at this step
+    logprob: list[float]
+    sampled_logprob: list[float]
+    rank: list[int]
+    entropy: list[float]
+    sampled_entropy: list[float]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+    top_sampled_logprobs: list[list[float]]
+    kv: ledger.KVState
+    time_ms: float
+    # observers' records (decode/observers.py), one per row where they were asked for:
+    # step 0 with echo: the prompt's own tokens, teacher-forced in the prefill pass
+    prompt: list[measure.Forced] | None = None
+    # the distribution after each sampling stage (lmtrace.logits.waterfall.stages)
+    waterfall: list[dict] | None = None
+    # the logit lens and the attention over the cache (lmtrace.inside)
+    lens: list[dict] | None = None
+    attention: list[dict] | None = None
+
+
+@dataclass
+class Choosing:
+    """How the rows of a batch choose. `params` holds one SamplingParams for every row (the
+    batch is processed as one tensor) or one per row (each row processed alone, with its own
+    settings); `rng` one generator for the batch or one per row (None: greedy); `seen` the
+    tokens so far for a repetition penalty: (batch, vocab) bool, or per row (1, vocab) or None;
+    `forced` (batch,) tokens that replace the choice (a branch's alternative)."""
+
+    params: Sequence[SamplingParams]
+    rng: sampling.Rng = None
+    seen: torch.Tensor | Sequence[torch.Tensor | None] | None = None
+    forced: torch.Tensor | None = None
+
+    @property
+    def shared(self) -> bool:
+        return len(self.params) == 1
+
+    @property
+    def top_n(self) -> int:
+        return max(p.top_logprobs for p in self.params)
+
+    def batch_seen(self) -> torch.Tensor | None:
+        """The (batch, vocab) penalty mask where one tensor holds it (one row: its own)."""
+        if isinstance(self.seen, torch.Tensor) or self.seen is None:
+            return self.seen
+        return self.seen[0] if len(self.seen) == 1 else None
+
+    def _seen(self, row: int) -> torch.Tensor | None:
+        if self.seen is None or isinstance(self.seen, torch.Tensor):
+            return None if self.seen is None else self.seen[row : row + 1]
+        return self.seen[row]
+
+    def _rng(self, row: int) -> torch.Generator | None:
+        return self.rng[row] if isinstance(self.rng, Sequence) else self.rng
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distributions the rows choose from (batch, vocab); `logits` itself where every
+        row is greedy without a penalty (one distribution, measured once)."""
+        if self.shared:
+            return sampling.process_logits(logits, self.params[0], self.batch_seen())
+        if all(p.greedy for p in self.params) and all(self._seen(r) is None for r in range(len(self.params))):
+            return logits
+        rows = [sampling.process_logits(logits[r : r + 1], p, self._seen(r)) for r, p in enumerate(self.params)]
+        return torch.cat(rows)
+
+    def choose(self, processed: torch.Tensor) -> torch.Tensor:
+        """Token ids (batch,): the forced ones, else each row's argmax or draw."""
+        if self.forced is not None:
+            return self.forced
+        if self.shared:
+            return sampling.choose(processed, self.params[0], self.rng)
+        rows = [sampling.choose(processed[r : r + 1], p, self._rng(r)) for r, p in enumerate(self.params)]
+        return torch.cat(rows)
+
+    def saw(self, tokens: torch.Tensor) -> None:
+        """Marks the chosen tokens (batch,) as seen, for the next step's repetition penalty."""
+        if isinstance(self.seen, torch.Tensor):
+            self.seen.scatter_(1, tokens[:, None], True)
+        elif self.seen is not None:
+            for row, token in enumerate(tokens.tolist()):
+                if self.seen[row] is not None:
+                    self.seen[row][0, token] = True
+
+
+def take(
+    index: int, logits: torch.Tensor, how: Choosing, active: Sequence[bool], kv: ledger.KVState
+) -> tuple[torch.Tensor, BatchStep]:
+    """Chooses every row's token from its processed distribution and measures it under the raw
+    `logits` (batch, vocab) and the processed one; returns the tokens (batch,) and the BatchStep
+    (finish reasons not yet set: see `finish`). With one params per row each row keeps its own
+    number of alternatives."""
+    processed = how.process(logits)
+    tokens = how.choose(processed)  # (batch,)
+    floats, ints = measure.chosen(logits, processed, tokens, how.top_n)
+    step = assemble(index, floats, ints, list(active), how.top_n, kv)
+    if not how.shared:
+        for r, p in enumerate(how.params):
+            n = p.top_logprobs
+            step.top_ids[r], step.top_logprobs[r] = step.top_ids[r][:n], step.top_logprobs[r][:n]
+            step.top_sampled_logprobs[r] = step.top_sampled_logprobs[r][:n]
+    return tokens, step
+
+
+def assemble(index: int, floats: list, ints: list, active: list[bool], n: int, kv: ledger.KVState) -> BatchStep:
+    """A BatchStep from measure.chosen's rows of floats and ints."""
+    return BatchStep(
+        index=index,
+        token_ids=[r[0] for r in ints],
+        active=list(active),
+        finish=[None] * len(ints),
+        logprob=[r[0] for r in floats],
+        sampled_logprob=[r[1] for r in floats],
+        rank=[r[1] for r in ints],
+        entropy=[r[2] for r in floats],
+        sampled_entropy=[r[3] for r in floats],
+        top_ids=[r[2 : 2 + n] for r in ints],
+        top_logprobs=[r[4 : 4 + n] for r in floats],
+        top_sampled_logprobs=[r[4 + n : 4 + 2 * n] for r in floats],
+        kv=kv,
+        time_ms=0.0,
+    )
+
+
+def finish_reason(is_eos: bool, hit_stop: bool, last: bool) -> str | None:
+    """Why a row ends at this step: its end token, a completed stop string, or its length."""
+    return "eos" if is_eos else "stop" if hit_stop else "length" if last else None
+
+
+def finish(step: BatchStep, eos_token_ids: Sequence[int], params: SamplingParams, on_token: TokenHook | None) -> None:
+    """Sets the finish reason of every active row of `step` (one params for all rows)."""
+    last = step.index == params.max_new_tokens - 1
+    for row, token in enumerate(step.token_ids):
+        if not step.active[row]:
+            continue
+        hit = on_token(row, token) if on_token is not None else False
+        step.finish[row] = finish_reason(params.stop_on_eos and token in eos_token_ids, hit, last)

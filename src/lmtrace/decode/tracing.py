@@ -1,0 +1,178 @@
+"""The three depths of the API over the engine: generate_steps (numbers), stream (Steps),
+generate (Trace); and generate_each / generate_ids for batches of token-id prompts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from lmtrace.decode import engine, observers
+from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
+from lmtrace.decode.step import BatchStep
+from lmtrace.inside import probe as inside
+from lmtrace.kv import rows as kv_rows
+from lmtrace.logits import sampling
+from lmtrace.model.lm import LM
+from lmtrace.params import SamplingParams
+from lmtrace.records import Step, Trace
+
+__all__ = ["encode_prompt", "generate", "generate_each", "generate_ids", "generate_steps", "make_params", "stream"]
+
+
+def encode_prompt(lm: LM, prompt: str, chat: bool = False) -> list[int]:
+    """Token ids of a prompt; with `chat` the tokenizer's chat template wraps a user message."""
+    tok = lm.tokenizer
+    if chat:
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+    return list(tok(prompt)["input_ids"])
+
+
+def _iter_rows(
+    lm: LM,
+    prompts: Sequence[list[int]],
+    params: SamplingParams,
+    rows: list[RowRecord],
+    watchers: Sequence[observers.Observer] = (),
+    compile: bool = False,
+    rng: sampling.Rng = None,
+) -> Iterator[tuple[int, Step]]:
+    """Runs the engine and yields (row, Step) for every row still generating at each step.
+    `rng` None means one generator seeded by `params.seed`."""
+    eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
+
+    def hook(row: int, token: int) -> bool:
+        return rows[row].add(token, token in eos)
+
+    rng = rng if rng is not None else generator(lm, params)
+    setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, compile, list(watchers))
+    yield from records(lm, prompts, engine.generate_steps(lm.model, prompts, params, rng, setup), rows)
+
+
+def generate(
+    lm: LM,
+    prompt: str | Sequence[str],
+    params: SamplingParams | None = None,
+    *,
+    chat: bool = False,
+    on_step: Callable[[int, Step], None] | None = None,
+    echo: bool = False,
+    waterfall: int | str | None = None,
+    compile: bool = False,
+    lens: bool = False,
+    attention: bool | str = False,
+    **kwargs: Any,
+) -> Trace | list[Trace]:
+    """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
+    list of Traces; `on_step(row, step)` is called as each step is produced. `echo` also
+    records the prompt's own tokens (`trace.prompt_logprobs`, from the prefill pass);
+    `waterfall` (a step index or "all") records the distribution after each sampling stage;
+    `compile` uses a static cache and a torch.compile'd decode step (a one-off compile);
+    `lens` records every layer's prediction at each step (the logit lens) and `attention` what
+    each step's token attended to in the cache, the mean over heads (True) and also each head
+    ("heads") (lmtrace.inside.lens, lmtrace.inside.attention)."""
+    p = seeded(make_params(params, **kwargs))
+    inside.check(compile, lens, attention)
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    ids = [encode_prompt(lm, text, chat) for text in prompts]
+    probe = inside.Probe(ids, p.top_logprobs, lens, attention)
+    watchers = observers.build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens,
+                               top_n=p.top_logprobs)  # fmt: skip
+    rows = [RowRecord(lm, p.stop) for _ in ids]
+    for r, step in _iter_rows(lm, ids, p, rows, watchers, compile):
+        if on_step is not None:
+            on_step(r, step)
+    traces = [to_trace(lm, text, i, p, row, chat, compile, probe) for text, i, row in zip(prompts, ids, rows)]
+    return traces[0] if isinstance(prompt, str) else traces
+
+
+def generate_each(
+    lm: LM,
+    prompts: Sequence[str],
+    prompt_ids: Sequence[list[int]],
+    params: Sequence[SamplingParams],
+    *,
+    chat: bool = False,
+    on_step: Callable[[int, Step], None] | None = None,
+    lens: bool = False,
+    attention: bool | str = False,
+) -> list[Trace]:
+    """Decodes prompts (their text and token ids) as one left-padded batch, each row as it would
+    decode alone: one generator per row seeded by its own params' seed, and each step's `kv` the
+    row's own part of the cache (no padding, batch 1). The rows' params may differ only in seed.
+    `lens` and `attention` as in generate."""
+    ps = [seeded(p) for p in params]
+    shared = ps[0]
+    if any({**p.to_dict(), "seed": None} != {**shared.to_dict(), "seed": None} for p in ps):
+        raise ValueError("generate_each: the rows' params may differ only in their seed")
+    rng = None if shared.greedy else [generator(lm, p) for p in ps]
+    rows = [RowRecord(lm, shared.stop) for _ in prompt_ids]
+    probe = inside.Probe(prompt_ids, shared.top_logprobs, lens, attention)
+    for r, step in _iter_rows(lm, prompt_ids, shared, rows, observers.build(probe), rng=rng):
+        if on_step is not None:
+            on_step(r, step)
+    width, expected = max(len(i) for i in prompt_ids), engine.expected_bytes(lm.model, 1)
+    traces = []
+    for text, ids, p, row in zip(prompts, prompt_ids, ps, rows):
+        for step in row.steps:
+            step.kv = kv_rows.own_part(step.kv, width - len(ids), len(rows), expected)
+        traces.append(to_trace(lm, text, ids, p, row, chat, probe=probe))
+    return traces
+
+
+def stream(
+    lm: LM,
+    prompt: str,
+    params: SamplingParams | None = None,
+    *,
+    chat: bool = False,
+    waterfall: int | str | None = None,
+    lens: bool = False,
+    attention: bool | str = False,
+    **kwargs: Any,
+) -> Iterator[Step]:
+    """Steps with text and timing, as they are produced (`lens`, `attention` as in generate)."""
+    p = seeded(make_params(params, **kwargs))
+    ids = encode_prompt(lm, prompt, chat)
+    probe = inside.Probe([ids], p.top_logprobs, lens, attention)
+    watchers = observers.build(probe, waterfall=waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
+    for _, step in _iter_rows(lm, [ids], p, [RowRecord(lm, p.stop)], watchers):
+        yield step
+
+
+def generate_steps(
+    lm: LM, prompt_ids: Sequence[Sequence[int]], params: SamplingParams | None = None, **kwargs: Any
+) -> Iterator[BatchStep]:
+    """The engine's numbers for a batch of token-id prompts: no text, no records."""
+    p = seeded(make_params(params, **kwargs))
+    eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
+    setup = engine.Setup(eos, lm.pad_token_id)
+    yield from engine.generate_steps(lm.model, prompt_ids, p, generator(lm, p), setup)
+
+
+def generate_ids(
+    lm: LM,
+    prompt_ids: Sequence[Sequence[int]],
+    params: SamplingParams | None = None,
+    *,
+    prompt_texts: Sequence[str] | None = None,
+    chat: bool = False,
+    on_step: Callable[[int, Step], None] | None = None,
+    lens: bool = False,
+    attention: bool | str = False,
+    **kwargs: Any,
+) -> list[Trace]:
+    """Like `generate` for prompts already tokenized (a server's token-id prompts, a chat
+    template applied by the caller): one left-padded batch, one Trace per prompt. An exception
+    raised by `on_step` stops the generation (a server uses this when its client goes away)."""
+    p = seeded(make_params(params, **kwargs))
+    ids = [list(i) for i in prompt_ids]
+    texts = list(prompt_texts) if prompt_texts is not None else [lm.tokenizer.decode(i) for i in ids]
+    rows = [RowRecord(lm, p.stop) for _ in ids]
+    probe = inside.Probe(ids, p.top_logprobs, lens, attention)
+    for r, step in _iter_rows(lm, ids, p, rows, observers.build(probe)):
+        if on_step is not None:
+            on_step(r, step)
+    return [to_trace(lm, text, i, p, row, chat, probe=probe) for text, i, row in zip(texts, ids, rows)]

@@ -1,0 +1,240 @@
+"""The only reader of transformers' cache internals (they change between versions).
+
+transformers 5.x: a DynamicCache holds `cache.layers[i].keys / .values`, each
+(batch, num_kv_heads, seq_len, head_dim). A sliding-window layer keeps `sliding_window - 1`
+positions while `get_seq_length()` counts every token seen, so bytes are always measured from
+the tensors themselves and checked against the formula of kvsize.py."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+FULL, SLIDING = "full_attention", "sliding_window"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What one layer's cache looks like, from the config alone."""
+
+    kind: str  # "full_attention", "sliding_window", "none" (no KV cache), or an unsupported type's name
+    kv_heads: int
+    head_dim: int
+    window: int | None = None
+
+    def held(self, seen: int) -> int:
+        """Positions this layer keeps after `seen` tokens (transformers keeps window - 1)."""
+        if self.kind == "none":
+            return 0
+        return min(seen, self.window - 1) if self.window else seen
+
+
+@dataclass
+class KVState:
+    """The cache after one forward pass: positions seen, bytes allocated and holding tokens
+    (they differ for a preallocated static cache), and per-layer detail."""
+
+    seq_len: int
+    bytes: int
+    expected_bytes: int | None = None
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    bytes_used: int | None = None
+
+    @property
+    def matches(self) -> bool:
+        used = self.bytes if self.bytes_used is None else self.bytes_used
+        return self.expected_bytes is None or self.expected_bytes == used
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"seq_len": self.seq_len, "bytes": self.bytes}
+        if self.bytes_used is not None and self.bytes_used != self.bytes:
+            d["bytes_used"] = self.bytes_used
+        if self.expected_bytes is not None:
+            d["expected_bytes"] = self.expected_bytes
+        if self.layers:
+            d["layers"] = self.layers
+        return d
+
+
+def new_cache(model: Any, static_len: int | None = None) -> Any:
+    """A DynamicCache, or a StaticCache of `static_len` positions (preallocated, for compiling)."""
+    if static_len is not None:
+        from transformers import StaticCache
+
+        return StaticCache(config=model.config, max_cache_len=static_len)
+    return DynamicCache(config=model.config)
+
+
+@lru_cache(maxsize=32)
+def _forward_kwarg(forward_cls: type) -> str:
+    params = inspect.signature(forward_cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwargs(model: Any, cache: DynamicCache) -> dict[str, Any]:
+    """The forward keyword for the cache: recent 5.x releases say `cache=`, older ones
+    `past_key_values=`."""
+    return {_forward_kwarg(type(model)): cache, "use_cache": True}
+
+
+def find_cache(kwargs: dict[str, Any]) -> Any:
+    """The cache a forward call was given, under either name."""
+    found = kwargs.get("cache")
+    return found if found is not None else kwargs.get("past_key_values")
+
+
+def layer_layout(config: Any) -> list[LayerSpec]:
+    """Per-layer cache specs as transformers' DynamicCache(config=...) would build them."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    types, kwargs = get_layer_types_and_kwargs(text)
+    per_layer = getattr(text, "per_layer_config", None)
+    specs = []
+    for i, (kind, kw) in enumerate(zip(types, kwargs)):
+        cfg = per_layer[i] if per_layer is not None else text
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        if kind == FULL:
+            specs.append(LayerSpec(FULL, kv_heads, head_dim))
+        elif kind in ("sliding_attention", "chunked_attention"):
+            specs.append(LayerSpec(SLIDING, kv_heads, head_dim, int(kw["sliding_window"])))
+        elif kind == "dummy":  # shares another layer's cache, or has no attention
+            specs.append(LayerSpec("none", kv_heads, head_dim))
+        else:
+            specs.append(LayerSpec(kind, kv_heads, head_dim))
+    return specs
+
+
+def _nbytes(t: Any) -> int:
+    """Bytes held by a tensor, or by the storage a quantized layer keeps: a tensor subclass
+    (optimum-quanto's packed QTensor) through its inner tensors, a (tensor, scale) tuple
+    (transformers' fp8 layer), a dict of tensors (hqq's metadata)."""
+    if isinstance(t, torch.Tensor):
+        flatten = getattr(type(t), "__tensor_flatten__", None)
+        if flatten is not None and type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+            names, _ = t.__tensor_flatten__()
+            return sum(_nbytes(getattr(t, name)) for name in names)
+        return t.numel() * t.element_size()
+    if isinstance(t, (tuple, list)):
+        return sum(_nbytes(x) for x in t)
+    if isinstance(t, dict):
+        return sum(_nbytes(x) for x in t.values())
+    return 0
+
+
+def quantized_storage(layer: Any) -> tuple[Any, Any]:
+    """(keys, values) a quantized layer keeps outside `.keys/.values` (None, None for others)."""
+    return getattr(layer, "_quantized_keys", None), getattr(layer, "_quantized_values", None)
+
+
+def _shape(t: Any) -> list[int] | None:
+    return list(t.shape) if isinstance(t, torch.Tensor) and t.numel() else None
+
+
+def _layer_entry(index: int, layer: Any) -> dict[str, Any]:
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    held = keys.shape[-2] if isinstance(keys, torch.Tensor) and keys.dim() == 4 else 0
+    filled = min(int(layer.get_seq_length()), held) if held else 0
+    allocated = _nbytes(keys) + _nbytes(values)
+    qkeys, qvalues = quantized_storage(layer)
+    quantized = _nbytes(qkeys) + _nbytes(qvalues)
+    if quantized:  # a quantized layer: packed storage plus its full-precision residual, all in use
+        entry = {"layer": index, "kind": FULL, "window": None, "keys": _shape(keys), "values": _shape(values),
+                 "dtype": _quantized_dtype(qkeys), "bytes": allocated + quantized,
+                 "bytes_used": allocated + quantized, "quantized_bytes": quantized}  # fmt: skip
+        return entry
+    return {
+        "layer": index,
+        "kind": SLIDING if getattr(layer, "is_sliding", False) else FULL,
+        "window": getattr(layer, "sliding_window", None),
+        "keys": _shape(keys),
+        "values": _shape(values),
+        "dtype": str(keys.dtype).replace("torch.", "") if isinstance(keys, torch.Tensor) else None,
+        "bytes": allocated,
+        # a static cache allocates its maximum length up front; only `filled` positions hold tokens
+        "bytes_used": allocated * filled // held if held else 0,
+    }
+
+
+def _quantized_dtype(q: Any) -> str:
+    data = q[0] if isinstance(q, (tuple, list)) else q
+    name = getattr(getattr(data, "qtype", None), "name", None)  # optimum-quanto: qint4, qint2
+    if name is None and isinstance(data, torch.Tensor):
+        name = str(data.dtype).replace("torch.", "")
+    return str(name)
+
+
+def seq_length(cache: Any) -> int:
+    """Positions seen by the cache (counts every token, also past a sliding window)."""
+    return int(cache.get_seq_length())
+
+
+def state(cache: Any, expected: Any = None, layers: bool = True) -> KVState:
+    """Measures the cache; `expected(seq_len) -> bytes` is the formula to check against."""
+    entries = [_layer_entry(i, layer) for i, layer in enumerate(cache.layers)]
+    total = sum(e["bytes"] for e in entries)
+    seen = seq_length(cache)
+    return KVState(
+        seq_len=seen,
+        bytes=total,
+        expected_bytes=expected(seen) if expected is not None else None,
+        layers=entries if layers else [],
+        bytes_used=sum(e["bytes_used"] for e in entries),
+    )
+
+
+def layer_shapes(cache: Any) -> list[list[int] | None]:
+    """Key shapes of every layer, for logs of people's own loops."""
+    return [_shape(getattr(layer, "keys", None)) for layer in cache.layers]
+
+
+# Regrouping a batch's cache while it decodes (continuous batching, lmtrace.decode.continuous): rows
+# join (their own cache, left-padded to the batch's width) and leave (selected away).
+
+
+def regroupable(cache: Any) -> bool:
+    """Whether rows can join and leave this cache: only plain full-attention dynamic layers
+    (a sliding layer's kept window depends on each row's own length)."""
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def select_rows(cache: Any, index: torch.Tensor) -> None:
+    """Keeps the rows `index` (in that order), in place."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, index)
+        layer.values = layer.values.index_select(0, index)
+
+
+def pad_left(cache: Any, width: int) -> None:
+    """Adds `width` empty positions before every row (they are masked out), in place."""
+    if width <= 0:
+        return
+    for layer in cache.layers:
+        b, h, _, d = layer.keys.shape  # (batch, kv_heads, seq, head_dim) -> seq + width
+        layer.keys = torch.cat([layer.keys.new_zeros((b, h, width, d)), layer.keys], dim=-2)
+        layer.values = torch.cat([layer.values.new_zeros((b, h, width, d)), layer.values], dim=-2)
+
+
+def drop_left(cache: Any, width: int) -> None:
+    """Drops the first `width` positions of every row (padding that no row needs any more)."""
+    if width <= 0:
+        return
+    for layer in cache.layers:
+        layer.keys = layer.keys[:, :, width:]
+        layer.values = layer.values[:, :, width:]
+
+
+def append_rows(cache: Any, other: Any) -> None:
+    """Appends the rows of `other` (the same width) after this cache's rows, in place."""
+    for layer, extra in zip(cache.layers, other.layers):
+        layer.keys = torch.cat([layer.keys, extra.keys], dim=0)
+        layer.values = torch.cat([layer.values, extra.values], dim=0)

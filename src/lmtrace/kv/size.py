@@ -1,0 +1,143 @@
+"""KV-cache arithmetic from a config alone: where each dimension comes from, bytes per token,
+bytes at a context length. The formula, for full-attention layers:
+
+    bytes = 2 (keys and values) × layers × kv_heads × head_dim × positions × batch × bytes_per_element
+
+A sliding-window layer holds min(positions, window - 1) positions; a layer without a cache none."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lmtrace.errors import InvalidParameter
+from lmtrace.kv import ledger as kv
+from lmtrace.model.arch import attention_kind, text_config
+
+BYTES_PER_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
+
+
+class UnsupportedCacheLayout(InvalidParameter):
+    """The config uses a cache layout this calculator does not know; no number is better than a wrong one."""
+
+
+def element_size(dtype: str) -> int:
+    if dtype not in BYTES_PER_ELEMENT:
+        raise InvalidParameter(f"dtype must be one of {', '.join(BYTES_PER_ELEMENT)}, got {dtype!r}")
+    return BYTES_PER_ELEMENT[dtype]
+
+
+@dataclass
+class Anatomy:
+    """The cache dimensions of one model, explained with its own config numbers."""
+
+    layers: int
+    attention_heads: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    attention: str
+    dtype: str
+    bytes_per_element: int
+    batch: int
+    specs: list[kv.LayerSpec]
+    sources: dict[str, str]
+
+    def bytes_at(self, positions: int) -> int:
+        """Bytes of the whole cache (all layers, keys and values, the batch) after `positions` tokens."""
+        per_row = sum(2 * s.kv_heads * s.head_dim * s.held(positions) for s in self.specs)
+        return per_row * self.batch * self.bytes_per_element
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Growth per token of one sequence while no sliding window is full."""
+        return sum(2 * s.kv_heads * s.head_dim for s in self.specs if s.kind != "none") * self.bytes_per_element
+
+    @property
+    def sliding_layers(self) -> list[int]:
+        return [i for i, s in enumerate(self.specs) if s.window]
+
+    def formula(self) -> str:
+        return (
+            f"bytes = 2 × {self.layers} layers × {self.kv_heads} kv_heads × {self.head_dim} head_dim × positions"
+            f" × {self.batch} batch × {self.bytes_per_element} bytes ({self.dtype})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layers": self.layers,
+            "attention_heads": self.attention_heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_size": self.hidden_size,
+            "attention": self.attention,
+            "dtype": self.dtype,
+            "bytes_per_element": self.bytes_per_element,
+            "batch": self.batch,
+            "bytes_per_token": self.bytes_per_token,
+            "sliding_layers": self.sliding_layers,
+            "windows": sorted({s.window for s in self.specs if s.window}),
+            "sources": self.sources,
+            "formula": self.formula(),
+        }
+
+
+def _sources(c: Any, heads: int, head_dim: int) -> dict[str, str]:
+    derived = c.hidden_size // heads
+    if getattr(c, "head_dim", None) and int(c.head_dim) != derived:
+        hd = f"head_dim = {head_dim} (explicit; hidden_size / num_attention_heads would give {derived})"
+    else:
+        hd = f"head_dim = hidden_size / num_attention_heads = {c.hidden_size} / {heads} = {head_dim}"
+    kvh = getattr(c, "num_key_value_heads", None)
+    return {
+        "layers": f"num_hidden_layers = {c.num_hidden_layers}",
+        "kv_heads": f"num_key_value_heads = {kvh}"
+        if kvh
+        else f"num_attention_heads = {heads} (no num_key_value_heads)",
+        "head_dim": hd,
+        "batch": "the number of sequences decoded together",
+        "positions": "prompt tokens + generated tokens (capped at window - 1 on sliding-window layers)",
+    }
+
+
+def anatomy(config: Any, dtype: str = "float32", batch: int = 1) -> Anatomy:
+    """The cache anatomy of `config`; raises UnsupportedCacheLayout where it would be wrong."""
+    c = text_config(config)
+    if getattr(c, "kv_lora_rank", None):
+        raise UnsupportedCacheLayout(
+            f"{config.model_type}: multi-head latent attention (kv_lora_rank {c.kv_lora_rank}) caches a compressed "
+            "latent, not keys and values per head; its size is not computed here"
+        )
+    specs = kv.layer_layout(config)
+    unknown = sorted({s.kind for s in specs} - {kv.FULL, kv.SLIDING, "none"})
+    if unknown:
+        raise UnsupportedCacheLayout(
+            f"{config.model_type}: layer type {unknown[0]!r} keeps a cache this calculator does not know"
+        )
+    heads = int(c.num_attention_heads)
+    kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+    return Anatomy(
+        layers=len(specs),
+        attention_heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_size=int(c.hidden_size),
+        attention=attention_kind(heads, kv_heads),
+        dtype=dtype,
+        bytes_per_element=element_size(dtype),
+        batch=batch,
+        specs=specs,
+        sources=_sources(c, heads, head_dim),
+    )
+
+
+def context_table(an: Anatomy, max_context: int | None) -> list[dict[str, int]]:
+    """Sizes at 1k, 2k, 4k, … up to the model's maximum (included)."""
+    top = max_context or 131072
+    sizes, n = [], 1024
+    while n < top:
+        sizes.append(n)
+        n *= 2
+    sizes.append(top)
+    return [{"context": s, "bytes": an.bytes_at(s)} for s in sizes]

@@ -1,0 +1,79 @@
+"""A summary of a causal LM's architecture, read from its config (and the model when loaded)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ArchSummary:
+    architecture: str
+    model_type: str
+    layers: int
+    attention_heads: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    context_length: int | None
+    attention: str  # "MHA", "GQA (group size N)" or "MQA"
+    dtype: str | None = None
+    device: str | None = None
+    parameters: int | None = None
+    # how the linear layers' weights are held where not plain `dtype` tensors: e.g.
+    # "packed 4-bit (Q4_1 x210, Q8_0 x1), bfloat16 activations" (lmtrace.model.gguf.packed)
+    weights: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def text_config(config: Any) -> Any:
+    """Multimodal configs keep the language model's numbers in a sub-config."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def attention_kind(heads: int, kv_heads: int) -> str:
+    if kv_heads == heads:
+        return "MHA"
+    if kv_heads == 1:
+        return "MQA"
+    return f"GQA (group size {heads // kv_heads})"
+
+
+def summarize(config: Any, model: Any = None) -> ArchSummary:
+    c = text_config(config)
+    heads = int(c.num_attention_heads)
+    kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    archs = getattr(config, "architectures", None) or []
+    dtype = device = params = None
+    if model is not None:
+        archs = archs or [type(model).__name__]
+        first = next(model.parameters())
+        dtype, device = str(first.dtype).replace("torch.", ""), str(first.device)
+        params = sum(p.numel() for p in model.parameters())
+        params += sum(getattr(m, "packed_numel", 0) for m in model.modules())  # packed layers hold buffers
+    return ArchSummary(
+        architecture=archs[0] if archs else config.model_type,
+        model_type=config.model_type,
+        layers=int(c.num_hidden_layers),
+        attention_heads=heads,
+        kv_heads=kv_heads,
+        head_dim=int(head_dim),
+        hidden_size=int(c.hidden_size),
+        vocab_size=int(c.vocab_size),
+        context_length=getattr(c, "max_position_embeddings", None),
+        attention=attention_kind(heads, kv_heads),
+        dtype=dtype,
+        device=device,
+        parameters=params,
+        weights=_weights(model),
+    )
+
+
+def _weights(model: Any) -> str | None:
+    report = getattr(model, "lmtrace_packed", None) if model is not None else None
+    return report.short() if report is not None else None

@@ -1,0 +1,35 @@
+"""A loaded model as lmtrace hands it around: the transformers model, its tokenizer, and what
+lmtrace needs to know of them (source, architecture summary, end and pad tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmtrace.model.arch import ArchSummary, summarize
+
+
+@dataclass
+class LM:
+    """A loaded model: `.model` (transformers), `.tokenizer`, and what lmtrace needs to know."""
+
+    model: Any
+    tokenizer: Any
+    source: str
+    summary: ArchSummary
+    eos_token_ids: list[int] = field(default_factory=list)
+    pad_token_id: int = 0
+
+    @classmethod
+    def from_objects(cls, model: Any, tokenizer: Any, source: str = "in-memory") -> LM:
+        """Wraps a model and tokenizer the caller already has."""
+        gen = getattr(model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        pad = getattr(gen, "pad_token_id", None) if gen is not None else None
+        pad = pad if pad is not None else tokenizer.pad_token_id
+        pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
+        model.eval()
+        return cls(model, tokenizer, source, summarize(model.config, model), eos_ids, int(pad))
