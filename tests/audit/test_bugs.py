@@ -1,0 +1,39 @@
+"""Each audit probe against a server that reproduces one known engine bug (tests/audit/buggy.py,
+a proxy in front of the real lmtrace app on the tiny model): the probe meant for that bug fails,
+with evidence to paste upstream, and every other probe passes. Without a bug, all pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmtrace.comparison.audit import PROBE_NAMES, audit
+from lmtrace.server import create_app
+from tests.audit.buggy import BUGS, buggy_app
+from tests.server.conftest import RunningServer
+
+
+@pytest.fixture(scope="module")
+def inner(chat_lm):
+    app = create_app(chat_lm, name="tiny")
+    yield app
+    app.state.lmtrace.worker.shutdown()
+
+
+def outcome(report) -> str:
+    return "\n".join(f"{p.status} {p.name}: {p.detail}" for p in report.probes)
+
+
+@pytest.mark.parametrize("bug", [None, *BUGS])
+def test_each_probe_catches_its_bug_and_only_its_bug(bug, chat_lm, inner):
+    with RunningServer(buggy_app(inner, bug)) as server:
+        report = audit(chat_lm, server.url)
+    assert [p.name for p in report.probes] == list(PROBE_NAMES)
+    failed = {p.name for p in report.probes if p.status == "fail"}
+    assert failed == (set() if bug is None else {BUGS[bug]}), outcome(report)
+    assert all(p.status == "pass" for p in report.probes if p.name not in failed), outcome(report)
+    assert report.exit_code == (0 if bug is None else 1)
+    for p in report.probes:
+        if p.status == "fail":  # what a user pastes upstream: the request, its curl line, the answer
+            assert p.evidence["request"]["body"]["model"] == "tiny"
+            assert p.evidence["curl"].startswith(f"curl -s {server.url}/")
+            assert "response" in p.evidence or "streamed_chunks" in p.evidence
