@@ -149,8 +149,20 @@ def _shift(events: list[dict[str, Any]]) -> None:
             with_choices[-1]["logprobs"][name] += lps[-1][name]
 
 
-def buggy_app(inner: FastAPI, bug: str | None) -> FastAPI:
-    """The proxy; `inner` is create_app(...) of the model under test."""
+def _refused(path: str, body: dict[str, Any], refuse: set[str]) -> Response | None:
+    """What a server that does not offer a route or a feature answers."""
+    if "tokenize" in refuse and path in ("/tokenize", "/detokenize"):
+        return JSONResponse({"detail": "Not Found"}, 404)
+    if "echo" in refuse and body.get("echo"):
+        return JSONResponse({"error": {"message": "echo is not supported", "code": 400}}, 400)
+    if "n" in refuse and body.get("n", 1) > 1 and body.get("temperature") == 0:
+        return JSONResponse({"error": {"message": "n must be 1 when using greedy sampling, got 2."}}, 400)
+    return None
+
+
+def buggy_app(inner: FastAPI, bug: str | None, refuse: set[str] = frozenset()) -> FastAPI:
+    """The proxy; `inner` is create_app(...) of the model under test. `refuse`: what it does not
+    offer ("tokenize": the routes; "echo"; "n": n > 1 with greedy decoding, as vLLM)."""
     if bug is not None and bug not in BUGS:
         raise ValueError(f"unknown bug {bug!r}")
     bugs = Bugs(bug)
@@ -165,6 +177,9 @@ def buggy_app(inner: FastAPI, bug: str | None) -> FastAPI:
     @app.post("/{path:path}")
     async def forward(path: str, request: Request) -> Response:
         path, body, key = "/" + path, await request.json(), next(counter)
+        refused = _refused(path, body, refuse)
+        if refused is not None:
+            return refused
         if bug == "batch_dependent":  # requests that arrive together overlap in flight
             bugs.crowded.update(bugs.active | {key} if bugs.active else set())
             bugs.active.add(key)

@@ -37,3 +37,17 @@ def test_each_probe_catches_its_bug_and_only_its_bug(bug, chat_lm, inner):
             assert p.evidence["request"]["body"]["model"] == "tiny"
             assert p.evidence["curl"].startswith(f"curl -s {server.url}/")
             assert "response" in p.evidence or "streamed_chunks" in p.evidence
+
+
+def test_what_the_server_does_not_offer_is_a_skip_or_a_note(chat_lm, inner):
+    with RunningServer(buggy_app(inner, None, refuse={"tokenize", "echo", "n"})) as server:
+        report = audit(chat_lm, server.url)
+    status = {p.name: p for p in report.probes}
+    assert {n for n, p in status.items() if p.status != "pass"} == {"echo", "tokenize"}, outcome(report)
+    assert status["echo"].status == status["tokenize"].status == "skip"
+    assert "HTTP 400: echo is not supported" in status["echo"].detail
+    assert "no /tokenize (HTTP 404" in status["tokenize"].detail
+    assert "n=2 with greedy decoding refused" in status["prompts"].detail
+    assert "echo refused" in status["repeat"].detail
+    assert report.preflight["tokenization"] == "matches (usage.prompt_tokens)"
+    assert report.exit_code == 0
