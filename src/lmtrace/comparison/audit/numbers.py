@@ -92,14 +92,16 @@ def _key(tok: Token) -> bytes:
     return token_bytes(tok.text, tok.bytes)
 
 
-def _top_diff(a: Token, b: Token) -> float | None:
-    """The largest |Δ| between two answers' alternatives for one position; inf when their sets differ."""
-    x = {_key(t): t.logprob for t in a.top}
-    y = {_key(t): t.logprob for t in b.top}
-    if set(x) != set(y):
-        return math.inf
-    deltas = [abs(x[k] - y[k]) for k in x if x[k] is not None and y[k] is not None]
-    return max(deltas, default=None)
+def _top_diff(a: Token, b: Token) -> tuple[float | None, bool, float]:
+    """For one position of two answers: (the largest |Δ| of the alternatives both name; whether
+    they name the same ones; how far a token only one names lies above the other's least
+    alternative: near 0 for near-tied tokens swapped at the edge of the top N, large for a wrong set)."""
+    x = {_key(t): t.logprob for t in a.top if t.logprob is not None}
+    y = {_key(t): t.logprob for t in b.top if t.logprob is not None}
+    deltas = [abs(x[k] - y[k]) for k in x.keys() & y.keys()]
+    gaps = [x[k] - min(y.values(), default=x[k]) for k in x.keys() - y.keys()]
+    gaps += [y[k] - min(x.values(), default=y[k]) for k in y.keys() - x.keys()]
+    return max(deltas, default=None), x.keys() == y.keys(), max(gaps, default=0.0)
 
 
 def server_vs_server(a: list[Token], b: list[Token]) -> dict[str, Any]:
@@ -110,22 +112,23 @@ def server_vs_server(a: list[Token], b: list[Token]) -> dict[str, Any]:
     if first is None and len(a) != len(b):
         first = n
     upto = n if first is None else first
-    deltas = [
-        abs(x.logprob - y.logprob)
-        for x, y in zip(a[:upto], b[:upto])
-        if x.logprob is not None and y.logprob is not None
-    ]
+    deltas = [abs(x.logprob - y.logprob) for x, y in zip(a[:upto], b[:upto])
+              if x.logprob is not None and y.logprob is not None]  # fmt: skip
     nulls = [i for i in range(upto) if (a[i].logprob is None) != (b[i].logprob is None)]
-    tops = [d for d in (_top_diff(x, y) for x, y in zip(a[:upto], b[:upto])) if d is not None]
+    tops = [_top_diff(x, y) for x, y in zip(a[:upto], b[:upto])]
+    top_max = max((d for d, _, _ in tops if d is not None), default=0.0)
+    other_sets = [i for i, (_, same, _) in enumerate(tops) if not same]
     worst = max(range(upto), key=lambda i: abs((a[i].logprob or 0.0) - (b[i].logprob or 0.0)), default=None)
     return {
         "tokens": [len(a), len(b)],
         "first_token_mismatch": first,
         "max_abs_diff": max(deltas, default=0.0),
-        "max_abs_diff_top": max(tops, default=0.0),
+        "max_abs_diff_top": top_max,
+        "top_set_mismatches": other_sets,
+        "top_set_gap": max((g for _, _, g in tops), default=0.0),
         "null_mismatches": nulls,
         "worst_index": worst,
-        "identical": first is None and not nulls and max(deltas, default=0.0) == 0.0 and max(tops, default=0.0) == 0.0,
+        "identical": first is None and not nulls and not other_sets and max(deltas, default=0.0) == top_max == 0.0,
     }
 
 
@@ -138,8 +141,10 @@ def differs(d: dict[str, Any], tolerance: float) -> str | None:
     if d["max_abs_diff"] > tolerance:
         return f"token logprobs differ by up to {d['max_abs_diff']:.3g} nats (token {d['worst_index']})"
     if d["max_abs_diff_top"] > tolerance:
-        what = "sets" if math.isinf(d["max_abs_diff_top"]) else f"values by up to {d['max_abs_diff_top']:.3g} nats"
-        return f"the top_logprobs {what} differ"
+        return f"the top_logprobs values differ by up to {d['max_abs_diff_top']:.3g} nats"
+    if d["top_set_gap"] > tolerance:  # not two near-tied tokens swapped at the edge of the top N
+        i = d["top_set_mismatches"][0]
+        return f"the top_logprobs name other tokens (token {i}; {d['top_set_gap']:.3g} nats above the other's least)"
     return None
 
 

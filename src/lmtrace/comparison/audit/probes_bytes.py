@@ -23,14 +23,15 @@ def _check(ctx: Context, path: str, tokens: list[Token], text: str) -> tuple[lis
     problems = []
     if lost:
         t = tokens[lost[0]]
+        shown = "" if t.bytes is None else f", bytes {t.bytes}"
         problems.append(
             f"{path}: {len(lost)} of {len(tokens)} tokens name no token of this tokenizer, first token {lost[0]} "
-            f"(token {t.text!r}, bytes {t.bytes}): a token that is not whole UTF-8 must carry its own bytes "
+            f"(token {t.text!r}{shown}): a token that is not whole UTF-8 must carry its own bytes "
             "(OpenAI: 'bytes:\\xNN' in completions, the raw bytes in chat's bytes field)"
         )
     elif text not in spelled:
         problems.append(f"{path}: the tokens' bytes spell {spelled[0][:60]!r}, the text is {text[:60]!r}")
-    figures = {"tokens": len(tokens), "unidentified": len(lost), "partial_utf8_tokens": partial}
+    figures = {"tokens": len(tokens), "unidentified": len(lost), "reported_partial_utf8": partial}
     return problems, figures
 
 
@@ -62,6 +63,6 @@ def probe_bytes(ctx: Context) -> ProbeResult:
         if chat_problems and not problems:
             evidence = ctx.evidence(CHAT, chat_body, chat_answer)
         problems += chat_problems
-    partial = sum(f["partial_utf8_tokens"] for f in all_figures.values())
+    partial = sum(f["reported_partial_utf8"] for f in all_figures.values())
     ok = f"every token identifiable by its bytes ({partial} of them not whole UTF-8), the bytes spell the text"
     return verdict("bytes", problems, ok, all_figures, evidence)

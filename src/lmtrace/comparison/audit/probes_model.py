@@ -98,6 +98,10 @@ def _sampled(ctx: Context, body: dict[str, Any]) -> tuple[list[str], dict[str, A
     return problems, figures, {"answer": answer, **evidence}
 
 
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0%}"
+
+
 def _partly(*runs: dict[str, Any]) -> str:
     """What an answer's unidentifiable tokens left out of the comparison, if anything."""
     cut = [f"{r['compared']} of {r['tokens']}" for r in runs if r["unidentified_from"] is not None]
@@ -116,7 +120,7 @@ def probe_logprobs(ctx: Context) -> ProbeResult:
     ok = (
         f"greedy and sampled token logprobs are the model's raw ones: max |Δ| {fmt(greedy['abs_diff']['max'])} "
         f"and {fmt(sampled['abs_diff_raw']['max'])} nats, KL over the top-{TOP_N} mean "
-        f"{fmt(greedy['kl_mean'])}, same top-1 {fmt(greedy['same_top1'])}" + _partly(greedy, sampled)
+        f"{fmt(greedy['kl_mean'])}, same top-1 {_pct(greedy['same_top1'])}" + _partly(greedy, sampled)
     )
     first_sampled = bool(sampled_problems) and len(sampled_problems) == len(problems)
     body, ev = (sampled_body, s_ev) if first_sampled else (greedy_body, g_ev)
