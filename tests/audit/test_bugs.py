@@ -19,6 +19,24 @@ def inner(chat_lm):
     app.state.lmtrace.worker.shutdown()
 
 
+# what the failing probe's detail says, per bug
+SAYS = {
+    "processed": "logprobs are those of the processed distribution (temperature 0.7)",
+    "zero_logprobs": "every greedy token logprob is 0.0",
+    "echo_generation_only": "only the generated token's (llama.cpp #27174",
+    "duplicate_top": "appears twice among the alternatives",
+    "stream_misaligned": "the streamed logprobs are not the streamed text's",
+    "prompts_order": "choice indices come back as [3, 2, 1, 0]",
+    "stale_repeat": "the second of two identical requests",
+    "batch_dependent": "alone vs among 8 concurrent requests",
+    "wrong_usage": "usage.completion_tokens is 13, the tokenizer counts 12",
+    "stop_logprobs": "the logprobs go on past the stop string",
+    "chat_off_by_one": "under the chat template",
+    "lossy_bytes": "name no token of this tokenizer",
+    "tokenize_no_generation_prompt": "/tokenize of the chat messages gives",
+}
+
+
 def outcome(report) -> str:
     return "\n".join(f"{p.status} {p.name}: {p.detail}" for p in report.probes)
 
@@ -32,6 +50,12 @@ def test_each_probe_catches_its_bug_and_only_its_bug(bug, chat_lm, inner):
     assert failed == (set() if bug is None else {BUGS[bug]}), outcome(report)
     assert all(p.status == "pass" for p in report.probes if p.name not in failed), outcome(report)
     assert report.exit_code == (0 if bug is None else 1)
+    if bug is not None:
+        (probe,) = [p for p in report.probes if p.status == "fail"]
+        assert SAYS[bug] in probe.detail, probe.detail
+    if bug == "processed":
+        sampled = report.probes[0].figures["sampled"]
+        assert sampled["distribution"] == "processed" and abs(sampled["best_temperature"]["temperature"] - 0.7) < 0.02
     for p in report.probes:
         if p.status == "fail":  # what a user pastes upstream: the request, its curl line, the answer
             assert p.evidence["request"]["body"]["model"] == "tiny"

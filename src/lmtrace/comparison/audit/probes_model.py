@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from lmtrace.comparison.audit.base import MESSAGES, TOP_N, Context, Skip, fmt, spellings, tokens_of, verdict
 from lmtrace.comparison.audit.numbers import Agreement, against_model, stats, top_kl
 from lmtrace.comparison.audit.result import ProbeResult
+from lmtrace.comparison.verdict import fit_temperature
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 PROMPT = "The capital of France is"
@@ -61,6 +64,13 @@ def _greedy(ctx: Context, body: dict[str, Any]) -> tuple[list[str], dict[str, An
     return problems, figures, {"answer": answer, **evidence}
 
 
+def _best_temperature(ag: Agreement) -> dict[str, float] | None:
+    """The temperature whose distribution best explains the server's numbers (compare's fit)."""
+    rows = ag.forced.logits[len(ag.forced.prompt_ids) - 1 :][: len(ag.records)]
+    chosen = torch.tensor([r["token_id"] for r in ag.records], dtype=torch.long)
+    return fit_temperature(rows, chosen, [r["server"] for r in ag.records]) if ag.records else None
+
+
 def _sampled(ctx: Context, body: dict[str, Any]) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
     """A seeded sampled completion: are its numbers the raw distribution's or the processed one's?"""
     answer = ctx.post(COMPLETIONS, body)
@@ -79,6 +89,7 @@ def _sampled(ctx: Context, body: dict[str, Any]) -> tuple[list[str], dict[str, A
         "abs_diff_raw": raw,
         "abs_diff_processed": proc,
         "distribution": fits or "neither",
+        "best_temperature": _best_temperature(ag),
         **top_kl(ctx.ref, ag, tokens),
     }
     _comparable(ag, tokens, "sampled")
