@@ -9,7 +9,7 @@ import sys
 
 HEAVY = ("torch", "transformers", "numpy", "safetensors", "lmtrace.model.load", "lmtrace.decode.engine")
 COMMANDS = ("generate", "score", "cache", "kv-size", "verify", "branch", "render", "serve", "batch", "compare",
-            "export", "kv-lab")  # fmt: skip
+            "export", "kv-lab", "audit")  # fmt: skip
 ARGVS = [
     ["--help"],
     ["--version"],
@@ -25,6 +25,8 @@ ARGVS = [
     ["branch", "Hi", "--at", "-1"],
     ["verify", "Hi", "--max-new-tokens", "0"],
     ["serve", "--port", "0"],
+    ["audit", "http://127.0.0.1:9", "--probe", "nope"],  # checked before the model loads
+    ["audit", "http://127.0.0.1:9"],  # nothing listens there: said before torch is imported
 ]
 CHILD = """
 import contextlib, io, json, sys
