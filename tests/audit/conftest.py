@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from lmtrace.loading import LM
+from lmtrace.model.lm import LM
 from tests.server.conftest import chat_lm  # noqa: F401  (a fixture)
 from tests.tiny import tiny_model
 

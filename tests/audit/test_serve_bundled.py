@@ -9,7 +9,7 @@ import pytest
 
 from lmtrace.cli import main
 from lmtrace.comparison.audit import PROBE_NAMES
-from lmtrace.loading import bundled_gguf
+from lmtrace.model.load import bundled_gguf
 from tests.server.process import free_port, start_serve
 
 pytestmark = pytest.mark.integration

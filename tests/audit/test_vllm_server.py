@@ -32,7 +32,7 @@ START_S = 180  # vLLM's CPU server starts in ~45 s on 2 idle cores
 
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory):
-    from lmtrace.export import export
+    from lmtrace.model.export import export
 
     folder = export(None, tmp_path_factory.mktemp("smol") / "model")
     port, log = free_port(), tmp_path_factory.mktemp("vllm-log") / "server.log"

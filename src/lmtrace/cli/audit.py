@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from lmtrace.cli.common import cli, consoles, load_model, model_options, write_json
+from lmtrace.cli.common import cli, consoles, load_model, write_json
+from lmtrace.cli.options import json_option, model_options
 from lmtrace.cli.reports import check_report_paths
 from lmtrace.comparison.audit.connect import (
     DEFAULT_TOLERANCE,
@@ -30,7 +31,7 @@ from lmtrace.errors import InvalidParameter
               help="The largest |Δ logprob| (nats) that counts as equal; ~0.1 for a bfloat16 server.")  # fmt: skip
 @click.option("--max-tokens", type=int, default=MAX_TOKENS, show_default=True, help="Tokens per generation.")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for one answer.")
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the report ('-' for stdout).")
+@json_option("the report")
 @click.option("--html", "html_path", default=None, metavar="FILE", help="Write the report as an HTML page.")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 def audit(url, model, device, dtype, allow_pickle, trust_remote_code, served_model, api_key, probes, tolerance,

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from lmtrace import sampling
 from lmtrace.comparison.core import Vocabulary, prompt_ids
 from lmtrace.comparison.parse import Reported, Token
 from lmtrace.detokenize import TokenBytes
-from lmtrace.loading import LM
+from lmtrace.logits import sampling
+from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 
 KEEP = 6  # teacher-forced passes kept: probes look at the same answer more than once

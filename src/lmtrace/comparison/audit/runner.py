@@ -27,7 +27,7 @@ from lmtrace.comparison.audit.probes_server import probe_concurrency, probe_prom
 from lmtrace.comparison.audit.probes_top import probe_top_logprobs
 from lmtrace.comparison.audit.reference import Reference
 from lmtrace.comparison.audit.result import AuditReport, ProbeResult
-from lmtrace.loading import LM
+from lmtrace.model.lm import LM
 from lmtrace.versions import versions
 
 PROBES: dict[str, Callable[[Context], ProbeResult]] = {
