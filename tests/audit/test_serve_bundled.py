@@ -25,7 +25,7 @@ def serve():
 
 def test_lmtrace_serve_passes_every_probe(serve, tmp_path, capsys):
     report, page = tmp_path / "audit.json", tmp_path / "audit.html"
-    code = main(["audit", serve, "--json", str(report), "--html", str(page), "--no-color"])
+    code = main(["audit", serve, "--json", str(report), "--html", str(page), "--no-color", "--timeout", "600"])
     d = json.loads(report.read_text(encoding="utf-8"))
     outcome = "\n".join(f"{p['status']} {p['name']}: {p['detail']}" for p in d["probes"])
     assert code == 0, outcome

@@ -28,7 +28,7 @@ from lmtrace.errors import InvalidParameter
 @click.option("--probe", "probes", multiple=True, metavar="NAME",
               help=f"Run this probe (repeatable; default all): {', '.join(PROBE_NAMES)}.")  # fmt: skip
 @click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True,
-              help="The largest |Δ logprob| (nats) that counts as equal; ~0.1 for a bfloat16 server.")  # fmt: skip
+              help="The largest |Δ logprob| (nats) that counts as equal; ~0.2 for a bfloat16 server.")  # fmt: skip
 @click.option("--max-tokens", type=int, default=MAX_TOKENS, show_default=True, help="Tokens per generation.")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for one answer.")
 @json_option("the report")
@@ -49,7 +49,8 @@ def audit(url, model, device, dtype, allow_pickle, trust_remote_code, served_mod
     check_report_paths(html_path, None)
     server = connect(url, api_key=api_key, served_model=served_model, timeout=timeout)  # before torch
     view, status = consoles(json_path, no_color)
-    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
+    # the oracle in float32 unless told otherwise (auto would be bfloat16 on CUDA): one forward pass each
+    lm = load_model(status, model, device, "float32" if dtype == "auto" else dtype, allow_pickle, trust_remote_code)
 
     from lmtrace.comparison.audit.runner import audit as run
     from lmtrace.render.audit_terminal import probe_line, summary_line
