@@ -81,7 +81,7 @@ class Waterfall:
 
 
 class Inside:
-    """The logit lens and the attention over the cache (lmtrace.inside.Probe) at every step."""
+    """The logit lens and the attention over the cache (inside/probe.py, Probe) at every step."""
 
     all_positions = False
 

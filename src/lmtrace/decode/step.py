@@ -43,7 +43,7 @@ class BatchStep:
     prompt: list[measure.Forced] | None = None
     # the distribution after each sampling stage (lmtrace.logits.waterfall.stages)
     waterfall: list[dict] | None = None
-    # the logit lens and the attention over the cache (lmtrace.inside)
+    # the logit lens and the attention over the cache (inside/probe.py)
     lens: list[dict] | None = None
     attention: list[dict] | None = None
 
