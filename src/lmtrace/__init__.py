@@ -17,7 +17,7 @@ from lmtrace import records
 _NAMES = {
     "Branches": "lmtrace.decode.branch",
     "branch": "lmtrace.decode.branch",
-    "compare": "lmtrace.comparison",
+    "compare": "lmtrace.comparison.core",
     "GenerationError": "lmtrace.errors",
     "InvalidParameter": "lmtrace.errors",
     "LmtraceError": "lmtrace.errors",
@@ -46,7 +46,7 @@ _NAMES = {
 }
 
 if TYPE_CHECKING:
-    from lmtrace.comparison import compare  # noqa: F401
+    from lmtrace.comparison.core import compare  # noqa: F401
     from lmtrace.decode.branch import Branches, branch  # noqa: F401
     from lmtrace.decode.tracing import encode_prompt, generate, generate_steps, stream  # noqa: F401
     from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError  # noqa: F401
