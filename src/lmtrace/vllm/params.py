@@ -23,6 +23,8 @@ def to_vllm(params: SamplingParams, eos_token_ids: Sequence[int], echo: bool = F
     config), given explicitly so that both engines stop on the same ones."""
     from vllm import SamplingParams as VllmParams
 
+    if params.constraint is not None:  # vLLM's logprobs would be of the masked logits: not rescored yet
+        raise ValueError(f"{params.constraint}: --engine vllm does not trace constrained decoding; use --engine local")
     return VllmParams(
         n=1,
         max_tokens=params.max_new_tokens,
