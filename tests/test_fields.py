@@ -17,7 +17,8 @@ def value_at(doc, path: str):
     import re
 
     for name, quoted, index in re.findall(r"\.([A-Za-z_][A-Za-z0-9_]*)|\['((?:[^'\\]|\\.)*)'\]|\[(\d+)\]", path[1:]):
-        doc = doc[name] if name else doc[quoted.replace("\\'", "'").replace("\\\\", "\\")] if quoted else doc[int(index)]
+        key = quoted.replace("\\'", "'").replace("\\\\", "\\")
+        doc = doc[name] if name else doc[key] if quoted else doc[int(index)]
     return doc
 
 
