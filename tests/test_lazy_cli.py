@@ -25,6 +25,8 @@ ARGVS = [
     ["branch", "Hi", "--at", "-1"],
     ["verify", "Hi", "--max-new-tokens", "0"],
     ["serve", "--port", "0"],
+    ["generate", "Hi", "--regex", "a", "--choice", "x", "--choice", "y"],  # two constraints
+    ["generate", "Hi", "--json-schema", "no-such-schema.json"],
 ]
 CHILD = """
 import contextlib, io, json, sys
