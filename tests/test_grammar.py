@@ -170,3 +170,13 @@ def test_a_constraint_that_does_not_compile_names_its_parameter(kw, message):
 
     with pytest.raises(InvalidParameter, match=message):
         grammar.check(SamplingParams(**kw))
+
+
+def test_branch_and_the_vllm_engine_refuse_a_constraint(tiny_lm):
+    from lmtrace.decode.branch import branch
+    from lmtrace.vllm.params import to_vllm
+
+    with pytest.raises(InvalidParameter, match="^regex: branch does not take a constraint"):
+        branch(tiny_lm, "Hi", 0, regex="a+", max_new_tokens=2)
+    with pytest.raises(ValueError, match="^choice: --engine vllm does not trace constrained decoding"):
+        to_vllm(SamplingParams(choice=("a", "b")), [0])
