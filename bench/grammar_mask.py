@@ -99,10 +99,10 @@ def main() -> None:
         cost, step = mask_cost(lm, batch, args.rounds), step_ms(lm, batch)
         results.append({"batch": batch, "step_ms": step, **cost, "share_of_step": cost["total"] / step})
         r = results[-1]
-        print(f"batch {batch:2d}: step {step:7.1f} ms; grammar adds {r['total']:6.2f} ms = "
-              f"{r['share_of_step']:.1%} "
-              f"(bitmasks {r['fill']:.2f} + unpack = {r['allowed']:.2f}, mask {r['mask']:.2f}, numbers {r['numbers']:.2f}, "
-              f"accept {r['accept']:.2f}; {r['allowed_tokens_mean']:.0f} tokens allowed)", flush=True)  # fmt: skip
+        print(f"batch {batch:2d}: step {step:7.1f} ms; grammar adds {r['total']:6.2f} ms = {r['share_of_step']:.1%} "
+              f"(bitmasks {r['fill']:.2f} + unpack = {r['allowed']:.2f}, mask {r['mask']:.2f}, "
+              f"numbers {r['numbers']:.2f}, accept {r['accept']:.2f}; {r['allowed_tokens_mean']:.0f} tokens allowed)",
+              flush=True)  # fmt: skip
     doc = {"threads": torch.get_num_threads(), "cpus": os.cpu_count(), "versions": versions(), "results": results}
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
