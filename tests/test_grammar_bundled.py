@@ -79,9 +79,9 @@ def test_ten_schemas_decoded_together_give_valid_json(bundled_lm):
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_constrained_numbers_equal_a_hand_masked_log_softmax(bundled_lm, sampled):
-    schema, prompt = SCHEMAS["objects_in_array"]
-    kw = {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "seed": 3} if sampled else {"temperature": 0}
-    params = SamplingParams(max_new_tokens=MAX_TOKENS, json_schema=schema, **kw)
+    schema, prompt = SCHEMAS["integer" if sampled else "boolean"]
+    kw = {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "repetition_penalty": 1.1, "seed": 3} if sampled else {}
+    params = SamplingParams(max_new_tokens=24, json_schema=schema, **({"temperature": 0} | kw))
     trace = lmtrace.generate(bundled_lm, prompt, params, chat=True)
     ids, tokens = trace.prompt["token_ids"], trace.token_ids
     logits = cached_logits(bundled_lm, ids, tokens)  # (steps, vocab)
