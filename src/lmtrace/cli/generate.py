@@ -74,7 +74,6 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
     from lmtrace.decode.tracing import generate as run
     from lmtrace.logits import grammar
-    from lmtrace.render.structured import structured_view
     from lmtrace.render.terminal import print_trace
 
     grammar.check(params)  # a schema, regex or grammar that does not compile: before the model loads
@@ -90,9 +89,6 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     write_json(json_path, trace.to_json(indent=2))
     print_trace(trace, view)
     print_extras(trace, kw["waterfall"], view)
-    structured = structured_view(trace, view.width)
-    if structured is not None:
-        view.print(structured)
     if kw["lens"]:
         from lmtrace.render.lens_terminal import settled_line
 

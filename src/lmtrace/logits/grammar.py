@@ -185,10 +185,11 @@ def numbers(logits: torch.Tensor, allowed: torch.Tensor, tokens: torch.Tensor, r
     """Per row (None where `rows` says unconstrained): {allowed: the tokens the grammar allowed,
     removed_mass: the raw probability of the others, logprob: the chosen token's log-probability
     under the raw distribution restricted to the allowed tokens}."""
-    raw = torch.log_softmax(logits.float(), dim=-1)  # (batch, vocab)
-    removed = (raw.exp() * ~allowed).sum(-1)  # (batch,)
-    within = torch.log_softmax(logits.float().masked_fill(~allowed, NEG_INF), dim=-1)
-    chosen = within.gather(-1, tokens[:, None])[:, 0]
+    x = logits.float()
+    removed = (torch.softmax(x, dim=-1) * ~allowed).sum(-1)  # (batch,)
+    # log-softmax over the allowed tokens, at the chosen one only: x - logsumexp(allowed x)
+    within = torch.logsumexp(x.masked_fill(~allowed, NEG_INF), dim=-1)  # (batch,)
+    chosen = x.gather(-1, tokens[:, None])[:, 0] - within
     counts, removed, chosen = allowed.sum(-1).tolist(), removed.tolist(), chosen.tolist()
     return [
         {"allowed": counts[r], "removed_mass": removed[r], "logprob": chosen[r] if math.isfinite(chosen[r]) else None}

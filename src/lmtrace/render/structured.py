@@ -36,15 +36,19 @@ def probability(logprob: float | None) -> float | None:
     return None if logprob is None else math.exp(logprob)
 
 
+def shown(p: float | None) -> str:
+    """A probability in a table: three decimals, or two significant digits below 0.001."""
+    return "–" if p is None else f"{p:.3f}" if p >= 1e-3 or p == 0 else f"{p:.1e}"
+
+
 def _cell(p: float | None) -> Text:
-    return Text("–") if p is None else Text(f"{p:.3f}", style=colour(p))
+    return Text(shown(p), style=colour(p or 0.0))
 
 
 def fields_table(fields: list[dict[str, Any]], width: int = 100) -> Table:
     """One row per value, weakest first: its path, text, probability under the constraint and
     under the raw model, its least likely token, and the steps that wrote it."""
-    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
-    table.title = Text("fields, least sure first (p: the whole value's probability under the constraint)")
+    table = Table(box=None, pad_edge=False, header_style="bold")
     fixed = {"no_wrap": True, "justify": "right"}
     table.add_column("path", no_wrap=True, overflow="ellipsis", max_width=max(12, width // 4))
     table.add_column("value", no_wrap=True, overflow="ellipsis", max_width=max(12, width // 3))
@@ -64,8 +68,7 @@ def fields_table(fields: list[dict[str, Any]], width: int = 100) -> Table:
 
 def choices_table(choices: list[dict[str, Any]], chosen: str) -> Table:
     """Each option's exact probability under the constraint (summed over its tokenizations)."""
-    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
-    table.title = Text("choices (p: summed over every tokenization)")
+    table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("option", no_wrap=True, overflow="ellipsis", max_width=40)
     table.add_column("p", no_wrap=True, justify="right")
     table.add_column("tokenizations", no_wrap=True, justify="right")
@@ -101,7 +104,10 @@ def structured_view(trace: Trace, width: int = 100) -> Group | None:
     if line is not None:
         parts += [Text(), line]
     if trace.fields:
-        parts += [Text(), fields_table(trace.fields, width)]
+        title = Text("fields, least sure first", style="bold")
+        title.append(" (p: the value's probability under the constraint, its tokens' product)", style="dim")
+        parts += [Text(), title, fields_table(trace.fields, width)]
     if trace.choices:
-        parts += [Text(), choices_table(trace.choices, trace.text)]
+        title = Text("choices", style="bold").append(" (p: summed over every tokenization)", style="dim")
+        parts += [Text(), title, choices_table(trace.choices, trace.text)]
     return Group(*parts) if parts else None

@@ -8,8 +8,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from lmtrace.render import facts
-from lmtrace.render.structured import flagged, probability, weakest_first
+from lmtrace.render.structured import flagged, probability, shown, weakest_first
 from lmtrace.render.svg import Series, line_chart
 from lmtrace.render.templating import parts
 from lmtrace.render.views import bucket
@@ -27,8 +26,8 @@ def _runs(text: str, fields: list[dict[str, Any]]) -> list[tuple[str, dict[str, 
         if start > pos:
             runs.append((text[pos:start], None))
         p = probability(f.get("logprob"))
-        least = facts.value(f.get("min_prob"))
-        title = f"{f['path']}: p {facts.value(p)} under the constraint, least likely token {least}"
+        least = shown(f.get("min_prob"))
+        title = f"{f['path']}: p {shown(p)} under the constraint, least likely token {least}"
         runs.append((text[start:end], {"b": bucket(p), "title": title}))
         pos = end
     if pos < len(text):
@@ -45,9 +44,9 @@ def fields_section(d: dict[str, Any]) -> Any:
     rows = []
     for f in weakest_first(fields):
         rows.append({
-            "path": f["path"], "value": f["text"], "p": facts.value(probability(f.get("logprob"))),
-            "raw p": facts.value(probability(f.get("raw_logprob"))),
-            "least likely token": facts.value(f.get("min_prob")), "steps": f"{f['start_step']}–{f['end_step']}",
+            "path": f["path"], "value": f["text"], "p": shown(probability(f.get("logprob"))),
+            "raw p": shown(probability(f.get("raw_logprob"))),
+            "least likely token": shown(f.get("min_prob")), "steps": f"{f['start_step']}–{f['end_step']}",
         })  # fmt: skip
     note = Markup(
         "<p class=\"meta\">Each value's probability under the constraint: the product of its tokens' probabilities "
@@ -68,7 +67,7 @@ def choices_section(d: dict[str, Any]) -> Any:
     chosen = d.get("text")
     rows = [
         {"option": c["text"] + ("  ◀ generated" if c["text"] == chosen else ""),
-         "p": facts.value(probability(c.get("logprob"))), "tokenizations": c.get("tokenizations")}
+         "p": shown(probability(c.get("logprob"))), "tokenizations": c.get("tokenizations")}
         for c in sorted(choices, key=lambda c: -(probability(c.get("logprob")) or 0.0))
     ]  # fmt: skip
     note = Markup(

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lmtrace.records import Step, Trace
-from lmtrace.render.structured import FLAG
+from lmtrace.render.structured import FLAG, structured_view
 from lmtrace.render.tokens import SCALE, colour, escape, prob, show_bytes
 
 _ORIGIN = {"model.generate": "from model.generate", "watch": "from a watched loop", "vllm": "from vLLM"}
@@ -172,5 +172,9 @@ def view(trace: Trace, width: int = 100) -> Group:
 
 
 def print_trace(trace: Trace, console: Console | None = None) -> None:
+    """The view, and for a constrained trace its fields, choices and grammar line."""
     console = console or Console()
     console.print(view(trace, console.width))
+    structured = structured_view(trace, console.width)
+    if structured is not None:
+        console.print(structured)
