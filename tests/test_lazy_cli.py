@@ -27,6 +27,8 @@ ARGVS = [
     ["serve", "--port", "0"],
     ["audit", "http://127.0.0.1:9", "--probe", "nope"],  # checked before the model loads
     ["audit", "http://127.0.0.1:9"],  # nothing listens there: said before torch is imported
+    ["generate", "Hi", "--regex", "a", "--choice", "x", "--choice", "y"],  # two constraints
+    ["generate", "Hi", "--json-schema", "no-such-schema.json"],
 ]
 CHILD = """
 import contextlib, io, json, sys

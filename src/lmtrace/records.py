@@ -82,6 +82,10 @@ class Step:
     attention: dict[str, Any] | None = None
     # a watched loop's cache misuse, on the step (round) where it starts (lmtrace.watch)
     problems: list[dict[str, Any]] | None = None
+    # a constrained step (lmtrace.logits.grammar): {allowed: tokens the grammar allowed,
+    # removed_mass: the raw probability of the others, logprob: the chosen token's log-probability
+    # under the raw distribution restricted to the allowed tokens}
+    grammar: dict[str, Any] | None = None
 
     @property
     def prob(self) -> float | None:
@@ -91,7 +95,7 @@ class Step:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
         d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
         d["top"] = [a.to_dict() for a in self.top]
-        for name in ("waterfall", "problems", "lens", "attention"):  # optional fields are written only when present
+        for name in ("waterfall", "problems", "lens", "attention", "grammar"):  # written only when present
             if d[name] is None:
                 del d[name]
         return d
@@ -109,11 +113,12 @@ class Step:
             lens=d.get("lens"),
             attention=d.get("attention"),
             problems=d.get("problems"),
+            grammar=d.get("grammar"),
         )
 
 
 # fields added after schema 1 was first written: absent from older JSON, omitted when unset
-_OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention")
+_OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention", "grammar", "fields", "choices")
 
 
 def _forget(steps: list[Step], distributions: str) -> None:
@@ -199,12 +204,21 @@ class Trace:
     # which distributions the steps hold: "both", "raw" (logprob, rank, entropy) or "processed"
     # (sampled_logprob, sampled_entropy); the numbers of a missing one are None, never guessed
     distributions: str = "both"
+    # a JSON-schema output's values: [{path, text, chars, start_step, end_step, logprob,
+    # raw_logprob, min_prob}] (lmtrace.decode.fields); a choice's options: [{text, logprob, tokenizations}],
+    # each option's exact probability under the constraint (lmtrace.decode.choices)
+    fields: list[dict[str, Any]] | None = None
+    choices: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("steps", *_OPTIONAL)}
         d["steps"] = [s.to_dict() for s in self.steps]
         if self.prompt_logprobs is not None:
             d["prompt_logprobs"] = [t.to_dict() for t in self.prompt_logprobs]
+        if self.fields is not None:
+            d["fields"] = self.fields
+        if self.choices is not None:
+            d["choices"] = [{**c, "logprob": _num(c["logprob"])} for c in self.choices]
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -221,7 +235,10 @@ class Trace:
             prompt_logprobs = [TokenScore.from_dict(t) for t in prompt_logprobs]
         steps = [Step.from_dict(s) for s in d["steps"]]
         _forget(steps, d.get("distributions", "both"))
-        return cls(**fields, steps=steps, prompt_logprobs=prompt_logprobs)
+        choices = d.get("choices")
+        if choices is not None:
+            choices = [{**c, "logprob": _inf(c["logprob"])} for c in choices]
+        return cls(**fields, steps=steps, prompt_logprobs=prompt_logprobs, fields=d.get("fields"), choices=choices)
 
     @classmethod
     def from_json(cls, s: str) -> Trace:

@@ -12,10 +12,12 @@ from lmtrace.batch.lines import InputLine
 from lmtrace.decode import engine
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
+from lmtrace.logits import grammar
 from lmtrace.model.lm import LM
-from lmtrace.params import SamplingParams
+from lmtrace.params import CONSTRAINTS, SamplingParams
 
-# the per-line fields that override the command's defaults (plus `chat`)
+# the per-line fields that override the command's defaults (plus `chat`); a constraint's keys
+# (json_schema, regex, choice, grammar, json_whitespace) among them
 OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
 
 
@@ -45,6 +47,8 @@ def defaults_of(params: SamplingParams, chat: bool = False) -> dict[str, Any]:
 def line_params(data: dict[str, Any], defaults: dict[str, Any]) -> tuple[SamplingParams, bool]:
     """The line's params over the defaults; raises InvalidParameter naming the field."""
     merged = {k: v for k, v in defaults.items() if k in OVERRIDES}
+    if any(k in data for k in CONSTRAINTS):  # a line's own constraint replaces the command's
+        merged = {k: v for k, v in merged.items() if k not in CONSTRAINTS}
     merged.update({k: data[k] for k in OVERRIDES if k in data})
     chat = data.get("chat", defaults.get("chat", False))
     if not isinstance(chat, bool):
@@ -87,6 +91,7 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
     """The job of one input line, or the one-line reason it cannot be done."""
     try:
         params, chat = line_params(line.data, defaults)
+        grammar.check(params)  # a constraint that does not compile is the line's error
         text, ids, messages = _encode(lm, line.data, chat or "messages" in line.data)
         inside_of(line.data, defaults)
         # the engine's own check, so a line's error reads as `lmtrace generate` would say it

@@ -11,7 +11,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from lmtrace.cli.common import cli, load_model
-from lmtrace.cli.options import device_map_option, inside_options, model_options, params_from, sampling_options
+from lmtrace.cli.options import (
+    constraint_options,
+    device_map_option,
+    inside_options,
+    model_options,
+    params_from,
+    sampling_options,
+)
 from lmtrace.errors import InvalidParameter
 
 if TYPE_CHECKING:  # lmtrace.batch imports torch: the command imports it when it runs
@@ -167,6 +174,7 @@ def _report(status: Console, summary: Summary, out_path: str) -> None:
 @model_options
 @device_map_option
 @sampling_options
+@constraint_options
 @click.option("--batch-size", type=int, default=8, show_default=True, help="Lines decoded together.")
 @click.option("--engine", type=click.Choice(["local", "ray", "vllm"]), default="local", show_default=True)
 @click.option("--num-workers", type=int, default=None, help="Ray: model replicas (actors). Default 1.")
@@ -185,8 +193,8 @@ def _report(status: Console, summary: Summary, out_path: str) -> None:
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 @inside_options
 def batch(in_path, out_path, no_color, **kw):
-    """Trace every line of IN.jsonl ({"id", "prompt" or "messages", sampling fields}) into
-    OUT.jsonl ({"id", "trace"} or {"id", "error"}), appending; a rerun resumes."""
+    """Trace every line of IN.jsonl ({"id", "prompt" or "messages", sampling fields, a constraint})
+    into OUT.jsonl ({"id", "trace"} or {"id", "error"}), appending; a rerun resumes."""
     params = params_from(kw)
     if out_path == "-":
         raise InvalidParameter("output: must be a file (a rerun reads it to resume), got '-'")
@@ -194,6 +202,9 @@ def batch(in_path, out_path, no_color, **kw):
         raise InvalidParameter(f"batch_size must be >= 1, got {kw['batch_size']}")
     from lmtrace.batch.job import run_job
     from lmtrace.batch.prepare import defaults_of
+    from lmtrace.logits import grammar
+
+    grammar.check(params)  # the command's own constraint, before the model loads
 
     status = Console(stderr=True, no_color=no_color, highlight=False)
     defaults = {**defaults_of(params, kw["chat"]), "lens": kw["lens"], "attention": kw["attention"]}

@@ -8,6 +8,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from lmtrace.arguments import step_selector
 from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
 from lmtrace.cli.options import (
+    constraint_options,
     device_map_option,
     inside_options,
     json_option,
@@ -53,6 +54,7 @@ def progress_bar(console, total: int) -> Progress:
 @model_options
 @device_map_option
 @sampling_options
+@constraint_options
 @json_option("the trace")
 @report_options
 @weights_option
@@ -71,8 +73,10 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     check_report_paths(html_path, plot_path)
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
     from lmtrace.decode.tracing import generate as run
+    from lmtrace.logits import grammar
     from lmtrace.render.terminal import print_trace
 
+    grammar.check(params)  # a schema, regex or grammar that does not compile: before the model loads
     text = read_prompt(prompt, prompt_file)
     view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, kw.pop("device_map"),

@@ -214,6 +214,8 @@ def branch(
     inside each step as in lmtrace.generate."""
     p = seeded(make_params(params, **kwargs))
     check_integer("at", at, low=0, high=p.max_new_tokens - 1)
+    if p.constraint is not None:  # a branch's forced token may be one the grammar refuses
+        raise InvalidParameter(f"{p.constraint}: branch does not take a constraint (generate does)")
     ranks = _ranks(alternatives, fan, int(lm.model.config.vocab_size))
     session = _Session(lm, prompt, p, chat, lens, attention)
     attached = session.probe.attached(lm.model) if session.probe is not None else contextlib.nullcontext()

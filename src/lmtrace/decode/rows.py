@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from lmtrace.decode import constrained
 from lmtrace.decode.step import BatchStep
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.errors import InvalidParameter
@@ -83,6 +84,7 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         waterfall=waterfall_mod.with_texts(bs.waterfall[row], tb.text) if bs.waterfall else None,
         lens=inside.with_texts(bs.lens[row], tb.text) if bs.lens else None,
         attention=inside.with_texts(bs.attention[row], tb.text) if bs.attention else None,
+        grammar=bs.grammar[row] if bs.grammar else None,
     )
 
 
@@ -135,6 +137,7 @@ def to_trace(
     times = [s.time_ms for s in row.steps]
     decode_ms = sum(times[1:])
     summary = lm.summary.to_dict()
+    fields, choices = constrained.summaries(lm, ids, params, row.steps, text)
     return Trace(
         model={"source": lm.source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]},
         params={**params.to_dict(), "chat": chat, **({"compile": True} if compile else {}), **inside.params(lm, probe)},
@@ -156,6 +159,8 @@ def to_trace(
         steps=row.steps,
         kv_anatomy=anatomy(lm, row.steps),
         prompt_logprobs=row.prompt_logprobs,
+        fields=fields,
+        choices=choices,
     )
 
 

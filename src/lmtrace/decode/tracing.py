@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from lmtrace.decode import engine, observers
+from lmtrace.decode import constrained, engine, observers
 from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
 from lmtrace.decode.step import BatchStep
 from lmtrace.inside import probe as inside
@@ -47,7 +47,8 @@ def _iter_rows(
         return rows[row].add(token, token in eos)
 
     rng = rng if rng is not None else generator(lm, params)
-    setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, compile, list(watchers))
+    grammars = constrained.matchers(lm, [params] * len(prompts))
+    setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, compile, list(watchers), grammars)
     yield from records(lm, prompts, engine.generate_steps(lm.model, prompts, params, rng, setup), rows)
 
 
@@ -148,7 +149,7 @@ def generate_steps(
     """The engine's numbers for a batch of token-id prompts: no text, no records."""
     p = seeded(make_params(params, **kwargs))
     eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
-    setup = engine.Setup(eos, lm.pad_token_id)
+    setup = engine.Setup(eos, lm.pad_token_id, grammars=constrained.matchers(lm, [p] * len(prompt_ids)))
     yield from engine.generate_steps(lm.model, prompt_ids, p, generator(lm, p), setup)
 
 

@@ -81,7 +81,18 @@ def sampling_group(p: dict[str, Any]) -> Group:
         rows.append(("stop", value(p["stop"])))
     if p.get("chat"):
         rows.append(("chat template", "yes"))
-    return "Sampling", rows
+    return "Sampling", rows + _constraint_rows(p)
+
+
+def _constraint_rows(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """The constraint a constrained generation followed (lmtrace.logits.grammar), shortened."""
+    for name in ("json_schema", "regex", "choice", "grammar"):
+        if p.get(name):
+            shown = p[name] if isinstance(p[name], str) else json.dumps(p[name], ensure_ascii=False)
+            shown = shown if len(shown) <= 60 else shown[:59] + "…"
+            extra = f" ({p.get('json_whitespace', 'compact')} whitespace)" if name == "json_schema" else ""
+            return [("constraint", f"{name}{extra}"), (name, shown)]
+    return []
 
 
 def run_group(d: dict[str, Any]) -> Group:

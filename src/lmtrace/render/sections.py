@@ -11,7 +11,7 @@ from typing import Any
 from markupsafe import Markup
 
 from lmtrace.render import anatomy as kv_anatomy
-from lmtrace.render import facts, inside, views
+from lmtrace.render import facts, inside, structured_html, views
 from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
 from lmtrace.render.templating import parts
 from lmtrace.render.tokens import SCALE
@@ -149,9 +149,12 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
     """(sections, the script's views, whether sampled differs from raw) for one trace."""
     tv = views.token_views(d["steps"])
     sampled = views.sampling_differs(tv)
+    constrained = [f(d) for f in (structured_html.fields_section, structured_html.choices_section,
+                                  structured_html.grammar_section)]  # fmt: skip
     found = [
         problems_section(tv),
         text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat"))),
+        *[Section(*c) for c in constrained if c],
         lens_section(d, tv),
         attention_section(d, tv),
         step_charts(tv, sampled),

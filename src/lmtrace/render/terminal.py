@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lmtrace.records import Step, Trace
+from lmtrace.render.structured import FLAG, structured_view
 from lmtrace.render.tokens import SCALE, colour, escape, prob, show_bytes
 
 _ORIGIN = {"model.generate": "from model.generate", "watch": "from a watched loop", "vllm": "from vLLM"}
@@ -102,18 +103,29 @@ def token_cell(s: Step) -> str:
     return own if escape(s.text) == own else f"{own} → {escape(s.text) or '…'}"
 
 
+def _removed(s: Step) -> Text:
+    """The raw probability the grammar removed at a step (red where it removed more than half)."""
+    if not s.grammar:
+        return Text("")
+    mass = s.grammar["removed_mass"]
+    return Text(f"{mass:.3f}", style="bold magenta" if mass > FLAG else "dim")
+
+
 def steps_table(trace: Trace, sampled: bool, width: int = 100) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     fixed = {"no_wrap": True, "justify": "right"}
+    constrained = any(s.grammar for s in trace.steps)
     table.add_column("#", style="dim", min_width=2, **fixed)
     table.add_column("token", no_wrap=True, min_width=12, overflow="ellipsis")
     table.add_column("prob", min_width=5, **fixed)
     if sampled:
         table.add_column("sampled", min_width=7, **fixed)
+    if constrained:
+        table.add_column("grammar removed", min_width=7, **fixed)
     table.add_column("rank", min_width=4, **fixed)
     table.add_column("entropy", min_width=7, **fixed)
     # rich squeezes narrow columns away when one cell is too wide: bound the widest one
-    used = 2 + 12 + 5 + 4 + 7 + (7 if sampled else 0) + 2 * (6 if sampled else 5)
+    used = 2 + 12 + 5 + 4 + 7 + (7 if sampled else 0) + (17 if constrained else 0) + 2 * (6 if sampled else 5)
     table.add_column("alternatives", no_wrap=True, overflow="ellipsis", max_width=max(12, width - used))
     for s in trace.steps:
         p = prob(_known(s.logprob, s.sampled_logprob))
@@ -122,6 +134,8 @@ def steps_table(trace: Trace, sampled: bool, width: int = 100) -> Table:
         row = [f"{mark}{s.index}", Text(token_cell(s), style=colour(p)), _num(raw, ".3f")]
         if sampled:
             row.append(_num(None if s.sampled_logprob is None else prob(s.sampled_logprob), ".3f"))
+        if constrained:
+            row.append(_removed(s))
         alts = Text()
         for a in s.top:
             if a.token_id == s.token_id:
@@ -147,7 +161,8 @@ def problems(trace: Trace) -> Text:
 def view(trace: Trace, width: int = 100) -> Group:
     p = trace.params
     if trace.distributions == "both" and "temperature" in p:
-        sampled = p["temperature"] != 0 or p.get("repetition_penalty", 1.0) != 1.0
+        processors = p["temperature"] != 0 or p.get("repetition_penalty", 1.0) != 1.0
+        sampled = processors or any(s.grammar for s in trace.steps)
     else:  # shown wherever the trace holds processed numbers and the settings are not known to match
         sampled = trace.distributions != "raw"
     return Group(
@@ -157,5 +172,9 @@ def view(trace: Trace, width: int = 100) -> Group:
 
 
 def print_trace(trace: Trace, console: Console | None = None) -> None:
+    """The view, and for a constrained trace its fields, choices and grammar line."""
     console = console or Console()
     console.print(view(trace, console.width))
+    structured = structured_view(trace, console.width)
+    if structured is not None:
+        console.print(structured)

@@ -10,6 +10,7 @@ from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
+from lmtrace.server import constraints
 from lmtrace.server.errors import APIError, bad_request, from_invalid
 from lmtrace.server.schemas import ChatRequest, CompletionRequest, Message, Sampling, TraceRequest, unicode_text
 
@@ -88,9 +89,11 @@ def _common(body: Sampling) -> None:
 
 
 def params_for(body: Sampling, max_tokens: int, top_logprobs: int, top_name: str) -> SamplingParams:
-    """SamplingParams with the CLI's validation; errors name the request's fields."""
+    """SamplingParams with the CLI's validation, the constraint compiled; errors name the
+    request's fields."""
+    fields, renames = constraints.constraint_fields(body)
     try:
-        return SamplingParams(
+        params = SamplingParams(
             max_new_tokens=max_tokens,
             temperature=body.temperature,
             top_k=0 if body.top_k == -1 else body.top_k,
@@ -101,9 +104,12 @@ def params_for(body: Sampling, max_tokens: int, top_logprobs: int, top_name: str
             stop=tuple(body.stop or ()),
             top_logprobs=top_logprobs,
             stop_on_eos=not body.ignore_eos,
+            **fields,
         )
     except InvalidParameter as e:
-        raise from_invalid(e, {"top_logprobs": top_name}) from e
+        raise from_invalid(e, {"top_logprobs": top_name, "stop_on_eos": "ignore_eos", **renames}) from e
+    constraints.check(params, renames)
+    return params
 
 
 def context_size(lm: LM) -> int | None:
