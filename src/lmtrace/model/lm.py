@@ -33,3 +33,15 @@ class LM:
         pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
         model.eval()
         return cls(model, tokenizer, source, summarize(model.config, model), eos_ids, int(pad))
+
+
+def model_name(model: Any) -> str:
+    """A model's name for titles and headers: its `name_or_path`, except for lmtrace's converted
+    copy of a GGUF file (a sha256-named folder in the cache), which is named by the file."""
+    name = str(getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "") or "")
+    if not name:
+        return "in-memory"
+    from lmtrace.model.gguf.converted import source_of
+
+    source = source_of(name)
+    return source if source is not None else name
