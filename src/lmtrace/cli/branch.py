@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli.common import announce, cli, consoles, load_model, read_prompt, write_json
 from lmtrace.cli.options import inside_options, json_option, model_options, params_from, sampling_options
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
@@ -38,12 +38,13 @@ def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plo
     check_integer("at", at, low=0, high=params.max_new_tokens - 1)
     if alternatives and fan is not None:
         raise InvalidParameter("alternative: give --alternative or --fan, not both")
+    text = read_prompt(prompt, prompt_file, kw["chat"])
+    check_report_paths(html_path, plot_path)
+    view, status = consoles(json_path, no_color)
+    announce(status, loading[0])
     from lmtrace.decode.branch import branch as run
     from lmtrace.render.branch import print_branches
 
-    text = read_prompt(prompt, prompt_file)
-    check_report_paths(html_path, plot_path)
-    view, status = consoles(json_path, no_color)
     lm = load_model(status, *loading)
     with status.status("Decoding and branching…"):
         result = run(lm, text, at, list(alternatives) or None, fan=fan, params=params, chat=kw["chat"],

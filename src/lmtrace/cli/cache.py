@@ -8,7 +8,7 @@ import click
 from rich.console import Group
 from rich.text import Text
 
-from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli.common import announce, cli, consoles, load_model, read_prompt, write_json
 from lmtrace.cli.generate import progress_bar
 from lmtrace.cli.options import json_option, model_options, params_from, sampling_options
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
@@ -28,16 +28,17 @@ from lmtrace.errors import InvalidParameter
 def cache(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, demo_misuse, rounds, json_path,
           html_path, plot_path, no_color, **kw):  # fmt: skip
     """Generate from PROMPT and show the KV cache: its dimensions, its size per step, its growth."""
-    from lmtrace.decode.tracing import encode_prompt
-    from lmtrace.decode.tracing import generate as run
-    from lmtrace.render.kv_terminal import anatomy_view, chart, misuse_view, steps_view
-
     params = params_from(kw)
     if rounds < 1:
         raise InvalidParameter(f"rounds must be >= 1, got {rounds}")
     check_report_paths(html_path, plot_path)
-    text = read_prompt(prompt, prompt_file)
+    text = read_prompt(prompt, prompt_file, kw["chat"])
     view, status = consoles(json_path, no_color)
+    announce(status, model)
+    from lmtrace.decode.tracing import encode_prompt
+    from lmtrace.decode.tracing import generate as run
+    from lmtrace.render.kv_terminal import anatomy_view, chart, misuse_view, steps_view
+
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
     if demo_misuse:
         from lmtrace.external.misuse import compare

@@ -6,7 +6,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lmtrace.arguments import step_selector
-from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli.common import announce, cli, consoles, load_model, read_prompt, write_json
 from lmtrace.cli.options import (
     device_map_option,
     inside_options,
@@ -44,7 +44,8 @@ def print_extras(trace, waterfall: str | None, view) -> None:
 
 def progress_bar(console, total: int) -> Progress:
     columns = [TextColumn("Generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    return Progress(*columns, console=console, transient=True)
+    # off where stderr is not a terminal: rich would leave an empty line there
+    return Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
 
 
 @cli.command()
@@ -70,11 +71,12 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     html_path, plot_path = kw.pop("html_path"), kw.pop("plot_path")
     check_report_paths(html_path, plot_path)
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
+    text = read_prompt(prompt, prompt_file, kw["chat"])
+    view, status = consoles(json_path, no_color)
+    announce(status, model)  # the first line on screen, before the imports
     from lmtrace.decode.tracing import generate as run
     from lmtrace.render.terminal import print_trace
 
-    text = read_prompt(prompt, prompt_file)
-    view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, kw.pop("device_map"),
                     kw.pop("weights"))  # fmt: skip
     with progress_bar(status, params.max_new_tokens) as progress:

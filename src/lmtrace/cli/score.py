@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lmtrace.cli.common import cli, consoles, load_model, read_text
+from lmtrace.cli.common import announce, cli, consoles, load_model, read_text
 from lmtrace.cli.options import device_map_option, json_option, model_options
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
@@ -26,7 +26,8 @@ def _text(text: str | None, file: str | None, prompt: str | None, continuation: 
             missing = "--prompt" if prompt is None else "--continuation"
             raise InvalidParameter(f"{missing}: none given (--prompt and --continuation go together)")
         return None
-    return read_text(text, file, "text", "file", "pass TEXT, --file, --prompt with --continuation, or standard input")
+    return read_text(text, file, "text", "file", "pass TEXT, --file, --prompt with --continuation, or standard input",
+                     allow_empty=False)  # fmt: skip
 
 
 def _check(options: dict) -> None:
@@ -121,8 +122,6 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
     """Score TEXT teacher-forced: every token's probability, rank, entropy and alternatives,
     the total logprob, perplexity and bits per byte."""
     from lmtrace.cli.common import write_json
-    from lmtrace.render.score import print_score
-    from lmtrace.scoring.score import score as run
 
     keys = ("model", "device", "dtype", "allow_pickle", "trust_remote_code", "device_map")
     loading = [options.pop(k) for k in keys]
@@ -132,12 +131,17 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
             raise InvalidParameter("jsonl: --jsonl IN OUT reads IN and writes OUT; drop TEXT, --file, --prompt, --json")
         records = read_jsonl(jsonl[0])
         view, status = consoles(jsonl[1], no_color)
+        announce(status, loading[0])
         lm = load_model(status, *loading)
         _score_jsonl(lm, records, jsonl[1], view, status, **options)
         return
     source = _text(text, file, prompt, continuation)
     check_report_paths(html_path, plot_path)
     view, status = consoles(json_path, no_color)
+    announce(status, loading[0])
+    from lmtrace.render.score import print_score
+    from lmtrace.scoring.score import score as run
+
     lm = load_model(status, *loading)
     kwargs = {k: options[k] for k in ("window", "stride", "top_logprobs")}
     with status.status("Scoring…"):

@@ -19,6 +19,8 @@ class LM:
     summary: ArchSummary
     eos_token_ids: list[int] = field(default_factory=list)
     pad_token_id: int = 0
+    # lmtrace.load's seconds: {"imports_s": torch/transformers/the model's class, "weights_s": the rest}
+    load_timing: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_objects(cls, model: Any, tokenizer: Any, source: str = "in-memory") -> LM:
