@@ -60,7 +60,9 @@ def _print_lens(kind: str, d: dict[str, Any], path: str, step: int | None, conso
     chosen = pick_step(trace, step)
     if any(s.lens for s in trace.steps):
         console.print(settled_line(trace))
-    console.print(inside_table(chosen))
+    positions = len(trace.prompt.get("token_ids") or []) + chosen.index  # what the step's query sees
+    recent = ((trace.params or {}).get("attention") or {}).get("recent", 32)
+    console.print(inside_table(chosen, positions, recent))
 
 
 @cli.command()
@@ -68,14 +70,14 @@ def _print_lens(kind: str, d: dict[str, Any], path: str, step: int | None, conso
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 @click.option("--lens", "lens", is_flag=True, help="A layer table of one step (--step): logit lens and attention.")
-@click.option("--step", "step", type=int, default=None, help="The step --lens shows (default 0).")
+@click.option("--step", "step", type=int, default=None, help="Show this step's layer table (as --lens; default 0).")
 def render(trace_path, html_path, plot_path, no_color, lens=False, step=None):
     """Show a saved TRACE.json (from --json) again, or write it as an HTML report (--html) or a
     PNG plot (--plot). Also reads score results and branches."""
     check_report_paths(html_path, plot_path)
     kind, d = read_record(trace_path)
     console = Console(no_color=no_color, highlight=False)
-    if lens:
+    if lens or step is not None:  # --step alone shows that step's layers too
         _print_lens(kind, d, trace_path, step, console)
         return
     if html_path is None and plot_path is None:

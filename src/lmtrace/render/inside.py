@@ -55,6 +55,8 @@ def attention_view(attention: dict[str, Any]) -> dict[str, Any]:
     layers = []
     for x in attention.get("layers") or []:
         layer = {"l": x["layer"], **_att_numbers(x)}
+        if isinstance(x.get("value_weighted"), dict):
+            layer["vw"] = _att_numbers(x["value_weighted"])
         if x.get("heads"):
             layer["heads"] = [_att_numbers(h) for h in x["heads"]]
         layers.append(layer)
@@ -123,11 +125,36 @@ def lens_heatmap(steps: list[dict[str, Any]], view: int = 0) -> Markup | None:
 
 
 def positions(d: dict[str, Any], views: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """Every position of prompt + generated text as {pos, shown, prompt}, where the trace knows
-    its prompt's tokens (recorded with attention)."""
+    """Every position of prompt + generated text as {pos, shown, prompt, sink}, where the trace
+    knows its prompt's tokens (recorded with attention); `sink` where the position behaves as one."""
     tokens = (d.get("prompt") or {}).get("tokens")
     if not isinstance(tokens, list):
         return None
+    sinks = sink_positions(d.get("steps") or [])
     out = [{"pos": k, "shown": visible(t), "prompt": True} for k, t in enumerate(tokens)]
     out += [{"pos": len(tokens) + k, "shown": v["shown"], "prompt": False} for k, v in enumerate(views)]
+    for p in out:
+        p["sink"] = p["pos"] in sinks
     return out
+
+
+SINK_SHARE, SINK_KEEPS = 0.2, 0.5  # a sink: >= 20% of the raw weight, and value weighting keeps <= half of it
+
+
+def sink_positions(steps: list[dict[str, Any]]) -> set[int]:
+    """The positions that behave as attention sinks: over every step and layer they take at least
+    a fifth of the raw attention on average, while value weighting (their values are small) keeps
+    at most half of it. Not simply "the first 4": a short prompt's content words are no sinks."""
+    raw: dict[int, float] = {}
+    valued: dict[int, float] = {}
+    count = 0
+    for s in steps:
+        for x in (s.get("attention") or {}).get("layers") or []:
+            count += 1
+            for t in x.get("top") or []:
+                raw[t["position"]] = raw.get(t["position"], 0.0) + t["weight"]
+            for t in (x.get("value_weighted") or {}).get("top") or []:
+                valued[t["position"]] = valued.get(t["position"], 0.0) + t["weight"]
+    if not count or not valued:
+        return set()
+    return {p for p, w in raw.items() if w / count >= SINK_SHARE and valued.get(p, 0.0) <= SINK_KEEPS * w}

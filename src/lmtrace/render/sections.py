@@ -96,8 +96,11 @@ def attention_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | 
     if shown is None or not layers:
         return None
     heads = next((len(x["heads"]) for v in tv if "att" in v for x in v["att"]["layers"] if x.get("heads")), 0)
-    sinks = ((d.get("params") or {}).get("attention") or {}).get("sinks", 4)
-    return Section("attention", "Attention over the cache", parts().attention(shown, layers, sinks, heads))
+    recent = ((d.get("params") or {}).get("attention") or {}).get("recent", 32)
+    valued = any("vw" in x for v in tv if "att" in v for x in v["att"]["layers"])
+    how = {"layers": layers, "heads": heads, "valued": valued, "recent": recent if len(shown) > recent else None,
+           "sinks": sum(p["sink"] for p in shown)}  # fmt: skip
+    return Section("attention", "Attention over the cache", parts().attention(shown, how))
 
 
 def problems_section(tv: list[dict[str, Any]]) -> Section | None:
