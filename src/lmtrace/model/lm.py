@@ -23,8 +23,9 @@ class LM:
     load_timing: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_objects(cls, model: Any, tokenizer: Any, source: str = "in-memory") -> LM:
-        """Wraps a model and tokenizer the caller already has."""
+    def from_objects(cls, model: Any, tokenizer: Any, source: str | None = None) -> LM:
+        """Wraps a model and tokenizer the caller already has; `source` names it in traces
+        (default: the model's own name, model_name)."""
         gen = getattr(model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None) if gen is not None else None
         if eos is None:
@@ -34,7 +35,8 @@ class LM:
         pad = pad if pad is not None else tokenizer.pad_token_id
         pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
         model.eval()
-        return cls(model, tokenizer, source, summarize(model.config, model), eos_ids, int(pad))
+        name = source if source is not None else model_name(model)
+        return cls(model, tokenizer, name, summarize(model.config, model), eos_ids, int(pad))
 
 
 def model_name(model: Any) -> str:
