@@ -20,6 +20,12 @@
     if (typeof x !== "number") return String(x);
     return Number.isInteger(x) ? String(x) : x.toPrecision(digits || 4);
   }
+  // a probability as a person reads it: 0.412, 0.0031, or "< 0.0001" (never 4.260e-14)
+  function pr(p) {
+    if (p === null || p === undefined) return "–";
+    if (p >= 0.01 || p === 0) return p === 0 ? "0" : p.toFixed(3);
+    return p >= 0.0001 ? p.toFixed(4) : "< 0.0001";
+  }
   function bytes(n) {
     if (typeof n !== "number") return num(n);
     var units = ["B", "KiB", "MiB", "GiB"], i = 0;
@@ -59,9 +65,9 @@
       td.appendChild(track);
       tr.appendChild(el("td", "t", a.shown));
       tr.appendChild(td);
-      tr.appendChild(el("td", "n", num(a.p, 3)));
+      tr.appendChild(el("td", "n", pr(a.p)));
       // a null sampled probability is a token the processors filtered out
-      if (showSampled) tr.appendChild(el("td", "n", a.sp === null ? "cut" : num(a.sp, 3)));
+      if (showSampled) tr.appendChild(el("td", "n", a.sp === null ? "cut" : pr(a.sp)));
       tr.title = "token id " + a.id;
       table.appendChild(tr);
     });
@@ -101,8 +107,8 @@
     rows(dl, [
       ["token id", num(s.id)],
       ["bytes", s.own !== s.shown ? s.own : undefined],
-      ["probability", num(s.p) + "  (logprob " + num(s.lp) + ")"],
-      ["sampled prob.", data.sampled || (s.p === null && s.sp !== null) ? num(s.sp) : undefined],
+      ["probability", pr(s.p) + "  (logprob " + num(s.lp) + ")"],
+      ["sampled prob.", data.sampled || (s.p === null && s.sp !== null) ? pr(s.sp) : undefined],
       ["rank", num(s.rank)],
       ["entropy", s.H === null || s.H === undefined ? undefined : num(s.H, 3) + " nats"],
       ["sampled entropy", (data.sampled || s.H === null) && s.sH !== null && s.sH !== undefined ? num(s.sH, 3) + " nats" : undefined],
@@ -138,7 +144,7 @@
     panel.appendChild(el("h4", null, "logit lens · settled at layer " + num(s.lens.settled)));
     var layer = s.lens.layers[at];
     if (layer) {
-      panel.appendChild(el("p", "meta", "layer " + layer.l + " top tokens:"));
+      panel.appendChild(el("p", "meta", (layer.l === 0 ? "embeddings (layer 0)" : "layer " + layer.l) + " top tokens:"));
       var list = el("table", "alts");
       layer.top.forEach(function (t) {
         var tr = el("tr"), track = el("div", "bar-track"), td = el("td");
@@ -146,7 +152,7 @@
         td.appendChild(track);
         tr.appendChild(el("td", "t", t[0]));
         tr.appendChild(td);
-        tr.appendChild(el("td", "n", num(t[1], 3)));
+        tr.appendChild(el("td", "n", pr(t[1])));
         list.appendChild(tr);
       });
       panel.appendChild(list);
@@ -156,7 +162,7 @@
     table.appendChild(head);
     s.lens.layers.slice().reverse().forEach(function (x) {
       var tr = el("tr", (x.l === at ? "here" : "") + (x.l === s.lens.settled ? " settled" : ""));
-      [x.l, num(x.p, 3), num(x.rank), x.top.length ? x.top[0][0] : "–", num(x.H, 3), num(x.kl, 3)].forEach(function (c) {
+      [x.l === 0 ? "emb" : x.l, pr(x.p), num(x.rank), x.top.length ? x.top[0][0] : "–", num(x.H, 3), num(x.kl, 3)].forEach(function (c) {
         tr.appendChild(el("td", null, c));
       });
       table.appendChild(tr);
