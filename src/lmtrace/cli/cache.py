@@ -83,7 +83,7 @@ def _show(trace, json_path: str | None, view) -> None:
         last = ledger[-1] if ledger else {}
         measured = last.get("bytes_used", last.get("bytes"))
         view.print(anatomy_view(an, trace.model["source"], last.get("seq_len"), measured))
-    view.print(Group(Text("generated", style="bold"), coloured_text(trace), Text()))
+    view.print(Group(Text(), Text("generated", style="bold"), coloured_text(trace), Text()))
     view.print(Group(steps_view(ledger), Text(), Text("KV cache bytes per step", style="bold"),
                      chart([k["bytes"] for k in ledger])))  # fmt: skip
 

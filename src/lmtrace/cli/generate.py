@@ -69,6 +69,8 @@ def progress_bar(console, total: int) -> Progress:
 )
 @inside_options
 @server_option
+@click.option("--show-prompt", is_flag=True, help="Show the whole prompt the model saw (with --chat: the template's "
+              "system prompt and turn markers).")  # fmt: skip
 def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, json_path, no_color, **kw):
     """Generate from PROMPT and show every token's probability, rank, entropy and alternatives."""
     params = params_from(kw)  # argument errors first: they need no torch
@@ -97,7 +99,7 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     from lmtrace.render.terminal import print_trace
 
     write_json(json_path, trace.to_json(indent=2))
-    print_trace(trace, view)
+    print_trace(trace, view, kw["show_prompt"])
     print_extras(trace, kw["waterfall"], view)
     if kw["lens"]:
         from lmtrace.render.lens_terminal import settled_line

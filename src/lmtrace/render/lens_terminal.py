@@ -24,14 +24,19 @@ def _top1(layer: dict[str, Any]) -> Text:
     if not top:
         return Text("–")
     p = _p(top[0].get("logprob")) or 0.0
-    return Text(f"{escape(top[0].get('text', ''))!r} {p:.2f}")
+    return Text(f"{escape(top[0].get('text', ''))!r} {_short(p)}")
+
+
+def _short(x: float) -> str:
+    """A share in three characters where it fits 80 columns: .42, 1.0."""
+    return f"{x:.2f}".removeprefix("0") if x < 0.995 else "1.0"
 
 
 def _looked(layer: dict[str, Any] | None) -> str:
     if not layer or not layer.get("top"):
         return "–"
     t = layer["top"][0]
-    return f"{t['position']} {escape(t.get('text', ''))!r} {t['weight']:.2f}"
+    return f"{t['position']} {escape(t.get('text', ''))!r} {_short(t['weight'])}"
 
 
 def _looks_at(layer: dict[str, Any] | None) -> str:
@@ -55,10 +60,11 @@ def inside_table(step: Step, positions: int | None = None, recent: int = 32) -> 
     where = f", settled at layer {settled}" if step.lens else ""
     table.title = Text(f"step {step.index}: {escape(step.text)!r}{where}")
     longer = positions is not None and positions > recent
-    if step.attention:
+    table.caption_justify = "left"
+    if step.attention:  # two short lines: a long caption would wrap back to the table's first column
         valued = any("value_weighted" in x for x in att.values())
-        table.caption = Text("layer n: decoder layer n's output (0: embeddings); p, rank: the chosen token's; "
-                             + ("looks at: value-weighted; " if valued else "") + "sinks: raw mass on the first 4")
+        table.caption = Text("layer n: decoder layer n's output (0: the embeddings)\np, rank: the chosen token's; "
+                             + ("looks at: value-weighted\n" if valued else "") + "sinks: the raw mass on the first 4")
     right = {"no_wrap": True, "justify": "right"}
     table.add_column("layer", **right)
     if step.lens:
@@ -66,7 +72,7 @@ def inside_table(step: Step, positions: int | None = None, recent: int = 32) -> 
             table.add_column(name, **(right if name != "top-1" else {"no_wrap": True, "overflow": "ellipsis"}))
     if step.attention:
         table.add_column("looks at", no_wrap=True, overflow="ellipsis")
-        for name in ("sinks", *([f"last{recent}"] if longer else []), "attn H"):
+        for name in ("sinks", *([f"last{recent}"] if longer else []), "att H"):
             table.add_column(name, **right)
     for n in sorted(set(lens) | set(att), reverse=True):
         row: list[Any] = [f"{n}{' ✓' if n == settled else ''}"]
@@ -75,7 +81,7 @@ def inside_table(step: Step, positions: int | None = None, recent: int = 32) -> 
             p = _p(x.get("chosen_logprob"))
             shown = Text(f"{p:.3f}", style=colour(p)) if p is not None else Text("–")
             row += [_top1(x), shown, str(x.get("chosen_rank", "–")), f"{x.get('entropy', 0):.2f}",
-                    f"{x.get('kl_to_final', 0):.2f}"]  # fmt: skip
+                    f"{x.get('kl_to_final', 0):.1f}"]  # fmt: skip
         if step.attention:
             a = att.get(n)
             keys = ("sink_mass", *(["recent_mass"] if longer else []), "entropy")
@@ -85,11 +91,16 @@ def inside_table(step: Step, positions: int | None = None, recent: int = 32) -> 
     return table
 
 
-def settled_line(trace: Trace) -> Text:
-    """The settling layer of every step (– where the final top-1 is not the chosen token)."""
+def settled_line(trace: Trace) -> Table:
+    """The settling layer of every step (– where the final top-1 is not the chosen token); a long
+    list wraps under itself, not back to column 0."""
     found = [s.lens.get("settled_at") for s in trace.steps if s.lens]
     shown = ", ".join("–" if x is None else str(x) for x in found)
-    return Text(f"logit lens: settled at layer {shown} (of {_layers(trace)}; 0 = embeddings)")
+    line = Table.grid(padding=(0, 1))
+    line.add_column(no_wrap=True)
+    line.add_column()
+    line.add_row("logit lens: settled at layer", f"{shown} (of {_layers(trace)}; 0 = embeddings)")
+    return line
 
 
 def _layers(trace: Trace) -> int:

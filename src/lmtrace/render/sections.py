@@ -29,10 +29,13 @@ class Section:
 
 
 def text_section(
-    tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False, chat: bool = False
-) -> Section:
+    tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False, chat: bool = False,
+    templated: str | None = None,
+) -> Section:  # fmt: skip
     p = parts()  # with chat, the user's turn (the prompt) and the assistant's (the answer) are marked
     body = (p.switch() if switch else Markup()) + p.tokens(tv, 0, prompt, chat) + p.legend(LEGEND, unscored)
+    if templated:  # what the chat template made of the prompt: its system prompt and turn markers
+        body += p.templated(templated)
     return Section("text", "Text", body)
 
 
@@ -154,7 +157,8 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
     sampled = views.sampling_differs(tv)
     found = [
         problems_section(tv),
-        text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat"))),
+        text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat")),
+                     templated=(d.get("prompt") or {}).get("templated")),
         lens_section(d, tv),
         attention_section(d, tv),
         step_charts(tv, sampled),
