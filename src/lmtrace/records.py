@@ -91,6 +91,10 @@ class Step:
     def prob(self) -> float | None:
         return None if self.logprob is None else math.exp(self.logprob)
 
+    def __repr__(self) -> str:
+        p = "–" if self.logprob is None else f"{math.exp(self.logprob):.4g}"
+        return f"Step({self.index}, {self.text!r}, id={self.token_id}, p={p}, rank={self.rank}, top={len(self.top)})"
+
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
         d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
@@ -270,5 +274,22 @@ class Trace:
         (the renderer registered by the package, lmtrace/__init__.py; None: plain repr)."""
         return _notebook_view(self) if _notebook_view is not None else None
 
+    def __repr__(self) -> str:
+        """One line: the model, the steps, how the generation ended, the start of its text."""
+        text = self.text if len(self.text) <= 48 else self.text[:47] + "…"
+        source = self.model.get("source") if isinstance(self.model, dict) else self.model
+        return f"Trace({source!r}, {len(self.steps)} steps, finish_reason={self.finish_reason!r}, text={text!r})"
+
+    def __str__(self) -> str:
+        """A short table: the one line, the prompt, then a row per step (the first 20)."""
+        rows = [repr(self), f"prompt: {self.prompt.get('text', '')!r}", "   #  token              prob  rank  entropy"]
+        for s in self.steps[:20]:
+            p = "–" if s.logprob is None else f"{math.exp(s.logprob):.3f}"
+            h = "–" if s.entropy is None else f"{s.entropy:.2f}"
+            rows.append(f"{s.index:>4}  {s.text!r:<16.16} {p:>6}  {s.rank if s.rank is not None else '–':>4}  {h:>7}")
+        if len(self.steps) > 20:
+            rows.append(f"   … {len(self.steps) - 20} more steps")
+        return "\n".join(rows)
+
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(f"Trace({len(self.steps)} steps, finish_reason={self.finish_reason!r}, text={self.text!r})")
+        p.text(repr(self))

@@ -28,6 +28,15 @@ def _checked(check):
     return callback
 
 
+def _remember(key: str):
+    """A click callback keeping a flag in the context for code below the command (not an argument)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        ctx.meta[key] = value
+
+    return callback
+
+
 _MODEL_OPTIONS = [
     click.option(
         "--model",
@@ -47,11 +56,13 @@ _MODEL_OPTIONS = [
     ),
     click.option("--allow-pickle", is_flag=True, help="Allow .bin/.pt pickle weights (they can run code)."),
     click.option("--trust-remote-code", is_flag=True, help="Run the model repository's own Python code."),
+    click.option("--verbose", is_flag=True, expose_value=False, callback=_remember("lmtrace.verbose"),
+                 help="Also say where the model's files are (the converted copy's folder)."),  # fmt: skip
 ]
 
 
 def model_options(f):
-    """Adds --model --device --dtype --allow-pickle --trust-remote-code."""
+    """Adds --model --device --dtype --allow-pickle --trust-remote-code --verbose."""
     for option in reversed(_MODEL_OPTIONS):
         f = option(f)
     return f

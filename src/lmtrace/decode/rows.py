@@ -115,6 +115,11 @@ def records(
             yield r, step
 
 
+def _templated(lm: LM, ids: list[int], chat: bool) -> dict:
+    """With the chat template: the whole prompt the model saw (its system prompt included)."""
+    return {"templated": lm.tokenizer.decode(ids)} if chat else {}
+
+
 def to_trace(
     lm: LM,
     prompt: str,
@@ -141,7 +146,7 @@ def to_trace(
     return Trace(
         model={"source": lm.source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]},
         params={**params.to_dict(), "chat": chat, **({"compile": True} if compile else {}), **inside.params(lm, probe)},
-        prompt={"text": prompt, "token_ids": ids, **inside.prompt_tokens(lm, probe, ids)},
+        prompt={"text": prompt, "token_ids": ids, **_templated(lm, ids, chat), **inside.prompt_tokens(lm, probe, ids)},
         text=text,
         token_ids=[s.token_id for s in row.steps],
         finish_reason=finish,

@@ -29,10 +29,13 @@ class Section:
 
 
 def text_section(
-    tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False, chat: bool = False
-) -> Section:
+    tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False, chat: bool = False,
+    templated: str | None = None,
+) -> Section:  # fmt: skip
     p = parts()  # with chat, the user's turn (the prompt) and the assistant's (the answer) are marked
     body = (p.switch() if switch else Markup()) + p.tokens(tv, 0, prompt, chat) + p.legend(LEGEND, unscored)
+    if templated:  # what the chat template made of the prompt: its system prompt and turn markers
+        body += p.templated(templated)
     return Section("text", "Text", body)
 
 
@@ -96,8 +99,11 @@ def attention_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | 
     if shown is None or not layers:
         return None
     heads = next((len(x["heads"]) for v in tv if "att" in v for x in v["att"]["layers"] if x.get("heads")), 0)
-    sinks = ((d.get("params") or {}).get("attention") or {}).get("sinks", 4)
-    return Section("attention", "Attention over the cache", parts().attention(shown, layers, sinks, heads))
+    recent = ((d.get("params") or {}).get("attention") or {}).get("recent", 32)
+    valued = any("vw" in x for v in tv if "att" in v for x in v["att"]["layers"])
+    how = {"layers": layers, "heads": heads, "valued": valued, "recent": recent if len(shown) > recent else None,
+           "sinks": sum(p["sink"] for p in shown)}  # fmt: skip
+    return Section("attention", "Attention over the cache", parts().attention(shown, how))
 
 
 def problems_section(tv: list[dict[str, Any]]) -> Section | None:
@@ -153,7 +159,8 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
                                   structured_html.grammar_section)]  # fmt: skip
     found = [
         problems_section(tv),
-        text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat"))),
+        text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat")),
+                     templated=(d.get("prompt") or {}).get("templated")),
         *[Section(*c) for c in constrained if c],
         lens_section(d, tv),
         attention_section(d, tv),

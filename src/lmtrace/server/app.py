@@ -10,7 +10,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from lmtrace.model.lm import LM
-from lmtrace.server import chat, completions, errors, models, tokenization, traces, viewer
+from lmtrace.server import chat, completions, errors, extensions, models, tokenization, traces, viewer
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.generation import ServerState
 from lmtrace.server.security import HostCheck, KeyCheck
@@ -56,7 +56,7 @@ def create_app(
     app = FastAPI(title="lmtrace", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.lmtrace = state
     errors.install(app)
-    for module in (models, completions, chat, traces, tokenization, viewer):
+    for module in (models, completions, chat, traces, extensions, tokenization, viewer):
         app.include_router(module.router)
 
     @app.get("/health", include_in_schema=False)
