@@ -43,3 +43,25 @@ def step_selector(waterfall: int | str | None, max_new_tokens: int) -> Callable[
             f"waterfall must be a step index in [0, {max_new_tokens - 1}] or 'all', got {waterfall!r}"
         )
     return lambda index: index == waterfall
+
+
+MAX_DRAFT_TOKENS = 16
+
+
+def draft_spec(spec: str) -> str:
+    """A --draft SPEC as given: "packed", "layers:N" (N >= 1), or a path / hub id (checked when
+    it loads)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidParameter(f"draft must be 'packed', 'layers:N' or a model path, got {spec!r}")
+    if spec.startswith("layers:"):
+        n = spec.split(":", 1)[1]
+        if not n.strip().isdigit() or int(n) < 1:
+            raise InvalidParameter(f"draft: 'layers:N' takes a number of layers N >= 1, got {spec!r}")
+    return spec
+
+
+def draft_tokens(k: int) -> int:
+    """--draft-tokens K: proposals per block, in [1, 16]."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
+        raise InvalidParameter(f"draft_tokens must be an integer in [1, {MAX_DRAFT_TOKENS}], got {k!r}")
+    return k

@@ -82,6 +82,10 @@ class Step:
     attention: dict[str, Any] | None = None
     # a watched loop's cache misuse, on the step (round) where it starts (lmtrace.watch)
     problems: list[dict[str, Any]] | None = None
+    # speculative decoding: the draft's proposal judged at this step {proposed_token_id, text,
+    # logprob (the draft's processed q), target_logprob (p), accept_prob, accepted, position,
+    # block}; None for a bonus token (written as null in a speculative trace)
+    draft: dict[str, Any] | None = None
 
     @property
     def prob(self) -> float | None:
@@ -91,7 +95,7 @@ class Step:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
         d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
         d["top"] = [a.to_dict() for a in self.top]
-        for name in ("waterfall", "problems", "lens", "attention"):  # optional fields are written only when present
+        for name in ("waterfall", "problems", "lens", "attention", "draft"):  # optional fields: only when present
             if d[name] is None:
                 del d[name]
         return d
@@ -109,11 +113,12 @@ class Step:
             lens=d.get("lens"),
             attention=d.get("attention"),
             problems=d.get("problems"),
+            draft=d.get("draft"),
         )
 
 
 # fields added after schema 1 was first written: absent from older JSON, omitted when unset
-_OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention")
+_OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention", "draft", "speculative")
 
 
 def _forget(steps: list[Step], distributions: str) -> None:
@@ -199,12 +204,20 @@ class Trace:
     # which distributions the steps hold: "both", "raw" (logprob, rank, entropy) or "processed"
     # (sampled_logprob, sampled_entropy); the numbers of a missing one are None, never guessed
     distributions: str = "both"
+    # speculative decoding (lmtrace.generate(..., draft=...)): {draft, draft_tokens,
+    # acceptance_by_position, conditional_acceptance_by_position, mean_accepted_per_block, blocks,
+    # target_forwards, draft_forwards, draft_model}; then every step has `draft` (null: a bonus token)
+    speculative: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("steps", *_OPTIONAL)}
         d["steps"] = [s.to_dict() for s in self.steps]
         if self.prompt_logprobs is not None:
             d["prompt_logprobs"] = [t.to_dict() for t in self.prompt_logprobs]
+        if self.speculative is not None:
+            d["speculative"] = self.speculative
+            for step, out in zip(self.steps, d["steps"]):
+                out["draft"] = step.draft
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -221,7 +234,7 @@ class Trace:
             prompt_logprobs = [TokenScore.from_dict(t) for t in prompt_logprobs]
         steps = [Step.from_dict(s) for s in d["steps"]]
         _forget(steps, d.get("distributions", "both"))
-        return cls(**fields, steps=steps, prompt_logprobs=prompt_logprobs)
+        return cls(**fields, steps=steps, prompt_logprobs=prompt_logprobs, speculative=d.get("speculative"))
 
     @classmethod
     def from_json(cls, s: str) -> Trace:

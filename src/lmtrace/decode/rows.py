@@ -67,6 +67,12 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         for t, lp, slp in zip(bs.top_ids[row], bs.top_logprobs[row], bs.top_sampled_logprobs[row])
     ]
     token = bs.token_ids[row]
+    kv = bs.kv.to_dict()
+    if bs.crop is not None:  # speculative decoding: the caches cut back after a rejection
+        kv["crop"] = bs.crop
+    draft = bs.draft[row] if bs.draft else None
+    if draft is not None:
+        draft = {**draft, "text": tb.text(draft["proposed_token_id"])}
     return Step(
         index=bs.index,
         token_id=token,
@@ -78,11 +84,12 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         entropy=bs.entropy[row],
         sampled_entropy=bs.sampled_entropy[row],
         top=top,
-        kv=bs.kv.to_dict(),
+        kv=kv,
         time_ms=bs.time_ms,
         waterfall=waterfall_mod.with_texts(bs.waterfall[row], tb.text) if bs.waterfall else None,
         lens=inside.with_texts(bs.lens[row], tb.text) if bs.lens else None,
         attention=inside.with_texts(bs.attention[row], tb.text) if bs.attention else None,
+        draft=draft,
     )
 
 

@@ -19,6 +19,8 @@ class LM:
     summary: ArchSummary
     eos_token_ids: list[int] = field(default_factory=list)
     pad_token_id: int = 0
+    # draft models for speculative decoding, loaded once per spec (lmtrace.model.draft)
+    drafts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_objects(cls, model: Any, tokenizer: Any, source: str = "in-memory") -> LM:
