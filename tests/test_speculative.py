@@ -201,11 +201,12 @@ def test_bad_drafts(tiny_lm, tiny_dir):
         lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft="layers:1", lens=True)
 
 
-def test_another_vocabulary_is_refused(tiny_lm):
+def other_vocabulary_lm() -> LM:
+    """A tiny model whose tokenizer was trained to another size: other ids for the same text."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from tests.tiny import CORPUS  # a tokenizer trained to another size: other ids
+    from tests.tiny import CORPUS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -213,9 +214,12 @@ def test_another_vocabulary_is_refused(tiny_lm):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
     tok.train_from_iterator(CORPUS, trainer)
     other_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
-    other = LM.from_objects(tiny_model(other_tok, seed=2), other_tok, source="other-vocab")
+    return LM.from_objects(tiny_model(other_tok, seed=2), other_tok, source="other-vocab")
+
+
+def test_another_vocabulary_is_refused(tiny_lm):
     with pytest.raises(InvalidParameter, match="draft: 'other-vocab' has another vocabulary than the target"):
-        lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft=other)
+        lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft=other_vocabulary_lm())
 
 
 def test_stream_and_a_list_of_prompts(tiny_lm):

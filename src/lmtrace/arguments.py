@@ -65,3 +65,11 @@ def draft_tokens(k: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
         raise InvalidParameter(f"draft_tokens must be an integer in [1, {MAX_DRAFT_TOKENS}], got {k!r}")
     return k
+
+
+def draft_alone(compile: bool = False, lens: bool = False, attention: bool | str = False) -> None:
+    """What speculative decoding does not combine with: hooks and compiled graphs that expect one
+    position a forward."""
+    for name, on in (("compile", compile), ("lens", lens), ("attention", attention)):
+        if on:
+            raise InvalidParameter(f"draft: speculative decoding cannot be combined with {name}; drop one of them")

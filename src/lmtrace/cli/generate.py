@@ -6,9 +6,11 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lmtrace.arguments import step_selector
-from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli.common import cli, consoles, load_draft, load_model, read_prompt, write_json
 from lmtrace.cli.options import (
     device_map_option,
+    draft_from,
+    draft_options,
     inside_options,
     json_option,
     model_options,
@@ -64,12 +66,14 @@ def progress_bar(console, total: int) -> Progress:
     "--waterfall", default=None, metavar="STEP|all", help="Record the distribution after each sampling stage."
 )
 @inside_options
+@draft_options
 def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, json_path, no_color, **kw):
     """Generate from PROMPT and show every token's probability, rank, entropy and alternatives."""
     params = params_from(kw)  # argument errors first: they need no torch
     html_path, plot_path = kw.pop("html_path"), kw.pop("plot_path")
     check_report_paths(html_path, plot_path)
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
+    draft, draft_tokens = draft_from(kw)
     from lmtrace.decode.tracing import generate as run
     from lmtrace.render.terminal import print_trace
 
@@ -77,11 +81,13 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, kw.pop("device_map"),
                     kw.pop("weights"))  # fmt: skip
+    chosen = load_draft(status, lm, draft)
     with progress_bar(status, params.max_new_tokens) as progress:
         task = progress.add_task("generate", total=params.max_new_tokens)
         advance = lambda row, step: progress.advance(task)  # noqa: E731
         trace = run(lm, text, params, chat=kw["chat"], on_step=advance, echo=kw["echo"], waterfall=kw["waterfall"],
-                    compile=kw["compile_"], lens=kw["lens"], attention=kw["attention"])  # fmt: skip
+                    compile=kw["compile_"], lens=kw["lens"], attention=kw["attention"], draft=chosen,
+                    draft_tokens=draft_tokens)  # fmt: skip
     write_json(json_path, trace.to_json(indent=2))
     print_trace(trace, view)
     print_extras(trace, kw["waterfall"], view)

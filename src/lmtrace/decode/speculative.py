@@ -26,7 +26,6 @@ from lmtrace.decode import step as one_step
 from lmtrace.decode.observers import attached
 from lmtrace.decode.rows import RowRecord, generator, records
 from lmtrace.decode.step import BatchStep, Choosing, Proposal
-from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger
 from lmtrace.model.draft import Draft
 from lmtrace.model.lm import LM
@@ -230,9 +229,11 @@ def iter_rows(
     lm: LM, draft: Draft, prompts: Sequence[list[int]], params: SamplingParams, rows: list[RowRecord], k: int,
     watchers: Sequence[Any] = (),
 ) -> Iterator[tuple[int, Step, Tally]]:  # fmt: skip
-    """Each prompt decoded alone with the draft (one prompt after another, each with the
-    generator its params seed); yields (row, Step, the row's Tally) as steps are produced."""
+    """Each prompt decoded alone with the draft, one after another, drawing from one generator
+    seeded by the params (the first prompt draws as it would alone); yields (row, Step, the
+    row's Tally) as steps are produced."""
     eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
+    rng = generator(lm, params)
     for r, ids in enumerate(prompts):
 
         def hook(row: int, token: int, r: int = r) -> bool:
@@ -240,14 +241,7 @@ def iter_rows(
 
         tally = Tally(draft.spec, k, draft.describe())
         setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, False, list(watchers))
-        steps = generate_steps(lm.model, draft.model, ids, params, generator(lm, params), setup, k, tally)
+        steps = generate_steps(lm.model, draft.model, ids, params, rng, setup, k, tally)
         for _, step in records(lm, [ids], steps, [rows[r]]):
             yield r, step, tally
 
-
-def check(compile: bool, lens: bool, attention: bool | str) -> None:
-    """What speculative decoding does not combine with: hooks and compiled graphs that expect one
-    position a forward."""
-    for name, on in (("compile", compile), ("lens", lens), ("attention", attention)):
-        if on:
-            raise InvalidParameter(f"draft: speculative decoding cannot be combined with {name}; drop one of them")

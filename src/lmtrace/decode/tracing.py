@@ -92,13 +92,14 @@ def generate(
     rows = [RowRecord(lm, p.stop) for _ in ids]
     tallies: dict[int, speculative.Tally] = {}
     if chosen is not None:
-        for r, step, tallies[r] in speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens, watchers):
-            if on_step is not None:
-                on_step(r, step)
+        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens, watchers)
     else:
-        for r, step in _iter_rows(lm, ids, p, rows, watchers, compile):
-            if on_step is not None:
-                on_step(r, step)
+        produced = ((r, step, None) for r, step in _iter_rows(lm, ids, p, rows, watchers, compile))
+    for r, step, tally in produced:
+        if tally is not None:
+            tallies[r] = tally
+        if on_step is not None:
+            on_step(r, step)
     traces = [to_trace(lm, text, i, p, row, chat, compile, probe) for text, i, row in zip(prompts, ids, rows)]
     for r, tally in tallies.items():  # a row's speculative summary: its draft, acceptance, forwards
         traces[r].speculative = tally.to_dict()
@@ -112,7 +113,7 @@ def _draft(
     if draft is None:
         return None
     arguments.draft_tokens(k)
-    speculative.check(compile, lens, attention)
+    arguments.draft_alone(compile, lens, attention)
     return drafts.draft_for(lm, draft)
 
 
@@ -198,17 +199,31 @@ def generate_ids(
     on_step: Callable[[int, Step], None] | None = None,
     lens: bool = False,
     attention: bool | str = False,
+    draft: str | LM | drafts.Draft | None = None,
+    draft_tokens: int = 4,
     **kwargs: Any,
 ) -> list[Trace]:
     """Like `generate` for prompts already tokenized (a server's token-id prompts, a chat
     template applied by the caller): one left-padded batch, one Trace per prompt. An exception
-    raised by `on_step` stops the generation (a server uses this when its client goes away)."""
+    raised by `on_step` stops the generation (a server uses this when its client goes away).
+    `draft` as in generate."""
     p = seeded(make_params(params, **kwargs))
+    chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
     ids = [list(i) for i in prompt_ids]
     texts = list(prompt_texts) if prompt_texts is not None else [lm.tokenizer.decode(i) for i in ids]
     rows = [RowRecord(lm, p.stop) for _ in ids]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
-    for r, step in _iter_rows(lm, ids, p, rows, observers.build(probe)):
+    tallies: dict[int, speculative.Tally] = {}
+    if chosen is not None:
+        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens)
+    else:
+        produced = ((r, step, None) for r, step in _iter_rows(lm, ids, p, rows, observers.build(probe)))
+    for r, step, tally in produced:
+        if tally is not None:
+            tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
-    return [to_trace(lm, text, i, p, row, chat, probe=probe) for text, i, row in zip(texts, ids, rows)]
+    traces = [to_trace(lm, text, i, p, row, chat, probe=probe) for text, i, row in zip(texts, ids, rows)]
+    for r, tally in tallies.items():
+        traces[r].speculative = tally.to_dict()
+    return traces
