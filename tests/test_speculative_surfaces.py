@@ -117,3 +117,25 @@ def test_server_draft_with_lens_is_a_400(pair):
     _, fast = pair
     r = fast.post("/v1/traces", json={"prompt": "Hello", "max_tokens": 2, "lens": True})
     assert r.status_code == 400 and "cannot be combined with lens" in r.json()["error"]["message"]
+
+
+def test_views_show_the_draft(tiny_lm):
+    """The report's draft blocks (accepted, rejected struck through, bonus) and acceptance bars;
+    the terminal's draft column and summary line."""
+    from rich.console import Console
+
+    from lmtrace.render.html import render_html
+    from lmtrace.render.terminal import print_trace
+
+    trace = lmtrace.generate(tiny_lm, "Hello world", max_new_tokens=16, temperature=0, draft="layers:1",
+                             draft_tokens=3, stop_on_eos=False)  # fmt: skip
+    html = render_html(trace.to_dict())
+    assert 'id="speculative"' in html and 'class="block"' in html and "acceptance by position" in html
+    rejected = sum(1 for s in trace.steps if s.draft and not s.draft["accepted"])
+    assert html.count("<del title=") == rejected and html.count('class="bonus"') >= 1
+    console = Console(record=True, width=140)
+    print_trace(trace, console)
+    text = console.export_text()
+    assert "speculative: draft layers:1, 3 tokens a block" in text
+    assert any(line.split()[:6] == ["#", "token", "prob", "rank", "entropy", "draft"] for line in text.splitlines())
+    assert "✗" in text and "+ bonus" in text

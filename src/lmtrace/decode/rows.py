@@ -72,7 +72,8 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         kv["crop"] = bs.crop
     draft = bs.draft[row] if bs.draft else None
     if draft is not None:
-        draft = {**draft, "text": tb.text(draft["proposed_token_id"])}
+        proposed = draft["proposed_token_id"]
+        draft = {**draft, "text": tb.text(proposed), "bytes": list(tb(proposed))}
     return Step(
         index=bs.index,
         token_id=token,

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lmtrace.records import Step, Trace
+from lmtrace.render.speculative import draft_cell, summary
 from lmtrace.render.tokens import SCALE, colour, escape, prob, show_bytes
 
 _ORIGIN = {"model.generate": "from model.generate", "watch": "from a watched loop", "vllm": "from vLLM"}
@@ -62,6 +63,8 @@ def header(trace: Trace) -> Text:
     if last and last.get("bytes") is not None:
         when = " (measured at the end)" if last.get("measured") == "end" else ""
         out.append(f"\nKV cache{when}: {last['seq_len']} positions, {last['bytes']:,} bytes", style="dim")
+    if trace.speculative is not None:
+        out.append("\n" + summary(trace.speculative), style="dim")
     mismatches = (trace.kv_anatomy or {}).get("mismatches")
     if mismatches:
         out.append(f"\nerror: measured KV bytes differ from the formula at steps {mismatches}", style="bold red")
@@ -112,8 +115,11 @@ def steps_table(trace: Trace, sampled: bool, width: int = 100) -> Table:
         table.add_column("sampled", min_width=7, **fixed)
     table.add_column("rank", min_width=4, **fixed)
     table.add_column("entropy", min_width=7, **fixed)
+    drafted = trace.speculative is not None
+    if drafted:  # speculative decoding: the draft's proposal and its verdict
+        table.add_column("draft", no_wrap=True, min_width=9, max_width=18, overflow="ellipsis")
     # rich squeezes narrow columns away when one cell is too wide: bound the widest one
-    used = 2 + 12 + 5 + 4 + 7 + (7 if sampled else 0) + 2 * (6 if sampled else 5)
+    used = 2 + 12 + 5 + 4 + 7 + (7 if sampled else 0) + (20 if drafted else 0) + 2 * (6 if sampled else 5)
     table.add_column("alternatives", no_wrap=True, overflow="ellipsis", max_width=max(12, width - used))
     for s in trace.steps:
         p = prob(_known(s.logprob, s.sampled_logprob))
@@ -129,7 +135,10 @@ def steps_table(trace: Trace, sampled: bool, width: int = 100) -> Table:
             ap = prob(_known(a.logprob, a.sampled_logprob))
             alts.append(show_bytes(a.bytes), style=colour(ap))
             alts.append(f" {ap:.3f}  ", style="dim")
-        row += [_num(s.rank, "d"), _num(s.entropy, ".2f"), alts]
+        row += [_num(s.rank, "d"), _num(s.entropy, ".2f")]
+        if drafted:
+            row.append(Text(*draft_cell(s.draft)))
+        row.append(alts)
         table.add_row(*row, style="red" if s.problems else None)
     return table
 

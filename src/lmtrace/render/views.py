@@ -9,12 +9,13 @@ import unicodedata
 from typing import Any
 
 from lmtrace.render import inside
+from lmtrace.render.speculative import verdict
 from lmtrace.render.tokens import SCALE, escape, show_bytes
 
 # step fields that token_view shows itself; other fields reach the panel as "extra"
 _KNOWN = {
     "index", "token_id", "text", "bytes", "logprob", "sampled_logprob", "rank", "entropy",
-    "sampled_entropy", "top", "kv", "time_ms", "waterfall", "problems",
+    "sampled_entropy", "top", "kv", "time_ms", "waterfall", "problems", "draft",
 }  # fmt: skip
 
 
@@ -113,6 +114,8 @@ def token_view(step: dict[str, Any], i: int) -> dict[str, Any]:
     if isinstance(step.get("problems"), list) and step["problems"]:  # a watched loop's cache misuse
         view["problems"] = [str(p.get("message", p)) if isinstance(p, dict) else str(p) for p in step["problems"]]
     extra = {k: v for k, v in step.items() if k not in _KNOWN and isinstance(v, (str, int, float, bool))}
+    if "draft" in step and (isinstance(step["draft"], dict) or step["draft"] is None):  # speculative decoding
+        extra["draft"] = verdict(step["draft"])
     if extra:
         view["extra"] = extra
     return view
