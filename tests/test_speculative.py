@@ -239,3 +239,24 @@ def test_stops_inside_a_block(tiny_lm):
     assert got.token_ids == want.token_ids and got.text == want.text and got.finish_reason == "stop"
     short = lmtrace.generate(tiny_lm, PROMPT, **{**GREEDY, "max_new_tokens": 3}, draft=tiny_lm, draft_tokens=8)
     assert short.token_ids == plain.token_ids[:3]
+
+
+def test_from_generate_on_assisted_generation(tiny_lm, other_lm):
+    """model.generate(..., assistant_model=...): the target's numbers, as lmtrace's own speculative
+    run gives them; the trace says the draft's are not in transformers' output."""
+    ids = torch.tensor([lmtrace.encode_prompt(tiny_lm, PROMPT)])
+    n = GREEDY["max_new_tokens"]
+    out = tiny_lm.model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=other_lm.model,
+                                 do_sample=False, max_new_tokens=n, min_new_tokens=n, top_k=None, top_p=None,
+                                 return_dict_in_generate=True, output_scores=True, output_logits=True,
+                                 pad_token_id=tiny_lm.pad_token_id)  # fmt: skip
+    [got] = lmtrace.from_generate(out, tiny_lm.tokenizer, model=tiny_lm.model, top_logprobs=3,
+                                  assistant_model=other_lm.model)  # fmt: skip
+    ours = lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft=other_lm, draft_tokens=4)
+    assert got.token_ids == ours.token_ids
+    assert _max_diff(got, ours) < 1e-4
+    spec = got.speculative
+    assert spec["draft"] == "assistant_model" and spec["proposals_recorded"] is False
+    assert "not in it" in spec["note"] and spec["acceptance_by_position"] is None
+    d = got.to_dict()
+    assert all("draft" not in s for s in d["steps"]) and lmtrace.Trace.from_dict(d).speculative == spec

@@ -216,8 +216,9 @@ class Trace:
             d["prompt_logprobs"] = [t.to_dict() for t in self.prompt_logprobs]
         if self.speculative is not None:
             d["speculative"] = self.speculative
-            for step, out in zip(self.steps, d["steps"]):
-                out["draft"] = step.draft
+            if self.speculative.get("proposals_recorded", True):  # from_generate's assisted runs hold none
+                for step, out in zip(self.steps, d["steps"]):
+                    out["draft"] = step.draft
         return d
 
     def to_json(self, indent: int | None = None) -> str:

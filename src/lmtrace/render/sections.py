@@ -116,6 +116,9 @@ def speculative_section(d: dict[str, Any]) -> Section | None:
     spec = d.get("speculative")
     if not isinstance(spec, dict):
         return None
+    if not spec_view.recorded(spec):
+        return Section("speculative", "Speculative decoding", Markup('<p class="meta">') + spec_view.summary(spec)
+                       + Markup("</p>"))  # fmt: skip
     note = Markup("<p class=\"meta\">") + spec_view.summary(spec) + Markup(
         "; <span class=\"acc\">accepted</span>, <del>rejected</del> beside the target's "
         "<span class=\"rej\">token</span>, <span class=\"bonus\">bonus</span>; hover for q and p</p>"

@@ -35,8 +35,15 @@ def verdict(draft: dict[str, Any] | None) -> str:
             f"accept prob. {draft['accept_prob']:.3f}")  # fmt: skip
 
 
+def recorded(spec: dict[str, Any] | None) -> bool:
+    """Whether a trace's steps hold the draft's proposals (model.generate's assisted runs do not)."""
+    return isinstance(spec, dict) and spec.get("proposals_recorded", True)
+
+
 def summary(spec: dict[str, Any]) -> str:
     """The trace's speculative decoding in one line."""
+    if not recorded(spec):
+        return f"speculative: draft {spec.get('draft')}; {spec.get('note', 'proposals not recorded')}"
     rates = " ".join("–" if r is None else f"{r:.2f}" for r in spec.get("acceptance_by_position") or [])
     mean = spec.get("mean_accepted_per_block")
     mean_text = "–" if mean is None else f"{mean:.2f}"

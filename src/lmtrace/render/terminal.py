@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lmtrace.records import Step, Trace
-from lmtrace.render.speculative import draft_cell, summary
+from lmtrace.render.speculative import draft_cell, recorded, summary
 from lmtrace.render.tokens import SCALE, colour, escape, prob, show_bytes
 
 _ORIGIN = {"model.generate": "from model.generate", "watch": "from a watched loop", "vllm": "from vLLM"}
@@ -115,7 +115,7 @@ def steps_table(trace: Trace, sampled: bool, width: int = 100) -> Table:
         table.add_column("sampled", min_width=7, **fixed)
     table.add_column("rank", min_width=4, **fixed)
     table.add_column("entropy", min_width=7, **fixed)
-    drafted = trace.speculative is not None
+    drafted = recorded(trace.speculative)
     if drafted:  # speculative decoding: the draft's proposal and its verdict
         table.add_column("draft", no_wrap=True, min_width=9, max_width=18, overflow="ellipsis")
     # rich squeezes narrow columns away when one cell is too wide: bound the widest one
