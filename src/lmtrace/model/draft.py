@@ -52,10 +52,14 @@ def draft_for(target: LM, spec: str | LM | Draft) -> Draft:
 
 def _load(target: LM, spec: str) -> Draft:
     if spec == "packed":
+        from lmtrace.model.gguf.packed import PackedHead
         from lmtrace.model.load import load
 
         path = gguf_path(target)
         lm = load(str(path), device="cpu", dtype="float32", weights="packed")
+        head = lm.model.get_output_embeddings()
+        if isinstance(head, PackedHead):  # a proposal needs no float32 logits: q is what the draft gives
+            head.refine = 0
         return Draft(lm.model, spec, str(path), lm.summary.layers, "packed")
     if spec.startswith("layers:"):
         n = int(spec.split(":", 1)[1])
