@@ -259,20 +259,19 @@ def test_cli_verify_packed_on_the_bundled_model(capsys):
     assert "packed weights: 211 linear layers at 4 bits" in out.err
 
 
-def test_fused_projections_give_the_same_numbers(tiny_packed):
-    """q/k/v and gate/up stacked into one kernel call each: the same logits, bit for bit, as the
-    separate calls; a group with a float member (layer 1's F16 v_proj) stays separate."""
+def test_fused_mlp_gives_the_same_numbers(tiny_packed):
+    """gate and up stacked into one kernel call: the same logits, bit for bit, as separate calls,
+    and float_reference still rebuilds the float model."""
     import copy
 
-    from lmtrace.model.gguf.fused import FusedPacked, PackedPart
+    from lmtrace.model.gguf.fused import FusedMLP
 
     model, _, fast, report = tiny_packed
-    assert report.fused == 3  # layer 0's q/k/v, both layers' gate/up
-    assert isinstance(fast.model.layers[0].self_attn.k_proj, PackedPart)
-    assert type(fast.model.layers[1].self_attn.q_proj) is packed.PackedLinear
+    assert report.fused == 2 and all(isinstance(layer.mlp, FusedMLP) for layer in fast.model.layers)
+    assert type(fast.model.layers[0].self_attn.q_proj) is packed.PackedLinear
     apart = copy.deepcopy(model)
     packed.pack_gguf(apart, report.path, fuse=False)
-    assert not any(isinstance(m, FusedPacked) for m in apart.modules())
+    assert not any(isinstance(m, FusedMLP) for m in apart.modules())
     ids = torch.randint(0, 320, (2, 7))
     with torch.inference_mode():
         assert torch.equal(fast(ids).logits, apart(ids).logits)

@@ -1,28 +1,25 @@
-"""Fused packed projections: an attention block's q, k and v (and an MLP's gate and up) read the
-same input, so their 4-bit blocks are stacked into one matrix and multiplied in one kernel call
-(one bfloat16 conversion of the input, one call instead of three): the first of them computes
-the whole product, the others take their slice of it. Each output element is the same dot
-product over the same groups as before; only the number of calls changes.
+"""A fused packed MLP: a Llama-style MLP's gate and up projections read the same input, so their
+4-bit blocks are stacked into one matrix and multiplied in one kernel call (one bfloat16
+conversion of the input, one call instead of two). Each output element is the same dot product
+over the same groups as before: the fused MLP is checked to give the model's own MLP output,
+bit for bit, before it replaces it. Stateless, so torch.compile traces it like any module.
 
-The parts stay the model's own modules (`q_proj`, `k_proj`, ...), so the model's forward is
-untouched; a part called with another input than the one the product was made from computes
-the product again."""
+(q/k/v are not fused: their products feed the attention's own forward, which would have to be
+rewritten or handed a cached product; a cache keyed on the input recompiled torch.compile's graph
+at every step.)"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from lmtrace.model.gguf.blocks import Int4Form
-from lmtrace.model.gguf.packed import PackedHead, PackedLinear
-
-# sibling projections that share their input, by the names transformers gives them
-GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+from lmtrace.model.gguf.packed import PackedLinear
 
 
-def stack(forms: Sequence[Int4Form]) -> Int4Form:
+def stack(forms: list[Int4Form]) -> Int4Form:
     """One form whose output rows are the forms' rows, one after another."""
     return Int4Form(
         codes=torch.cat([f.codes for f in forms], dim=0),
@@ -32,65 +29,59 @@ def stack(forms: Sequence[Int4Form]) -> Int4Form:
     )
 
 
-class FusedPacked(PackedLinear):
-    """The stacked projection; `product(x)` gives each part's slice of x W^T, computed once per input."""
+class Stub(nn.Module):
+    """Where a fused projection was in the MLP kept for float_reference: its shape and GGUF tensor."""
 
-    def __init__(self, form: Int4Form, sizes: list[int], compute_dtype: torch.dtype, kind: str, source: str):
-        super().__init__(form, None, compute_dtype, kind, source)
-        self.sizes = sizes
-        self.packed_numel = 0  # the parts' weights, counted by the parts
-        self._input: torch.Tensor | None = None
-        self._parts: tuple[torch.Tensor, ...] = ()
-
-    def product(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if x is not self._input:
-            self._parts = super().forward(x).split(self.sizes, dim=-1)  # (..., sum) -> each (..., size)
-            self._input = x
-        return self._parts
-
-
-class PackedPart(nn.Module):
-    """One projection of a FusedPacked: its slice of the stacked product, plus its own bias."""
-
-    def __init__(self, fused: FusedPacked, index: int, original: PackedLinear):
+    def __init__(self, layer: PackedLinear):
         super().__init__()
-        self.fused, self.index = fused, index
-        self.in_features, self.out_features = original.in_features, original.out_features
-        self.kind, self.source, self.packed_numel = original.kind, original.source, original.packed_numel
-        self.bias = original.bias
+        self.in_features, self.out_features, self.source, self.bias = (
+            layer.in_features, layer.out_features, layer.source, layer.bias)  # fmt: skip
+
+
+class FusedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with gate and up as one packed matrix. `original` is the MLP it
+    replaced, its gate and up as Stubs (lmtrace.model.gguf.packed.float_reference puts it back)."""
+
+    def __init__(self, gate_up: PackedLinear, down: nn.Module, act_fn: nn.Module, gate: PackedLinear,
+                 up: PackedLinear) -> None:  # fmt: skip
+        super().__init__()
+        self.gate_up, self.down_proj, self.act_fn = gate_up, down, act_fn
+        self.sizes = [gate.out_features, up.out_features]
+        self.biases = (gate.bias, up.bias)
+        self.sources = (gate.source, up.source)  # the GGUF tensors, for float_reference
+        gate_up.packed_numel = gate.packed_numel + up.packed_numel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.fused.product(x)[self.index]
-        return out if self.bias is None else out + self.bias
-
-    def extra_repr(self) -> str:
-        return f"{self.kind}, part {self.index} of the fused {self.fused.kind}, out={self.out_features}"
+        gate, up = self.gate_up(x).split(self.sizes, dim=-1)  # (..., gate + up) -> two (..., size)
+        if self.biases[0] is not None:
+            gate = gate + self.biases[0]
+        if self.biases[1] is not None:
+            up = up + self.biases[1]
+        return self.down_proj(self.act_fn(gate) * up)
 
 
 def fuse(model: nn.Module, form_of: Callable[[str, PackedLinear], Int4Form]) -> int:
-    """Stacks every group of sibling packed projections (GROUPS) that share an input width and a
-    kernel form; `form_of(name, layer)` reads a layer's blocks again. Returns the groups fused."""
+    """Replaces every MLP whose gate_proj and up_proj run packed alike by a FusedMLP, where the
+    fused one gives the MLP's own output on a test input; `form_of(name, layer)` reads a layer's
+    blocks again. Returns the MLPs fused."""
     fused = 0
-    for name, parent in list(model.named_modules()):
-        for group in GROUPS:
-            layers = [getattr(parent, g, None) for g in group]
-            if not all(type(layer) is PackedLinear for layer in layers):
+    for name, mlp in list(model.named_modules()):
+        gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
+        down, act = getattr(mlp, "down_proj", None), getattr(mlp, "act_fn", None)
+        if type(gate) is not PackedLinear or type(up) is not PackedLinear or down is None or act is None:
+            continue
+        if (gate.in_features, gate.doubled, gate.compute_dtype) != (up.in_features, up.doubled, up.compute_dtype):
+            continue
+        prefix = f"{name}." if name else ""
+        form = stack([form_of(prefix + "gate_proj", gate), form_of(prefix + "up_proj", up)])
+        gate_up = PackedLinear(form, None, gate.compute_dtype, f"{gate.kind}+{up.kind}", f"{gate.source}+{up.source}")
+        candidate = FusedMLP(gate_up, down, act, gate, up)
+        probe = torch.randn(2, gate.in_features, generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            if not torch.equal(candidate(probe), mlp(probe)):  # an MLP of another form: left as it is
                 continue
-            first = layers[0]
-            if any((x.in_features, x.doubled, x.compute_dtype) != (first.in_features, first.doubled,
-                                                                 first.compute_dtype) for x in layers):  # fmt: skip
-                continue
-            names = [f"{name}.{g}" if name else g for g in group]
-            form = stack([form_of(n, layer) for n, layer in zip(names, layers)])
-            kind = "+".join(dict.fromkeys(x.kind for x in layers))
-            whole = FusedPacked(form, [x.out_features for x in layers], first.compute_dtype, kind,
-                                "+".join(x.source for x in layers))  # fmt: skip
-            for index, (g, layer) in enumerate(zip(group, layers)):
-                setattr(parent, g, PackedPart(whole, index, layer))
-            fused += 1
+        mlp.gate_proj, mlp.up_proj = Stub(gate), Stub(up)
+        candidate.__dict__["original"] = mlp  # not a submodule: no second copy in state_dict or modules()
+        model.set_submodule(name, candidate)
+        fused += 1
     return fused
-
-
-def is_packed(module: nn.Module) -> bool:
-    """A module whose weights run packed: a PackedLinear (not the head) or a part of a fused one."""
-    return isinstance(module, PackedPart) or (isinstance(module, PackedLinear) and not isinstance(module, PackedHead))

@@ -228,12 +228,16 @@ def float_reference(model: nn.Module) -> nn.Module:
     ref = nn.Module.float(copy.deepcopy(model))  # transformers' own .float() refuses GGUF-loaded models
     if report is None:
         return ref.eval()
-    from lmtrace.model.gguf.fused import FusedPacked, PackedPart
+    from lmtrace.model.gguf.fused import FusedMLP, Stub
 
     tensors = {t.name: t for t in gguf.GGUFReader(report.path).tensors}
     del ref.lmtrace_packed
     for name, module in list(ref.named_modules()):
-        if isinstance(module, (PackedLinear, PackedPart)) and not isinstance(module, FusedPacked):
+        if isinstance(module, FusedMLP):  # the MLP as it was, its gate and up read below
+            module.original.down_proj = module.down_proj
+            ref.set_submodule(name, module.original)
+    for name, module in list(ref.named_modules()):
+        if isinstance(module, (PackedLinear, Stub)):
             form = _form(ref, name, module.out_features, module.in_features, tensors[module.source])
             linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
             with torch.no_grad():
