@@ -257,3 +257,22 @@ def test_cli_verify_packed_on_the_bundled_model(capsys):
     brief = {k: d[k] for k in ("ok", "max_logprob_diff", "first_divergence", "float32_mean_logprob_diff")}
     assert code == 0 and d["weights"] == "packed" and d["float32_top1_agreement"] == 1.0, brief
     assert "packed weights: 211 linear layers at 4 bits" in out.err
+
+
+def test_fused_mlp_gives_the_same_numbers(tiny_packed):
+    """gate and up stacked into one kernel call: the same logits, bit for bit, as separate calls,
+    and float_reference still rebuilds the float model."""
+    import copy
+
+    from lmtrace.model.gguf.fused import FusedMLP
+
+    model, _, fast, report = tiny_packed
+    assert report.fused == 2 and all(isinstance(layer.mlp, FusedMLP) for layer in fast.model.layers)
+    assert type(fast.model.layers[0].self_attn.q_proj) is packed.PackedLinear
+    apart = copy.deepcopy(model)
+    packed.pack_gguf(apart, report.path, fuse=False)
+    assert not any(isinstance(m, FusedMLP) for m in apart.modules())
+    ids = torch.randint(0, 320, (2, 7))
+    with torch.inference_mode():
+        assert torch.equal(fast(ids).logits, apart(ids).logits)
+        assert torch.equal(fast(ids[:1, :1]).logits, apart(ids[:1, :1]).logits)  # one token, as a decode step

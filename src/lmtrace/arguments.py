@@ -112,3 +112,33 @@ def hub_reachable(timeout: float = 0.8) -> bool:
     except OSError:
         return False
     return True
+
+
+MAX_DRAFT_TOKENS = 16
+
+
+def draft_spec(spec: str) -> str:
+    """A --draft SPEC as given: "packed", "layers:N" (N >= 1), or a path / hub id (checked when
+    it loads)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidParameter(f"draft must be 'packed', 'layers:N' or a model path, got {spec!r}")
+    if spec.startswith("layers:"):
+        n = spec.split(":", 1)[1]
+        if not n.strip().isdigit() or int(n) < 1:
+            raise InvalidParameter(f"draft: 'layers:N' takes a number of layers N >= 1, got {spec!r}")
+    return spec
+
+
+def draft_tokens(k: int) -> int:
+    """--draft-tokens K: proposals per block, in [1, 16]."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
+        raise InvalidParameter(f"draft_tokens must be an integer in [1, {MAX_DRAFT_TOKENS}], got {k!r}")
+    return k
+
+
+def draft_alone(compile: bool = False, lens: bool = False, attention: bool | str = False) -> None:
+    """What speculative decoding does not combine with: hooks and compiled graphs that expect one
+    position a forward."""
+    for name, on in (("compile", compile), ("lens", lens), ("attention", attention)):
+        if on:
+            raise InvalidParameter(f"draft: speculative decoding cannot be combined with {name}; drop one of them")

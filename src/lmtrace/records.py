@@ -86,6 +86,10 @@ class Step:
     # removed_mass: the raw probability of the others, logprob: the chosen token's log-probability
     # under the raw distribution restricted to the allowed tokens}
     grammar: dict[str, Any] | None = None
+    # speculative decoding: the draft's proposal judged at this step {proposed_token_id, text,
+    # logprob (the draft's processed q), target_logprob (p), accept_prob, accepted, position,
+    # block}; None for a bonus token (written as null in a speculative trace)
+    draft: dict[str, Any] | None = None
 
     @property
     def prob(self) -> float | None:
@@ -99,7 +103,7 @@ class Step:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
         d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
         d["top"] = [a.to_dict() for a in self.top]
-        for name in ("waterfall", "problems", "lens", "attention", "grammar"):  # written only when present
+        for name in ("waterfall", "problems", "lens", "attention", "grammar", "draft"):  # written only when present
             if d[name] is None:
                 del d[name]
         return d
@@ -118,11 +122,13 @@ class Step:
             attention=d.get("attention"),
             problems=d.get("problems"),
             grammar=d.get("grammar"),
+            draft=d.get("draft"),
         )
 
 
 # fields added after schema 1 was first written: absent from older JSON, omitted when unset
-_OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention", "grammar", "fields", "choices")
+_OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention", "grammar", "fields", "choices", "draft",
+             "speculative")
 
 
 def _forget(steps: list[Step], distributions: str) -> None:
@@ -213,6 +219,10 @@ class Trace:
     # each option's exact probability under the constraint (lmtrace.decode.choices)
     fields: list[dict[str, Any]] | None = None
     choices: list[dict[str, Any]] | None = None
+    # speculative decoding (lmtrace.generate(..., draft=...)): {draft, draft_tokens,
+    # acceptance_by_position, conditional_acceptance_by_position, mean_accepted_per_block, blocks,
+    # target_forwards, draft_forwards, draft_model}; then every step has `draft` (null: a bonus token)
+    speculative: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("steps", *_OPTIONAL)}
@@ -223,6 +233,11 @@ class Trace:
             d["fields"] = self.fields
         if self.choices is not None:
             d["choices"] = [{**c, "logprob": _num(c["logprob"])} for c in self.choices]
+        if self.speculative is not None:
+            d["speculative"] = self.speculative
+            if self.speculative.get("proposals_recorded", True):  # from_generate's assisted runs hold none
+                for step, out in zip(self.steps, d["steps"]):
+                    out["draft"] = step.draft
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -242,7 +257,8 @@ class Trace:
         choices = d.get("choices")
         if choices is not None:
             choices = [{**c, "logprob": _inf(c["logprob"])} for c in choices]
-        return cls(**fields, steps=steps, prompt_logprobs=prompt_logprobs, fields=d.get("fields"), choices=choices)
+        return cls(**fields, steps=steps, prompt_logprobs=prompt_logprobs, fields=d.get("fields"), choices=choices,
+                   speculative=d.get("speculative"))
 
     @classmethod
     def from_json(cls, s: str) -> Trace:

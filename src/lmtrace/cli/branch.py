@@ -6,8 +6,16 @@ from __future__ import annotations
 import click
 
 from lmtrace.cli import remote
-from lmtrace.cli.common import announce, cli, consoles, load_model, read_prompt, write_json
-from lmtrace.cli.options import inside_options, json_option, model_options, params_from, sampling_options
+from lmtrace.cli.common import announce, cli, consoles, load_draft, load_model, read_prompt, write_json
+from lmtrace.cli.options import (
+    draft_from,
+    draft_options,
+    inside_options,
+    json_option,
+    model_options,
+    params_from,
+    sampling_options,
+)
 from lmtrace.cli.remote import server_option
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
@@ -32,12 +40,14 @@ from lmtrace.params import check_integer
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 @inside_options
+@draft_options
 @server_option
 def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plot_path, no_color, server, **kw):
     """Decode PROMPT, then again with the token at step --at replaced by the K-th most likely
     token, continuing with the same settings (the shared prefix's cache is reused)."""
     loading = [kw.pop(k) for k in ("model", "device", "dtype", "allow_pickle", "trust_remote_code")]
     params = params_from(kw)  # argument errors before torch is imported
+    draft, draft_tokens = draft_from(kw)
     check_integer("at", at, low=0, high=params.max_new_tokens - 1)
     if alternatives and fan is not None:
         raise InvalidParameter("alternative: give --alternative or --fan, not both")
@@ -56,9 +66,11 @@ def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plo
         from lmtrace.decode.branch import branch as run
 
         lm = load_model(status, *loading)
+        chosen = load_draft(status, lm, draft)
         with status.status("Decoding and branching…"):
             result = run(lm, text, at, fields["alternatives"], fan=fan, params=params, chat=kw["chat"],
-                         lens=kw["lens"], attention=kw["attention"])  # fmt: skip
+                         lens=kw["lens"], attention=kw["attention"], draft=chosen,
+                         draft_tokens=draft_tokens)  # fmt: skip
     from lmtrace.render.branch import print_branches
 
     write_json(json_path, result.to_json(indent=2))

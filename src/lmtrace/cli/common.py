@@ -191,3 +191,18 @@ def write_json(json_path: str | None, text: str) -> None:
         click.echo(text)
     else:
         write_atomic(json_path, text + "\n")
+
+
+def load_draft(console: Console, lm, spec: str | None):
+    """The draft model for --draft (None without one), loaded with a spinner and one line."""
+    if spec is None:
+        return None
+    from lmtrace.model.draft import draft_for
+
+    started = time.perf_counter()
+    with console.status(f"Loading the draft {spec}…"):
+        draft = draft_for(lm, spec)
+    seconds = time.perf_counter() - started
+    line = f"draft {spec}: {draft.layers} layers, {draft.weights} weights; loaded in {seconds:.1f} s"
+    console.print(line, markup=False, highlight=False, soft_wrap=True, style="dim")
+    return draft

@@ -7,10 +7,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lmtrace.arguments import step_selector
 from lmtrace.cli import remote
-from lmtrace.cli.common import announce, cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli.common import announce, cli, consoles, load_draft, load_model, read_prompt, write_json
 from lmtrace.cli.options import (
     constraint_options,
     device_map_option,
+    draft_from,
+    draft_options,
     inside_options,
     json_option,
     model_options,
@@ -70,6 +72,7 @@ def progress_bar(console, total: int) -> Progress:
     "--waterfall", default=None, metavar="STEP|all", help="Record the distribution after each sampling stage."
 )
 @inside_options
+@draft_options
 @server_option
 @click.option("--show-prompt", is_flag=True, help="Show the whole prompt the model saw (with --chat: the template's "
               "system prompt and turn markers).")  # fmt: skip
@@ -79,6 +82,7 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     html_path, plot_path = kw.pop("html_path"), kw.pop("plot_path")
     check_report_paths(html_path, plot_path)
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
+    draft, draft_tokens = draft_from(kw)
     text = read_prompt(prompt, prompt_file, kw["chat"])
     view, status = consoles(json_path, no_color)
     local = {"device": device, "dtype": dtype, "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code,
@@ -95,11 +99,13 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
         grammar.check(params)  # a schema, regex or grammar that does not compile: before the model loads
         lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, local["device_map"],
                         local["weights"])  # fmt: skip
+        chosen = load_draft(status, lm, draft)
         with progress_bar(status, params.max_new_tokens) as progress:
             task = progress.add_task("generate", total=params.max_new_tokens)
             advance = lambda row, step: progress.advance(task)  # noqa: E731
             trace = run(lm, text, params, chat=kw["chat"], on_step=advance, echo=kw["echo"],
-                        waterfall=kw["waterfall"], compile=kw["compile_"], **inside)  # fmt: skip
+                        waterfall=kw["waterfall"], compile=kw["compile_"], draft=chosen, draft_tokens=draft_tokens,
+                        **inside)  # fmt: skip
     from lmtrace.render.terminal import print_trace
 
     write_json(json_path, trace.to_json(indent=2))

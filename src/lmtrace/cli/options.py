@@ -215,3 +215,35 @@ def inside_options(f):
     return click.option("--lens", is_flag=True, help="Record every layer's prediction per step (logit lens).")(command)
 
 
+
+
+def draft_options(f):
+    """--draft SPEC and --draft-tokens K: speculative decoding (lmtrace.model.draft), checked as
+    they are parsed; the command gets `draft` (None: off) and `draft_tokens`."""
+
+    def spec(value: str | None) -> None:
+        if value is not None:
+            arguments.draft_spec(value)
+
+    def tokens(value: int | None) -> None:
+        if value is not None:
+            arguments.draft_tokens(value)
+
+    f = click.option("--draft-tokens", "draft_tokens", type=int, default=None, callback=_checked(tokens),
+                     help="Tokens the draft proposes per block (1-16). Default 4.")(f)  # fmt: skip
+    return click.option(
+        "--draft", "draft", default=None, metavar="SPEC", callback=_checked(spec),
+        help="Speculative decoding with a draft model: packed (the GGUF's own 4-bit weights), layers:N "
+        "(the model's first N layers) or a model path with the same tokenizer. The numbers stay the model's.",
+    )(f)  # fmt: skip
+
+
+def draft_from(kw: dict) -> tuple[str | None, int]:
+    """(draft, draft_tokens) from draft_options: --draft-tokens needs --draft, and a draft goes
+    without --compile, --lens and --attention."""
+    draft, k = kw.pop("draft"), kw.pop("draft_tokens")
+    if draft is None and k is not None:
+        raise InvalidParameter(f"draft_tokens: only with --draft, got {k}")
+    if draft is not None:
+        arguments.draft_alone(kw.get("compile_", False), kw.get("lens", False), kw.get("attention", False))
+    return draft, 4 if k is None else k

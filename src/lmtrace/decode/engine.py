@@ -130,7 +130,7 @@ def generate_steps(
     active = [True] * batch
     started = time.perf_counter()
     with torch.inference_mode(), attached(setup.observers, model):
-        logits = _prefill(model, input_ids, mask[:, : input_ids.shape[1]], padded, cache, setup.observers)
+        logits = prefill_observed(model, input_ids, mask[:, : input_ids.shape[1]], padded, cache, setup.observers)
         for index in range(params.max_new_tokens):
             tokens, step = one_step.take(index, logits, how, active, ledger.state(cache, expected))
             for error in one_step.nothing_allowed(step, how).values():
@@ -153,7 +153,7 @@ def generate_steps(
             next_pos = next_pos + 1
 
 
-def _prefill(model, input_ids, prompt_mask, padded: bool, cache, observers: Sequence[Observer]) -> torch.Tensor:
+def prefill_observed(model, input_ids, prompt_mask, padded: bool, cache, observers: Sequence[Observer]) -> torch.Tensor:
     """The prefill, handed to the observers; returns the last position's logits (batch, vocab)."""
     all_positions = any(o.all_positions for o in observers)
     logits = prefill(model, input_ids, prompt_mask if padded else None, cache, all_positions=all_positions)

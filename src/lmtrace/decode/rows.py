@@ -68,6 +68,13 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         for t, lp, slp in zip(bs.top_ids[row], bs.top_logprobs[row], bs.top_sampled_logprobs[row])
     ]
     token = bs.token_ids[row]
+    kv = bs.kv.to_dict()
+    if bs.crop is not None:  # speculative decoding: the caches cut back after a rejection
+        kv["crop"] = bs.crop
+    draft = bs.draft[row] if bs.draft else None
+    if draft is not None:
+        proposed = draft["proposed_token_id"]
+        draft = {**draft, "text": tb.text(proposed), "bytes": list(tb(proposed))}
     return Step(
         index=bs.index,
         token_id=token,
@@ -79,12 +86,13 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         entropy=bs.entropy[row],
         sampled_entropy=bs.sampled_entropy[row],
         top=top,
-        kv=bs.kv.to_dict(),
+        kv=kv,
         time_ms=bs.time_ms,
         waterfall=waterfall_mod.with_texts(bs.waterfall[row], tb.text) if bs.waterfall else None,
         lens=inside.with_texts(bs.lens[row], tb.text) if bs.lens else None,
         attention=inside.with_texts(bs.attention[row], tb.text) if bs.attention else None,
         grammar=bs.grammar[row] if bs.grammar else None,
+        draft=draft,
     )
 
 

@@ -17,7 +17,7 @@ import torch
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger
-from lmtrace.logits import grammar, measure, sampling
+from lmtrace.logits import acceptance, grammar, measure, sampling
 from lmtrace.params import SamplingParams
 
 # on_token(row, token_id) -> True when the row must stop (a stop string was completed)
@@ -54,6 +54,42 @@ class BatchStep:
     # grammar's mask (batch, vocab) bool that made them, for the observers
     grammar: list[dict | None] | None = None
     allowed: torch.Tensor | None = None
+    # speculative decoding: the draft's proposal judged at this step (Proposal.record), None for
+    # a bonus token; the field itself None outside speculative decoding
+    draft: list[dict | None] | None = None
+    # speculative decoding: the target's and the draft's caches cropped after a rejection
+    crop: dict | None = None
+
+
+@dataclass
+class Proposal:
+    """A draft's proposed token for one step and the processed logits it was drawn from (1,
+    vocab); `position` 0-based in its block. The step judges it (lmtrace.logits.acceptance) and
+    keeps the verdict here."""
+
+    token_id: int
+    processed: torch.Tensor
+    position: int
+    block: int = 0
+    verdict: acceptance.Verdicts | None = None
+
+    def judge(self, processed: torch.Tensor, greedy: bool, rng: torch.Generator | None) -> torch.Tensor:
+        """The token (1,) this step emits: the proposal, or the target's own after a rejection."""
+        proposed = torch.tensor([self.token_id], device=processed.device)
+        self.verdict = acceptance.judge(processed, self.processed, proposed, greedy, rng)
+        return self.verdict.tokens
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict is not None and bool(self.verdict.accepted[0])
+
+    def record(self) -> dict:
+        """The step's `draft` field: {proposed_token_id, logprob (q), target_logprob (p),
+        accept_prob, accepted, position, block}."""
+        v = self.verdict
+        return {"proposed_token_id": self.token_id, "logprob": float(v.draft_logprob[0]),
+                "target_logprob": float(v.target_logprob[0]), "accept_prob": float(v.accept_prob[0]),
+                "accepted": bool(v.accepted[0]), "position": self.position, "block": self.block}  # fmt: skip
 
 
 @dataclass
@@ -63,13 +99,15 @@ class Choosing:
     settings); `rng` one generator for the batch or one per row (None: greedy); `seen` the
     tokens so far for a repetition penalty: (batch, vocab) bool, or per row (1, vocab) or None;
     `forced` (batch,) tokens that replace the choice (a branch's alternative); `grammars` each
-    row's grammar matcher (None: unconstrained), moved past each chosen token by `take`."""
+    row's grammar matcher (None: unconstrained), moved past each chosen token by `take`; `draft`
+    a draft's proposal that the step judges instead of choosing (speculative decoding, one row)."""
 
     params: Sequence[SamplingParams]
     rng: sampling.Rng = None
     seen: torch.Tensor | Sequence[torch.Tensor | None] | None = None
     forced: torch.Tensor | None = None
     grammars: Sequence[grammar.Matcher | None] | None = None
+    draft: Proposal | None = None
 
     @property
     def shared(self) -> bool:
@@ -111,9 +149,11 @@ class Choosing:
         return torch.cat(rows)
 
     def choose(self, processed: torch.Tensor) -> torch.Tensor:
-        """Token ids (batch,): the forced ones, else each row's argmax or draw."""
+        """Token ids (batch,): the forced ones, the judged proposal, else each row's argmax or draw."""
         if self.forced is not None:
             return self.forced
+        if self.draft is not None:
+            return self.draft.judge(processed, self.params[0].greedy, self._rng(0))
         if self.shared:
             return sampling.choose(processed, self.params[0], self.rng)
         rows = [sampling.choose(processed[r : r + 1], p, self._rng(r)) for r, p in enumerate(self.params)]
@@ -146,6 +186,8 @@ def take(
         step.grammar, step.allowed = grammar.numbers(logits, allowed, tokens, rows), allowed
         moving = [r and n is not None and n["allowed"] > 0 for r, n in zip(rows, step.grammar)]
         grammar.accept(how.grammars, tokens, moving)
+    if how.draft is not None:
+        step.draft = [how.draft.record()]
     if not how.shared:
         for r, p in enumerate(how.params):
             n = p.top_logprobs

@@ -21,6 +21,8 @@ class LM:
     pad_token_id: int = 0
     # lmtrace.load's seconds: {"imports_s": torch/transformers/the model's class, "weights_s": the rest}
     load_timing: dict[str, float] = field(default_factory=dict)
+    # draft models for speculative decoding, loaded once per spec (lmtrace.model.draft)
+    drafts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_objects(cls, model: Any, tokenizer: Any, source: str | None = None) -> LM:

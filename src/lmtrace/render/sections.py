@@ -12,6 +12,7 @@ from markupsafe import Markup
 
 from lmtrace.render import anatomy as kv_anatomy
 from lmtrace.render import facts, inside, structured_html, views
+from lmtrace.render import speculative as spec_view
 from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
 from lmtrace.render.templating import parts
 from lmtrace.render.tokens import SCALE
@@ -116,6 +117,22 @@ def problems_section(tv: list[dict[str, Any]]) -> Section | None:
     return Section("problems", f"Problems ({len(found)}, from step {found[0][0]})", body)
 
 
+def speculative_section(d: dict[str, Any]) -> Section | None:
+    """Speculative decoding: the draft blocks over the text and acceptance by position."""
+    spec = d.get("speculative")
+    if not isinstance(spec, dict):
+        return None
+    if not spec_view.recorded(spec):
+        return Section("speculative", "Speculative decoding", Markup('<p class="meta">') + spec_view.summary(spec)
+                       + Markup("</p>"))  # fmt: skip
+    note = Markup("<p class=\"meta\">") + spec_view.summary(spec) + Markup(
+        "; <span class=\"acc\">accepted</span>, <del>rejected</del> beside the target's "
+        "<span class=\"rej\">token</span>, <span class=\"bonus\">bonus</span>; hover for q and p</p>"
+    )
+    chart = parts().charts([("acceptance by position in the block", spec_view.acceptance_chart(spec))])
+    return Section("speculative", "Speculative decoding", note + spec_view.blocks_html(d["steps"]) + chart)
+
+
 def origin_note(d: dict[str, Any]) -> str | None:
     """Where a trace came from and which distributions it holds, in words (None for lmtrace's own)."""
     origin, dist = d.get("origin", "lmtrace"), d.get("distributions", "both")
@@ -162,6 +179,7 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
         text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat")),
                      templated=(d.get("prompt") or {}).get("templated")),
         *[Section(*c) for c in constrained if c],
+        speculative_section(d),
         lens_section(d, tv),
         attention_section(d, tv),
         step_charts(tv, sampled),

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lmtrace.records import Step, Trace
+from lmtrace.render.speculative import draft_cell, recorded, summary
 from lmtrace.render.structured import FLAG, structured_view
 from lmtrace.render.tokens import SCALE, colour, escape, prob, show_bytes
 
@@ -72,6 +73,8 @@ def header_lines(trace: Trace) -> list[Text]:
     if last and last.get("bytes") is not None:
         when = " (measured at the end)" if last.get("measured") == "end" else ""
         lines.append(Text(f"KV cache{when}: {last['seq_len']} positions, {last['bytes']:,} bytes", style="dim"))
+    if trace.speculative is not None:
+        lines.append(Text(summary(trace.speculative), style="dim"))
     mismatches = (trace.kv_anatomy or {}).get("mismatches")
     if mismatches:
         lines.append(Text(f"error: measured KV bytes differ from the formula at steps {mismatches}", style="bold red"))
@@ -172,9 +175,13 @@ def steps_table(trace: Trace, sampled: bool, width: int = 100) -> Table:
         table.add_column("grammar removed", min_width=7, **fixed)
     table.add_column("rank", min_width=4, **fixed)
     table.add_column("entropy", min_width=7, **fixed)
+    drafted = recorded(trace.speculative)
+    if drafted:  # speculative decoding: the draft's proposal and its verdict
+        table.add_column("draft", no_wrap=True, min_width=9, max_width=18, overflow="ellipsis")
     # rich squeezes narrow columns away when one cell is too wide: bound the widest one
     longest = min(20, max((cell_len(c) for c in token_cells(trace.steps)), default=12))
     used = 2 + max(12, longest) + 5 + 4 + 7 + (7 if sampled else 0) + (17 if constrained else 0)
+    used += 20 if drafted else 0
     used += 2 * (6 if sampled else 5)
     table.add_column("alternatives", no_wrap=True, overflow="ellipsis", max_width=max(12, width - used))
     for s, cell in zip(trace.steps, token_cells(trace.steps)):
@@ -193,7 +200,10 @@ def steps_table(trace: Trace, sampled: bool, width: int = 100) -> Table:
             ap = prob(_known(a.logprob, a.sampled_logprob))
             alts.append(_alternative(a), style=colour(ap))
             alts.append(f" {ap:.3f} ".replace(" 0.", " .") + " ", style="dim")  # ".113": more fit in 80 columns
-        row += [_num(s.rank, "d"), _num(s.entropy, ".2f"), alts]
+        row += [_num(s.rank, "d"), _num(s.entropy, ".2f")]
+        if drafted:
+            row.append(Text(*draft_cell(s.draft)))
+        row.append(alts)
         table.add_row(*row, style="red" if s.problems else None)
     return table
 

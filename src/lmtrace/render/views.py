@@ -9,12 +9,13 @@ import unicodedata
 from typing import Any
 
 from lmtrace.render import inside
+from lmtrace.render.speculative import verdict
 from lmtrace.render.tokens import SCALE, escape, show_bytes
 
 # step fields that token_view shows itself; other fields reach the panel as "extra"
 _KNOWN = {
     "index", "token_id", "text", "bytes", "logprob", "sampled_logprob", "rank", "entropy",
-    "sampled_entropy", "top", "kv", "time_ms", "waterfall", "problems", "grammar",
+    "sampled_entropy", "top", "kv", "time_ms", "waterfall", "problems", "grammar", "draft",
 }  # fmt: skip
 # a step where the grammar removed more than this share of the raw probability is marked
 GRAMMAR_FLAG = 0.5
@@ -121,6 +122,8 @@ def token_view(step: dict[str, Any], i: int) -> dict[str, Any]:
         extra["removed by the grammar"] = _round(g.get("removed_mass"))
         extra["p under the constraint"] = _round(_prob(g.get("logprob")))
         view["grammar_chose"] = (g.get("removed_mass") or 0.0) > GRAMMAR_FLAG
+    if "draft" in step and (isinstance(step["draft"], dict) or step["draft"] is None):  # speculative decoding
+        extra["draft"] = verdict(step["draft"])
     if extra:
         view["extra"] = extra
     return view

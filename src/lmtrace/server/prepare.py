@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmtrace.arguments import MAX_DRAFT_TOKENS
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.lm import LM
@@ -43,6 +44,7 @@ class Job:
     generate: bool = True  # False for echo with max_tokens 0: only the prompt is scored
     many: bool = False
     inside: dict = field(default_factory=dict)  # /v1/traces: lens, attention
+    draft_tokens: int | None = None  # speculative decoding on a server with a draft (None: its default)
 
     @property
     def top_n(self) -> int:
@@ -86,6 +88,8 @@ def _common(body: Sampling) -> None:
             raise bad_request(f"{name} is not supported by lmtrace serve (only 0), got {getattr(body, name)}", name)
     if body.stop is not None and len(body.stop) > MAX_STOP:
         raise bad_request(f"stop takes at most {MAX_STOP} strings, got {len(body.stop)}", "stop")
+    if body.draft_tokens is not None:
+        _range("draft_tokens", body.draft_tokens, 1, MAX_DRAFT_TOKENS)
 
 
 def params_for(body: Sampling, max_tokens: int, top_logprobs: int, top_name: str) -> SamplingParams:
@@ -192,7 +196,9 @@ def completion_job(lm: LM, body: CompletionRequest) -> Job:
         check_fits(lm, p.ids, max_tokens, f"prompt[{i}]" if many else "prompt")
     mode = body.logprobs_mode == "sampled"
     logprobs = body.logprobs is not None
-    return Job(prompts, params, body.n, False, logprobs, mode, body.echo, not score_only, many)
+    job = Job(prompts, params, body.n, False, logprobs, mode, body.echo, not score_only, many)
+    job.draft_tokens = body.draft_tokens
+    return job
 
 
 def chat_job(lm: LM, body: ChatRequest) -> Job:
@@ -207,7 +213,9 @@ def chat_job(lm: LM, body: ChatRequest) -> Job:
         limit = max(1, (context_size(lm) or len(ids) + 512) - len(ids))
     params = params_for(body, limit, (body.top_logprobs or 0) if body.logprobs else 0, "top_logprobs")
     check_fits(lm, ids, limit)
-    return Job([Prompt(ids, text)], params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
+    job = Job([Prompt(ids, text)], params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
+    job.draft_tokens = body.draft_tokens
+    return job
 
 
 def trace_job(lm: LM, body: TraceRequest) -> Job:
@@ -227,4 +235,5 @@ def trace_job(lm: LM, body: TraceRequest) -> Job:
     sampled = body.logprobs_mode == "sampled"
     job = Job(prompts, params, 1, body.messages is not None, True, sampled, many=many)
     job.inside = {"lens": body.lens, "attention": body.attention}
+    job.draft_tokens = body.draft_tokens
     return job

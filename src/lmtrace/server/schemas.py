@@ -99,6 +99,9 @@ class Sampling(BaseModel):
     logprobs_mode: Literal["raw", "sampled"] = "raw"
     # Extension (as vLLM): keep generating past the end-of-sequence token.
     ignore_eos: bool = False
+    # Extension: tokens the draft proposes per block (1-16), on a server started with --draft
+    # (speculative decoding; the numbers stay the model's). Default: the server's --draft-tokens.
+    draft_tokens: int | None = None
     # Accepted for compatibility and ignored.
     user: Text | None = None
     # Accepted only at their neutral value 0: lmtrace does not implement them.
