@@ -100,7 +100,9 @@ def cached_logits(lm, prompt_ids: list[int], generated: list[int]) -> torch.Tens
     cache = DynamicCache(config=lm.model.config)
     rows = []
     with torch.no_grad():
-        logits = lm.model(seq[:, : len(prompt_ids)], **cache_kwargs(lm.model, cache)).logits[:, -1].float()
+        # the prefill keeps the last position's logits only, as model.generate asks (logits_to_keep=1)
+        prefill = lm.model(seq[:, : len(prompt_ids)], logits_to_keep=1, **cache_kwargs(lm.model, cache))
+        logits = prefill.logits[:, -1].float()
         for i in range(len(generated)):
             rows.append(logits)
             step = seq[:, len(prompt_ids) + i : len(prompt_ids) + i + 1]
