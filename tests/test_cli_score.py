@@ -8,20 +8,13 @@ import pytest
 
 import lmtrace
 from lmtrace.cli import main
+from tests.cli_errors import one_error
 
 
 def run(capsys, *args):
     code = main([str(a) for a in args])
     out = capsys.readouterr()
     return code, out.out, out.err
-
-
-def one_error(err: str) -> str:
-    """The error line: the last one, and the only one (a check that needs the model comes after the
-    startup lines, "loading" and "ready in")."""
-    lines = err.strip().splitlines()
-    assert [line for line in lines if "error" in line] == lines[-1:], lines
-    return lines[-1]
 
 
 def test_score_text_to_a_json_file(capsys, tiny_dir, tiny_lm, tmp_path):

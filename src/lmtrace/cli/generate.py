@@ -83,6 +83,10 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     check_report_paths(html_path, plot_path)
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
     draft, draft_tokens = draft_from(kw)
+    if params.constraint is not None:  # a schema, regex or grammar that does not compile: before anything else
+        from lmtrace.logits import grammar
+
+        grammar.check(params)
     text = read_prompt(prompt, prompt_file, kw["chat"])
     view, status = consoles(json_path, no_color)
     local = {"device": device, "dtype": dtype, "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code,
@@ -94,9 +98,7 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     else:
         announce(status, model)  # the first line on screen, before the imports
         from lmtrace.decode.tracing import generate as run
-        from lmtrace.logits import grammar
 
-        grammar.check(params)  # a schema, regex or grammar that does not compile: before the model loads
         lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, local["device_map"],
                         local["weights"])  # fmt: skip
         chosen = load_draft(status, lm, draft)
