@@ -14,6 +14,7 @@ from lmtrace.scoring import noise, variant_spec
 from lmtrace.scoring.stability import first_divergence
 from lmtrace.scoring.variants import BatchWorld
 from tests.same_record import one_thread  # noqa: F401
+from tests.tiny_gguf import write_tiny_gguf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = "Once upon a time there was"
@@ -171,6 +172,22 @@ def test_an_engine_that_is_missing_is_skipped(lm):
         variant_spec.register_engine("vllm", registered)
     assert r.variants[0]["status"] == "skipped" and "No module named 'vllm'" in r.variants[0]["reason"]
     assert all(s["sigma"] is None and s["risk"] is None for s in r.steps)
+
+
+def test_packed_weights_of_a_gguf_against_an_independent_load(tmp_path, tiny_tok):
+    path = str(write_tiny_gguf(tmp_path / "tiny.gguf", tiny_tok))
+    lm = lmtrace.load(path, device="cpu", dtype="float32")
+    r = lmtrace.stability(lm, PROMPT, ["weights:packed"], temperature=0, max_new_tokens=8)
+    v = r.variants[0]
+    assert v["status"] == "ran" and "packed" in v["about"], v["reason"]
+    ids, tokens = r.reference.prompt["token_ids"], r.reference.token_ids
+    other = lmtrace.load(path, weights="packed").model
+    lp = along(plain(other, ids + tokens, len(ids)), tokens)
+    base = along(plain(lm.model, ids + tokens, len(ids)), tokens)
+    for s, x, b in zip(v["steps"], lp, base):
+        assert abs(s["logprob"] - x) <= TOL and abs(s["delta"] - (x - b)) <= TOL
+    assert v["max_abs_delta"] > 1e-5  # bfloat16 activations: a real change
+    assert v["first_divergence"] == first_divergence(tokens, hf_tokens(other, [ids], lm, 8))
 
 
 def test_a_seeded_sample_keeps_its_draws_under_the_same_seed(lm):
