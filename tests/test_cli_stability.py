@@ -44,6 +44,10 @@ def test_stability_writes_json_html_plot_and_the_terminal_view(capsys, tiny_dir,
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html and "<script" not in html
     assert "<svg" in html and "Flagged tokens" in html and "skipped:" in html
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, again, err = run(capsys, "render", paths["json"], "--no-color")  # a saved ledger, shown again
+    assert code == 0 and "Flagged tokens" in again and "dtype:bfloat16" in again, err
+    code, _, err = run(capsys, "render", paths["json"], "--html", tmp_path / "again.html")
+    assert code == 0 and (tmp_path / "again.html").read_text() == html, err
 
 
 def test_json_to_stdout_keeps_the_view_on_stderr(capsys, tiny_dir):
