@@ -5,11 +5,13 @@ For every prompt of bench/stability_prompts.txt (chat template, greedy, --tokens
 reference is decoded once and its tokens teacher-forced under every CPU variant. A variant's
 flips (its top-1 differs from the reference's) are then predicted with the noise estimated
 leave-one-variant-out: sigma from the other variants only, a step flagged when its margin is
-below threshold x sigma. Printed per threshold and per noise rule (the largest change, the
-ledger's; the root-mean-square, for comparison): recall of the flips, precision (flagged steps
-that flip under the held-out variant), precision against a flip under any variant, flag rate.
+below threshold x sigma. Printed per threshold and per noise rule (the ledger's, lmtrace.scoring.
+noise.sigma; the per-step largest change alone and the per-step root-mean-square, for
+comparison): recall of the flips, precision (flagged steps that flip under the held-out variant),
+precision against a flip under any variant, the fraction of steps flagged.
 
-Usage: python bench/stability_calibration.py [--tokens 32] [--limit N] [--vllm] [--threads 1] [--json OUT]"""
+Usage: python bench/stability_calibration.py [--tokens 32] [--limit N] [--vllm] [--threads 1] [--json OUT]
+       python bench/stability_calibration.py --from OUT   (the tables again from a saved run)"""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from lmtrace.scoring.variant_spec import parse_variant
 from lmtrace.scoring.variants import build
 
 PROMPTS = Path(__file__).with_name("stability_prompts.txt")
-THRESHOLDS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+THRESHOLDS = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0)
 
 
 def cpu_variants(folder: Path, vllm: bool) -> list[str]:
@@ -41,7 +43,18 @@ def cpu_variants(folder: Path, vllm: bool) -> list[str]:
     return specs + (["engine:vllm"] if vllm else [])
 
 
+def label(spec: str) -> str:
+    return "model:(bundled, weights rounded to bfloat16)" if spec.startswith("model:") else spec
+
+
+def largest(changes: list[list[float | None]]) -> list[float | None]:
+    """Per step, the largest |change| over the variants (no level)."""
+    n = max((len(c) for c in changes), default=0)
+    return [max((abs(c[i]) for c in changes if c[i] is not None), default=None) for i in range(n)]
+
+
 def rms(changes: list[list[float | None]]) -> list[float | None]:
+    """Per step, the root-mean-square of the changes over the variants."""
     n = max((len(c) for c in changes), default=0)
     out = []
     for i in range(n):
@@ -114,6 +127,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="Only the first N prompts.")
     ap.add_argument("--vllm", action="store_true", help="Also engine:vllm (vLLM on this CPU).")
     ap.add_argument("--json", default=None, help="Write the per-prompt numbers and the tables here.")
+    ap.add_argument("--from", dest="saved", default=None, help="Print the tables of a run saved with --json.")
     ap.add_argument(
         "--threads",
         type=int,
@@ -122,24 +136,35 @@ def main() -> None:
         "shared machine two threads wait for each other); the threads variant uses another count",
     )
     args = ap.parse_args()
+    if args.saved:
+        saved = json.loads(Path(args.saved).read_text(encoding="utf-8"))
+        keep = ("machine", "prompts", "tokens", "variants")
+        report, items = {k: v for k, v in saved.items() if k in keep}, saved["items"]
+    else:
+        report, items = run(args)
+    print(json.dumps(report))
+    for name, rule in (("ledger", noise.sigma), ("largest", largest), ("rms", rms)):
+        rows = [score(items, t, rule) for t in THRESHOLDS]
+        report[name] = rows
+        print(table(rows, name))
+        print("per variant at 2:", json.dumps(rows[THRESHOLDS.index(2.0)]["per_variant"]) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({**report, "items": items}, indent=1), encoding="utf-8")
+
+
+def run(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     torch.set_num_threads(args.threads)
     prompts = [p for p in PROMPTS.read_text(encoding="utf-8").splitlines() if p.strip()][: args.limit]
     lm = lmtrace.load()
     with tempfile.TemporaryDirectory() as tmp:
         folder = export(None, Path(tmp) / "smollm2-bf16-weights", dtype="bfloat16")  # weights rounded to bf16
         started = time.perf_counter()
-        worlds = {spec: build(lm, parse_variant(spec)) for spec in cpu_variants(folder, args.vllm)}
+        worlds = {label(spec): build(lm, parse_variant(spec)) for spec in cpu_variants(folder, args.vllm)}
         print(f"variants built in {time.perf_counter() - started:.0f} s: {', '.join(worlds)}", flush=True)
         items = collect(lm, worlds, prompts, args.tokens)
     report = {"machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "prompts": len(prompts),
               "tokens": args.tokens, "variants": list(worlds)}  # fmt: skip
-    for name, rule in (("max", noise.sigma), ("rms", rms)):
-        rows = [score(items, t, rule) for t in THRESHOLDS]
-        report[name] = rows
-        print(table(rows, name))
-        print("per variant at 2:", json.dumps(rows[THRESHOLDS.index(2.0)]["per_variant"]))
-    if args.json:
-        Path(args.json).write_text(json.dumps({**report, "items": items}, indent=1), encoding="utf-8")
+    return report, items
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ cannot run here is reported skipped with its reason."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -134,11 +136,12 @@ def test_first_divergence_equals_model_generate_under_the_variant(lm, result, ot
 
 def test_the_ledger_follows_its_definitions(result):
     ran = [v for v in result.variants if v["status"] == "ran"]
+    levels = [math.sqrt(sum(s["margin_change"] ** 2 for s in v["steps"]) / len(v["steps"])) for v in ran]
     for i, (row, step) in enumerate(zip(result.steps, result.reference.steps)):
         assert row["index"] == i and row["token_id"] == step.token_id
         assert row["margin"] == pytest.approx(step.top[0].logprob - step.top[1].logprob)
-        changes = [abs(v["steps"][i]["margin_change"]) for v in ran]
-        assert row["sigma"] == max(changes)
+        changes = [max(abs(v["steps"][i]["margin_change"]), lv) for v, lv in zip(ran, levels)]
+        assert row["sigma"] == pytest.approx(max(changes), rel=1e-9)
         assert row["risk"] == pytest.approx(row["margin"] / row["sigma"])
         assert row["flagged"] == (row["margin"] < result.threshold * row["sigma"])
         flipped = [v["variant"] for v in ran if v["steps"][i]["flipped"]]
@@ -212,7 +215,8 @@ def test_bad_specs_are_one_line_naming_the_variant(spec, words):
 
 
 def test_noise_rules_on_handmade_numbers():
-    assert noise.sigma([[0.1, None, -0.3], [-0.2, None, 0.05]]) == [0.2, None, 0.3]
+    # levels: sqrt((0.1² + 0.3²) / 2) = 0.2236 and sqrt((0.2² + 0.05²) / 2) = 0.1458
+    assert noise.sigma([[0.1, None, -0.3], [-0.2, None, 0.05]]) == pytest.approx([0.2236068, None, 0.3])
     rows = noise.ledger([0.0, 0.5, 0.5, 0.5], [None, None, 0.2, 0.3], 2.0)
     assert [r["flagged"] for r in rows] == [True, False, False, True]  # a tie; no noise; 0.5 >= 0.4; 0.5 < 0.6
     assert rows[1]["risk"] is None and rows[2]["risk"] == pytest.approx(2.5)

@@ -26,7 +26,7 @@ def stability_png(result: Any, dpi: int = 110) -> bytes:
     top.plot(xs, [max(s["margin"], FLOOR) if s["margin"] is not None else NAN for s in steps], "o", color="#111",
              markersize=3.5, label="margin (top-1 − top-2 logprob)")  # fmt: skip
     top.plot(xs, [threshold * s["sigma"] if s["sigma"] else NAN for s in steps], color="#2563eb", linewidth=1.2,
-             label=f"{threshold:g} × sigma (largest gap change over the variants)")  # fmt: skip
+             label=f"{threshold:g} × sigma (how much the variants move the gap)")  # fmt: skip
     flagged = [s for s in steps if s["flagged"] and s["margin"] is not None]
     top.plot([s["index"] for s in flagged], [max(s["margin"], FLOOR) for s in flagged], "o", color="#dc2626",
              markersize=6, label="flagged")  # fmt: skip

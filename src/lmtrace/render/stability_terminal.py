@@ -100,5 +100,6 @@ def print_stability(result: Any, console: Console) -> None:
         console.print(line)
     console.print(Text("flips: steps where the variant's top-1 differs from the reference's (teacher-forced); "
                        "Δ: change of the reference token's logprob (nats); diverges: first step the variant's own "
-                       "decoding picks another token; margin: top-1 minus top-2 logprob; sigma: the largest change "
-                       "of that gap over the variants; risk: margin / sigma", style="dim"))  # fmt: skip
+                       "decoding picks another token; margin: top-1 minus top-2 logprob; sigma: how much the "
+                       "variants move that gap (the largest over them of the change at the step, or of their usual "
+                       "change along the text where larger); risk: margin / sigma", style="dim"))  # fmt: skip

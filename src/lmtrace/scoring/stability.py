@@ -58,7 +58,8 @@ class StabilityResult:
             "variants": self.variants,
             "steps": self.steps,
             "threshold": self.threshold,
-            "noise": "sigma: the largest change of the reference's top-1/top-2 gap over the variants that ran",
+            "noise": "sigma: the largest over the variants that ran of max(|change of the reference's top-1/top-2 gap| "
+            "at the step, the root-mean-square of the variant's changes over the steps)",
             "runs": self.runs,
             "timing": self.timing,
         }
