@@ -9,7 +9,7 @@ import sys
 
 HEAVY = ("torch", "transformers", "numpy", "safetensors", "lmtrace.model.load", "lmtrace.decode.engine")
 COMMANDS = ("generate", "score", "cache", "kv-size", "verify", "branch", "render", "serve", "batch", "compare",
-            "export", "kv-lab")  # fmt: skip
+            "export", "kv-lab", "stability")  # fmt: skip
 ARGVS = [
     ["--help"],
     ["--version"],
@@ -25,6 +25,8 @@ ARGVS = [
     ["branch", "Hi", "--at", "-1"],
     ["verify", "Hi", "--max-new-tokens", "0"],
     ["serve", "--port", "0"],
+    ["stability", "Hi", "--variant", "fp8"],  # variant specs checked before the model is loaded
+    ["stability", "Hi", "--variant", "model:/no/such/file.gguf"],
 ]
 CHILD = """
 import contextlib, io, json, sys
