@@ -14,7 +14,7 @@ from lmtrace.cli.common import cli
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.records import Trace
-from lmtrace.render.kinds import BRANCHES, SCORE, read_record
+from lmtrace.render.kinds import BRANCHES, SCORE, STABILITY, read_record
 
 
 def _trace(d: dict[str, Any], path: str) -> Trace:
@@ -43,6 +43,10 @@ def print_record(kind: str, d: dict[str, Any], path: str, console: Console, show
 
     if kind == SCORE:
         _print_score(d, console)
+    elif kind == STABILITY:
+        from lmtrace.render.stability_terminal import print_stability
+
+        print_stability(d, console)
     elif kind == BRANCHES:
         for k, t in enumerate(d["branches"]):
             console.print(Rule(t.get("label") or ("original" if k == 0 else f"branch {k}")))
@@ -74,7 +78,7 @@ def _print_lens(kind: str, d: dict[str, Any], path: str, step: int | None, conso
 @click.option("--show-prompt", is_flag=True, help="Show the whole prompt the model saw (a chat template's included).")
 def render(trace_path, html_path, plot_path, no_color, lens=False, step=None, show_prompt=False):
     """Show a saved TRACE.json (from --json) again, or write it as an HTML report (--html) or a
-    PNG plot (--plot). Also reads score results and branches."""
+    PNG plot (--plot). Also reads score results, branches and stability ledgers."""
     check_report_paths(html_path, plot_path)
     kind, d = read_record(trace_path)
     console = Console(no_color=no_color, highlight=False)
@@ -83,5 +87,11 @@ def render(trace_path, html_path, plot_path, no_color, lens=False, step=None, sh
         return
     if html_path is None and plot_path is None:
         print_record(kind, d, trace_path, console, show_prompt)
+        return
+    if kind == STABILITY:
+        from lmtrace.render.stability_html import write_stability_html
+        from lmtrace.render.stability_plot import write_stability_plot
+
+        write_reports(d, html_path, plot_path, console, html=write_stability_html, plot=write_stability_plot)
         return
     write_reports(d, html_path, plot_path, console)
