@@ -12,6 +12,7 @@ import pytest
 from lmtrace import SamplingParams
 from lmtrace.cli import main
 from lmtrace.decode import tracing
+from tests.cli_errors import one_error
 from tests.same_record import assert_same, by_id, read_records
 from tests.tiny import plain_tokenizer, tiny_model
 
@@ -83,8 +84,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(capsys, tiny_dir, plai
         model = plain_dir if args == ["--regex", "Q+"] else tiny_dir
         code = main(["generate", "the", "--model", str(model), "--json", str(out), "--html", str(out) + ".html",
                      "--max-new-tokens", "4", *args])  # fmt: skip
-        err = capsys.readouterr().err.strip().splitlines()
-        assert code == 2 and len(err) == 1 and err[0].startswith(f"lmtrace: error: {message}"), (args, err)
+        err = capsys.readouterr().err
+        assert code == 2 and one_error(err).startswith(f"lmtrace: error: {message}"), (args, err)
         assert not out.exists() and not (tmp_path / "never.json.html").exists()
 
 

@@ -49,8 +49,7 @@ def test_cli_generate_with_a_draft(capsys, tiny_dir):
 )
 def test_cli_bad_drafts_are_one_line(capsys, tiny_dir, extra, message):
     code, _, err = _run(capsys, ["generate", "Hello", "--model", str(tiny_dir), *GREEDY, *extra])
-    assert code == 2 and one_error(err), err
-    assert err.startswith("lmtrace: error: ") and message in err
+    assert code == 2 and message in one_error(err), err
 
 
 def test_cli_another_vocabulary_is_one_line(capsys, tiny_dir, tmp_path):
