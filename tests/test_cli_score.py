@@ -8,6 +8,7 @@ import pytest
 
 import lmtrace
 from lmtrace.cli import main
+from tests.cli_errors import one_error
 
 
 def run(capsys, *args):
@@ -65,7 +66,7 @@ BAD = [
 @pytest.mark.parametrize("args,message", BAD, ids=[m[:40] for _, m in BAD])
 def test_score_bad_input_exits_2_with_one_line(capsys, tiny_dir, args, message):
     code, _, err = run(capsys, "score", *args, "--model", tiny_dir)
-    assert code == 2 and err == f"lmtrace: error: {message}\n"
+    assert code == 2 and one_error(err) == f"lmtrace: error: {message}"
 
 
 def test_score_jsonl_batch(capsys, tiny_dir, tiny_lm, tmp_path):
@@ -147,7 +148,7 @@ def test_branch(capsys, tiny_dir, tmp_path):
 )
 def test_branch_bad_input(capsys, tiny_dir, args, message):
     code, _, err = run(capsys, "branch", "Hi", "--model", tiny_dir, "--max-new-tokens", 6, *args)
-    assert code == 2 and err == f"lmtrace: error: {message}\n"
+    assert code == 2 and one_error(err) == f"lmtrace: error: {message}"
 
 
 def test_help_lists_the_new_commands(capsys):

@@ -1,7 +1,7 @@
 """Determinism: the same seed gives the same tokens across runs (whatever the global RNGs
 hold), greedy decoding gives the same tokens at every batch size, and streaming gives what
 the whole answer gives. Batching changes logprobs only by float rounding: measured here (the
-bound is in README.md, "Determinism")."""
+bound is in docs/tracing.md, "Determinism")."""
 
 from __future__ import annotations
 

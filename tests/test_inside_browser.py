@@ -10,6 +10,7 @@ import pytest
 
 import lmtrace
 from lmtrace.render.html import render_html, write_html
+from lmtrace.render.inside import sink_positions
 from lmtrace.render.tokens import escape as visible
 from tests.test_report_browser import BROWSER, PAYLOAD, hover, open_report, problems
 
@@ -38,14 +39,20 @@ def test_heatmap_hover_and_attention_shading(seen, tmp_path):
         boxes = "[...document.querySelectorAll('.att-text .pos')]"
         positions = browser.js(boxes + ".filter(b => b.style.background).map(b => +b.dataset.pos)")
         layer = seen.steps[4].attention["layers"][-1]  # the selector starts at the last layer
+        # value-weighted by default; the raw weights a toggle away
+        assert sorted(positions) == sorted(t["position"] for t in layer["value_weighted"]["top"])
+        browser.js("(() => { const r = document.querySelector('input[name=\"att-weights\"][value=\"raw\"]');"
+                   " r.checked = true; r.dispatchEvent(new Event('change')); return 1; })()")  # fmt: skip
+        positions = browser.js(boxes + ".filter(b => b.style.background).map(b => +b.dataset.pos)")
         assert sorted(positions) == sorted(t["position"] for t in layer["top"])
         query = len(seen.prompt["token_ids"]) + 3
         assert browser.js(f"document.querySelector('.att-text .pos[data-pos=\"{query}\"]').classList.contains('query')")
-        assert browser.js("document.querySelectorAll('.att-text .pos.sink').length") == 4
+        marked = browser.js("[...document.querySelectorAll('.att-text .pos.sink')].map(b => +b.dataset.pos)")
+        assert set(marked) == sink_positions(seen.to_dict()["steps"])
         browser.js("(() => { const s = document.getElementById('att-layer'); s.value = '0';"
                    " s.dispatchEvent(new Event('change')); return 1; })()")  # fmt: skip
         note = browser.js("document.getElementById('att-note').textContent")
-        assert "layer 0" in note and "sink mass" in note
+        assert "layer 1, raw weights" in note and "sink mass" in note and "last-32" not in note
         assert "settled at layer" in browser.js("[...document.querySelectorAll('#steps th')].map(h => h.textContent)")
         assert problems(browser) == []
     finally:
@@ -67,7 +74,25 @@ def test_head_selector_shades_by_one_heads_weights(tiny_lm, tmp_path):
         positions = browser.js(boxes + ".filter(b => b.style.background).map(b => +b.dataset.pos)")
         head = trace.steps[4].attention["layers"][0]["heads"][1]
         assert sorted(positions) == sorted(t["position"] for t in head["top"])
-        assert "layer 0, head 1" in browser.js("document.getElementById('att-note').textContent")
+        assert "layer 1, head 1" in browser.js("document.getElementById('att-note').textContent")
+        assert problems(browser) == []
+    finally:
+        browser.close()
+
+
+def test_attention_text_is_shaded_before_any_hover(seen, tmp_path):
+    report = tmp_path / "report.html"
+    write_html(report, seen)
+    browser = open_report(report, tmp_path / "profile")
+    try:
+        boxes = "[...document.querySelectorAll('.att-text .pos')]"
+        shaded = browser.js(boxes + ".filter(b => b.style.background).map(b => +b.dataset.pos)")
+        last = seen.steps[-1].attention["layers"][-1]["value_weighted"]["top"]
+        assert sorted(shaded) == sorted(t["position"] for t in last)
+        assert browser.js("document.getElementById('att-note').textContent").startswith(f"step {len(seen.steps) - 1} ")
+        options = browser.js("[...document.querySelectorAll('#att-layer option')].map(o => o.textContent)")
+        layers = len(seen.steps[0].attention["layers"])
+        assert options == ["mean of the layers", *[str(k + 1) for k in range(layers)]]  # as the lens numbers them
         assert problems(browser) == []
     finally:
         browser.close()

@@ -121,3 +121,29 @@ def test_render_lens_prints_a_layer_table(capsys, tiny_lm, tmp_path):
     plain.write_text(lmtrace.generate(tiny_lm, "Hi", max_new_tokens=2, temperature=0).to_json())
     assert main(["render", str(plain), "--lens"]) == 2
     assert "no lens or attention records" in capsys.readouterr().err
+
+
+def _att_step(raw: dict[int, float], valued: dict[int, float]) -> dict:
+    layer = {"layer": 0, "top": [{"position": p, "weight": w} for p, w in raw.items()],
+             "value_weighted": {"top": [{"position": p, "weight": w} for p, w in valued.items()]}}  # fmt: skip
+    return {"attention": {"layers": [layer]}}
+
+
+def test_only_positions_that_behave_as_sinks_are_marked():
+    """A 5-token prompt: position 0 takes most raw weight but little once weighted by its value
+    (a sink); positions 1-3 ("capital of France") carry weight either way (no sinks)."""
+    from lmtrace.render.inside import sink_positions
+
+    steps = [_att_step({0: 0.6, 1: 0.1, 2: 0.15, 3: 0.15}, {0: 0.05, 1: 0.3, 2: 0.3, 3: 0.35})] * 3
+    assert sink_positions(steps) == {0}
+    assert sink_positions([_att_step({0: 0.6, 2: 0.4}, {0: 0.5, 2: 0.5})]) == set()  # its value matters
+    assert sink_positions([_att_step({0: 0.9}, {})]) == set()  # no value-weighted record: nothing claimed
+
+
+def test_recent_mass_only_past_its_window(tiny_lm):
+    from lmtrace.render.html import render_html
+
+    short = lmtrace.generate(tiny_lm, "Hello world", max_new_tokens=3, temperature=0, attention=True)
+    assert 'data-recent=""' in render_html(short)
+    long = lmtrace.generate(tiny_lm, "Hello world " * 12, max_new_tokens=3, temperature=0, attention=True)
+    assert 'data-recent="32"' in render_html(long)

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from tests.cli_errors import one_error
 from tests.test_loading import small_gguf
 
 MEMORY_LIMIT = 3 * 1024**3  # bytes of address space for the child, torch included
@@ -19,6 +20,7 @@ CHILD = """
 import json, sys
 import lmtrace
 from lmtrace import ModelLoadError
+from tests.cli_errors import one_error
 out = {}
 for name, path in json.loads(sys.argv[1]).items():
     try:
@@ -118,4 +120,4 @@ def test_cli_on_a_corrupt_gguf_is_exit_2(tmp_path, capsys, command):
     args = ["generate", "x", "--model", str(bad)] if command == "generate" else ["kv-size", str(bad), "--context", "8"]
     code = main(args)
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and str(bad) in err and "truncated GGUF header" in err
+    assert code == 2 and str(bad) in one_error(err) and "truncated GGUF header" in one_error(err)

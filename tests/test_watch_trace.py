@@ -144,7 +144,7 @@ def test_bad_use_is_one_clear_error(tiny_lm):
     with pytest.raises(lmtrace.InvalidParameter, match=r"record=True"):
         w.trace(tiny_lm.tokenizer)
     w, seq = watched(tiny_lm, right_greedy_loop, rounds=3)
-    with pytest.raises(lmtrace.InvalidParameter, match="tokens: expected the loop's 3 chosen tokens"):
+    with pytest.raises(lmtrace.InvalidParameter, match="tokens: expected the loop.s whole sequence"):
         w.trace(tiny_lm.tokenizer, tokens=[1, 2, 3, 4, 5])
     from tests.test_from_generate import other_vocab_tokenizer
 

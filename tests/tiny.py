@@ -55,3 +55,13 @@ def tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCau
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.eval()
+
+
+def plain_tokenizer() -> PreTrainedTokenizerFast:
+    """A BPE without the byte alphabet (no byte fallback): a character the corpus lacks ("Q")
+    has no token at all."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<eos>", "<pad>", "<unk>"], show_progress=False)
+    tok.train_from_iterator(CORPUS[:2], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")

@@ -12,12 +12,13 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from lmtrace import records
+from lmtrace.scoring import variant_spec
 
 # public name -> the module that defines it
 _NAMES = {
     "Branches": "lmtrace.decode.branch",
     "branch": "lmtrace.decode.branch",
-    "compare": "lmtrace.comparison",
+    "compare": "lmtrace.comparison.core",
     "GenerationError": "lmtrace.errors",
     "InvalidParameter": "lmtrace.errors",
     "LmtraceError": "lmtrace.errors",
@@ -37,6 +38,8 @@ _NAMES = {
     "ScoreResult": "lmtrace.scoring.score",
     "score": "lmtrace.scoring.score",
     "score_batch": "lmtrace.scoring.score",
+    "StabilityResult": "lmtrace.scoring.stability",
+    "stability": "lmtrace.scoring.stability",
     "encode_prompt": "lmtrace.decode.tracing",
     "generate": "lmtrace.decode.tracing",
     "generate_steps": "lmtrace.decode.tracing",
@@ -46,7 +49,7 @@ _NAMES = {
 }
 
 if TYPE_CHECKING:
-    from lmtrace.comparison import compare  # noqa: F401
+    from lmtrace.comparison.core import compare  # noqa: F401
     from lmtrace.decode.branch import Branches, branch  # noqa: F401
     from lmtrace.decode.tracing import encode_prompt, generate, generate_steps, stream  # noqa: F401
     from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError  # noqa: F401
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
     from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace  # noqa: F401
     from lmtrace.scoring.rescore import rescore  # noqa: F401
     from lmtrace.scoring.score import ScoreResult, score, score_batch  # noqa: F401
+    from lmtrace.scoring.stability import StabilityResult, stability  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
@@ -98,6 +102,16 @@ def _notebook_html(obj: Any) -> str:
 
 
 records.set_notebook_view(_notebook_html)
+
+
+def _vllm_variant(lm: Any, spec: Any) -> Any:
+    # imported when a stability ledger first runs engine:vllm: the ledger's family sits below vllm/
+    from lmtrace.vllm.variant import world
+
+    return world(lm, spec)
+
+
+variant_spec.register_engine("vllm", _vllm_variant)
 
 
 __all__ = sorted(_NAMES, key=str.lower)

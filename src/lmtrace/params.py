@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -9,6 +10,9 @@ from typing import Any
 from lmtrace.errors import InvalidParameter
 
 MAX_TOP_LOGPROBS = 100
+# the constraints on the output (at most one is given); lmtrace.logits.grammar compiles them
+CONSTRAINTS = ("json_schema", "regex", "choice", "grammar")
+JSON_WHITESPACE = ("compact", "any")
 
 
 @dataclass(frozen=True)
@@ -36,17 +40,44 @@ class SamplingParams:
     top_logprobs: int = 5
     # Stop when the model emits one of its end-of-sequence tokens.
     stop_on_eos: bool = True
+    # Constrained decoding (at most one of the four; the grammar's mask applies before the
+    # processors): the output follows this JSON schema (an object; {"type": "object"} for any
+    # JSON object), ...
+    json_schema: dict[str, Any] | None = None
+    # ... matches this regular expression, ...
+    regex: str | None = None
+    # ... is one of these strings (two or more, distinct), ...
+    choice: tuple[str, ...] = field(default_factory=tuple)
+    # ... or follows this EBNF grammar (xgrammar's dialect of GBNF; the rule `root` starts it).
+    grammar: str | None = None
+    # Whitespace a JSON schema allows: "compact" (none between tokens, so that a small model
+    # cannot loop in whitespace) or "any" (the lenient grammar).
+    json_whitespace: str = "compact"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
+        if isinstance(self.choice, str):
+            object.__setattr__(self, "choice", (self.choice,))
+        elif isinstance(self.choice, list | tuple):
+            object.__setattr__(self, "choice", tuple(self.choice))
+        if isinstance(self.json_schema, str):
+            try:
+                object.__setattr__(self, "json_schema", json.loads(self.json_schema))
+            except ValueError as e:
+                raise InvalidParameter(f"json_schema must be a JSON object, got text that is not JSON ({e})") from e
         self.validate()
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def constraint(self) -> str | None:
+        """The name of the constraint on the output (one of CONSTRAINTS), or None."""
+        return next((name for name in CONSTRAINTS if getattr(self, name)), None)
 
     def validate(self) -> None:
         check_integer("max_new_tokens", self.max_new_tokens, low=1)
@@ -71,10 +102,43 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or s == "":
                 raise InvalidParameter(f"stop must be non-empty strings, got {s!r}")
+        self._validate_constraint()
+
+    def _validate_constraint(self) -> None:
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise InvalidParameter(f"json_schema must be a JSON object, got {self.json_schema!r}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidParameter(f"{name} must be a non-empty string, got {value!r}")
+        if not isinstance(self.choice, tuple):
+            raise InvalidParameter(f"choice must be a list of strings, got {self.choice!r}")
+        bad = next((c for c in self.choice if not isinstance(c, str) or not c), None)
+        if bad is not None:
+            raise InvalidParameter(f"choice must be non-empty strings, got {bad!r}")
+        if len(self.choice) == 1:
+            raise InvalidParameter(f"choice needs two options or more (one is no choice), got only {self.choice[0]!r}")
+        if len(set(self.choice)) != len(self.choice):
+            twice = next(c for c in self.choice if self.choice.count(c) > 1)
+            raise InvalidParameter(f"choice must list each option once, got {twice!r} twice")
+        if self.json_whitespace not in JSON_WHITESPACE:
+            raise InvalidParameter(f"json_whitespace must be compact or any, got {self.json_whitespace!r}")
+        given = [name for name in CONSTRAINTS if getattr(self, name)]
+        if len(given) > 1:
+            raise InvalidParameter(f"{given[1]}: one constraint at a time, got {' and '.join(given)}")
+        if given and not self.stop_on_eos:
+            raise InvalidParameter(
+                f"stop_on_eos: a constrained output ends with the end token, which cannot be ignored (with {given[0]})"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stop"] = list(self.stop)
+        d["choice"] = list(self.choice)
+        # the constraint's fields are written only when one is given (older traces have none)
+        for name in (*CONSTRAINTS, "json_whitespace"):
+            if not d[name] or (name == "json_whitespace" and self.json_schema is None):
+                del d[name]
         return d
 
     @classmethod

@@ -82,16 +82,28 @@ class Step:
     attention: dict[str, Any] | None = None
     # a watched loop's cache misuse, on the step (round) where it starts (lmtrace.watch)
     problems: list[dict[str, Any]] | None = None
+    # a constrained step (lmtrace.logits.grammar): {allowed: tokens the grammar allowed,
+    # removed_mass: the raw probability of the others, logprob: the chosen token's log-probability
+    # under the raw distribution restricted to the allowed tokens}
+    grammar: dict[str, Any] | None = None
+    # speculative decoding: the draft's proposal judged at this step {proposed_token_id, text,
+    # logprob (the draft's processed q), target_logprob (p), accept_prob, accepted, position,
+    # block}; None for a bonus token (written as null in a speculative trace)
+    draft: dict[str, Any] | None = None
 
     @property
     def prob(self) -> float | None:
         return None if self.logprob is None else math.exp(self.logprob)
 
+    def __repr__(self) -> str:
+        p = "–" if self.logprob is None else f"{math.exp(self.logprob):.4g}"
+        return f"Step({self.index}, {self.text!r}, id={self.token_id}, p={p}, rank={self.rank}, top={len(self.top)})"
+
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
         d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
         d["top"] = [a.to_dict() for a in self.top]
-        for name in ("waterfall", "problems", "lens", "attention"):  # optional fields are written only when present
+        for name in ("waterfall", "problems", "lens", "attention", "grammar", "draft"):  # written only when present
             if d[name] is None:
                 del d[name]
         return d
@@ -109,11 +121,14 @@ class Step:
             lens=d.get("lens"),
             attention=d.get("attention"),
             problems=d.get("problems"),
+            grammar=d.get("grammar"),
+            draft=d.get("draft"),
         )
 
 
 # fields added after schema 1 was first written: absent from older JSON, omitted when unset
-_OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention")
+_OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention", "grammar", "fields", "choices", "draft",
+             "speculative")
 
 
 def _forget(steps: list[Step], distributions: str) -> None:
@@ -199,12 +214,30 @@ class Trace:
     # which distributions the steps hold: "both", "raw" (logprob, rank, entropy) or "processed"
     # (sampled_logprob, sampled_entropy); the numbers of a missing one are None, never guessed
     distributions: str = "both"
+    # a JSON-schema output's values: [{path, text, chars, start_step, end_step, logprob,
+    # raw_logprob, min_prob}] (lmtrace.decode.fields); a choice's options: [{text, logprob, tokenizations}],
+    # each option's exact probability under the constraint (lmtrace.decode.choices)
+    fields: list[dict[str, Any]] | None = None
+    choices: list[dict[str, Any]] | None = None
+    # speculative decoding (lmtrace.generate(..., draft=...)): {draft, draft_tokens,
+    # acceptance_by_position, conditional_acceptance_by_position, mean_accepted_per_block, blocks,
+    # target_forwards, draft_forwards, draft_model}; then every step has `draft` (null: a bonus token)
+    speculative: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("steps", *_OPTIONAL)}
         d["steps"] = [s.to_dict() for s in self.steps]
         if self.prompt_logprobs is not None:
             d["prompt_logprobs"] = [t.to_dict() for t in self.prompt_logprobs]
+        if self.fields is not None:
+            d["fields"] = self.fields
+        if self.choices is not None:
+            d["choices"] = [{**c, "logprob": _num(c["logprob"])} for c in self.choices]
+        if self.speculative is not None:
+            d["speculative"] = self.speculative
+            if self.speculative.get("proposals_recorded", True):  # from_generate's assisted runs hold none
+                for step, out in zip(self.steps, d["steps"]):
+                    out["draft"] = step.draft
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -221,7 +254,11 @@ class Trace:
             prompt_logprobs = [TokenScore.from_dict(t) for t in prompt_logprobs]
         steps = [Step.from_dict(s) for s in d["steps"]]
         _forget(steps, d.get("distributions", "both"))
-        return cls(**fields, steps=steps, prompt_logprobs=prompt_logprobs)
+        choices = d.get("choices")
+        if choices is not None:
+            choices = [{**c, "logprob": _inf(c["logprob"])} for c in choices]
+        return cls(**fields, steps=steps, prompt_logprobs=prompt_logprobs, fields=d.get("fields"), choices=choices,
+                   speculative=d.get("speculative"))
 
     @classmethod
     def from_json(cls, s: str) -> Trace:
@@ -253,5 +290,22 @@ class Trace:
         (the renderer registered by the package, lmtrace/__init__.py; None: plain repr)."""
         return _notebook_view(self) if _notebook_view is not None else None
 
+    def __repr__(self) -> str:
+        """One line: the model, the steps, how the generation ended, the start of its text."""
+        text = self.text if len(self.text) <= 48 else self.text[:47] + "…"
+        source = self.model.get("source") if isinstance(self.model, dict) else self.model
+        return f"Trace({source!r}, {len(self.steps)} steps, finish_reason={self.finish_reason!r}, text={text!r})"
+
+    def __str__(self) -> str:
+        """A short table: the one line, the prompt, then a row per step (the first 20)."""
+        rows = [repr(self), f"prompt: {self.prompt.get('text', '')!r}", "   #  token              prob  rank  entropy"]
+        for s in self.steps[:20]:
+            p = "–" if s.logprob is None else f"{math.exp(s.logprob):.3f}"
+            h = "–" if s.entropy is None else f"{s.entropy:.2f}"
+            rows.append(f"{s.index:>4}  {s.text!r:<16.16} {p:>6}  {s.rank if s.rank is not None else '–':>4}  {h:>7}")
+        if len(self.steps) > 20:
+            rows.append(f"   … {len(self.steps) - 20} more steps")
+        return "\n".join(rows)
+
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(f"Trace({len(self.steps)} steps, finish_reason={self.finish_reason!r}, text={self.text!r})")
+        p.text(repr(self))

@@ -27,3 +27,10 @@ def test_the_comparison_can_fail():
     changed = normalize(golden)
     changed["tokens"][3]["logprob"] += 2e-6
     assert differences(golden, changed)
+
+
+def test_only_the_named_additions_pass():
+    golden = load("score")
+    added = {**normalize(golden), "value_weighted": 1}
+    other = {**normalize(golden), "something_new": 1}
+    assert not differences(golden, added) and differences(golden, other)

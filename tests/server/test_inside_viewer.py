@@ -5,6 +5,7 @@ hovering a token shades the prompt + generated text by its attention."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -39,14 +40,26 @@ def test_viewer_lens_and_attention(chat_lm, tmp_path):
             browser.wait_for("document.getElementById('status').textContent.startsWith('finish:')")
             assert browser.js("document.querySelectorAll('#lens div').length") == 6 * 3  # 6 steps, 3 layers
             assert browser.js("document.querySelectorAll('#lens div.settled').length") <= 6
-            _hover(browser, '#lens div[data-step="2"][data-layer="1"]')
-            browser.wait_for("document.getElementById('tip').style.display === 'block'", timeout=5)
-            assert "step 2 layer 1" in browser.js("document.getElementById('tip').textContent")
-            _hover(browser, '#out span[data-step="3"]')
-            browser.wait_for("document.getElementById('att-note').textContent.startsWith('step 3 layer 1')", timeout=5)
+            # readable at its size: cells of 18 x 12 px, a layer axis (emb, 1, 2) and each step's token below
+            size = browser.js("JSON.stringify(document.querySelector('#lens div').getBoundingClientRect())")
+            assert json.loads(size)["width"] >= 16 and json.loads(size)["height"] >= 10
+            ys = browser.js("[...document.querySelectorAll('#lens span.y')].map(s => s.textContent)")
+            assert ys == ["emb", "1", "2", "step"]
+            assert browser.js("document.querySelectorAll('#lens span.x').length") == 6
+            # shaded at once by the last step, value-weighted, in the lens's numbering of layers
             shaded = "[...document.querySelectorAll('#att-text span')].filter(s => s.style.background).length"
             assert browser.js(shaded) > 0
-            assert browser.js("document.querySelectorAll('#att-text span.sink').length") == 4
+            assert browser.js("document.getElementById('att-note').textContent").startswith("step 5, value-weighted")
+            options = browser.js("[...document.querySelectorAll('#att-layer option')].map(o => o.textContent)")
+            assert options == ["mean of the layers", "1", "2"]
+            _hover(browser, '#lens div[data-step="2"][data-layer="1"]')
+            browser.wait_for("document.getElementById('tip').style.display === 'block'", timeout=5)
+            assert re.match(r'step 2 ".*" layer 1\n', browser.js("document.getElementById('tip').textContent"))
+            _hover(browser, '#out span[data-step="3"]')
+            browser.wait_for("document.getElementById('att-note').textContent.startsWith('step 3, value-weighted, "
+                             "layer 2')", timeout=5)  # fmt: skip
+            assert "last-32" not in browser.js("document.getElementById('att-note').textContent")  # 10 positions
+            assert browser.js("document.querySelectorAll('#att-text span.sink').length") <= 1
             assert browser.js("document.querySelectorAll('#att-text span.query').length") == 1
         finally:
             browser.close()

@@ -13,7 +13,7 @@ from lmtrace.batch.lines import InputLine
 from lmtrace.batch.output import record_line
 from lmtrace.batch.prepare import Job, prepare
 from lmtrace.decode.continuous import RowSpec, generate_rows
-from lmtrace.decode.tracing import generate_each
+from lmtrace.decode.tracing import generate_each, generate_ids
 from lmtrace.model.lm import LM
 
 # lines tokenized and sorted together: longer windows pad less, shorter ones write sooner
@@ -43,7 +43,7 @@ def batches(jobs: Sequence[Job], batch_size: int) -> Iterator[list[Job]]:
 
 
 def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None) -> list[Outcome]:
-    plain = [j for j in batch if not any(j.inside.values())]
+    plain = [j for j in batch if not any(j.inside.values()) and j.draft is None]
     specs = [
         RowSpec(j.ids, j.params, j.text, j.chat, None if on_step is None else _row_hook(on_step, r))
         for r, j in enumerate(plain)
@@ -54,6 +54,10 @@ def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None
         each = generate_each(lm, [j.text for j in same], [j.ids for j in same], [j.params for j in same],
                              chat=same[0].chat, on_step=on_step, **same[0].inside)  # fmt: skip
         found.update(zip((id(j) for j in same), each))
+    for r, job in enumerate(j for j in batch if j.draft is not None):  # speculative: one line at a time
+        hook = None if on_step is None else (lambda row, step, r=r: on_step(r, step))
+        found[id(job)] = generate_ids(lm, [job.ids], job.params, prompt_texts=[job.text], chat=job.chat,
+                                      on_step=hook, **job.inside, **job.draft)[0]  # fmt: skip
     traces = [found[id(j)] for j in batch]
     outcomes = []
     for job, trace in zip(batch, traces):

@@ -8,14 +8,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmtrace import arguments
 from lmtrace.batch.lines import InputLine
 from lmtrace.decode import engine
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
+from lmtrace.logits import grammar
 from lmtrace.model.lm import LM
-from lmtrace.params import SamplingParams
+from lmtrace.params import CONSTRAINTS, SamplingParams
 
-# the per-line fields that override the command's defaults (plus `chat`)
+# the per-line fields that override the command's defaults (plus `chat`); a constraint's keys
+# (json_schema, regex, choice, grammar, json_whitespace) among them
 OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
 
 
@@ -31,10 +34,12 @@ class Job:
     chat: bool
     messages: list[dict[str, Any]] | None = None
     inside: dict[str, bool | str] = field(default_factory=dict)  # lens / attention (lmtrace.inside.probe)
+    draft: dict[str, Any] | None = None  # speculative decoding: {draft, draft_tokens} (lmtrace.model.draft)
     group: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.group = json.dumps([{**self.params.to_dict(), "seed": None}, self.chat, self.inside], sort_keys=True)
+        key = [{**self.params.to_dict(), "seed": None}, self.chat, self.inside, self.draft]
+        self.group = json.dumps(key, sort_keys=True)
 
 
 def defaults_of(params: SamplingParams, chat: bool = False) -> dict[str, Any]:
@@ -45,6 +50,8 @@ def defaults_of(params: SamplingParams, chat: bool = False) -> dict[str, Any]:
 def line_params(data: dict[str, Any], defaults: dict[str, Any]) -> tuple[SamplingParams, bool]:
     """The line's params over the defaults; raises InvalidParameter naming the field."""
     merged = {k: v for k, v in defaults.items() if k in OVERRIDES}
+    if any(k in data for k in CONSTRAINTS):  # a line's own constraint replaces the command's
+        merged = {k: v for k, v in merged.items() if k not in CONSTRAINTS}
     merged.update({k: data[k] for k in OVERRIDES if k in data})
     chat = data.get("chat", defaults.get("chat", False))
     if not isinstance(chat, bool):
@@ -87,15 +94,19 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
     """The job of one input line, or the one-line reason it cannot be done."""
     try:
         params, chat = line_params(line.data, defaults)
+        grammar.check(params)  # a constraint that does not compile is the line's error
         text, ids, messages = _encode(lm, line.data, chat or "messages" in line.data)
         inside_of(line.data, defaults)
+        draft_of(line.data, defaults)
         # the engine's own check, so a line's error reads as `lmtrace generate` would say it
         engine.check_context(lm.model, [ids], params)
     except InvalidParameter as e:
         return str(e)
     except (TypeError, ValueError) as e:  # a chat template missing or failing, odd field types
         return f"{type(e).__name__}: {' '.join(str(e).split())}"
-    return Job(line, text, ids, params, chat or messages is not None, messages, inside_of(line.data, defaults))
+    job = Job(line, text, ids, params, chat or messages is not None, messages, inside_of(line.data, defaults),
+              draft_of(line.data, defaults))  # fmt: skip
+    return job
 
 
 def inside_of(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, bool | str]:
@@ -108,3 +119,15 @@ def inside_of(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, bool 
             raise InvalidParameter(f"{name} must be {allowed}, got {value!r}")
         out[name] = value
     return out
+
+
+def draft_of(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any] | None:
+    """The line's draft (`draft`: a spec or null, `draft_tokens`) over the command's --draft and
+    --draft-tokens; None: plain decoding."""
+    draft = data.get("draft", defaults.get("draft"))
+    k = data.get("draft_tokens", defaults.get("draft_tokens", 4))
+    if draft is None:
+        if "draft_tokens" in data:
+            raise InvalidParameter(f"draft_tokens: only with a draft (--draft or the line's draft), got {k!r}")
+        return None
+    return {"draft": arguments.draft_spec(draft), "draft_tokens": arguments.draft_tokens(k)}

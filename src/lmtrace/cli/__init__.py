@@ -9,13 +9,15 @@ import sys
 import click
 
 # importing a command module registers its command on `cli`
-from lmtrace.cli import batch, branch, cache, compare, export, generate, render, score, serve, verify  # noqa: E402, F401, I001
+from lmtrace.cli import audit, batch, branch, cache, common, compare, export, generate, render, score, serve, verify  # noqa: E402, F401, I001
 from lmtrace.cli import kvlab as _kvlab  # noqa: E402, F401
+from lmtrace.cli import stability as _stability  # noqa: E402, F401
 from lmtrace.cli.common import cli
 from lmtrace.errors import LmtraceError
 
 
 def main(argv: list[str] | None = None) -> int:
+    common.begin()
     try:
         # without standalone mode click returns a command's Exit code instead of raising it
         code = cli.main(args=argv, prog_name="lmtrace", standalone_mode=False)
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         click.echo(f"lmtrace: error: {type(e).__name__}: {' '.join(str(e).split())}", err=True)
         return 1
+    finally:
+        common.finish()
 
 
 def entry() -> None:

@@ -10,8 +10,17 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from lmtrace.cli.common import cli, load_model
-from lmtrace.cli.options import device_map_option, inside_options, model_options, params_from, sampling_options
+from lmtrace.cli.common import cli, load_draft, load_model
+from lmtrace.cli.options import (
+    constraint_options,
+    device_map_option,
+    draft_from,
+    draft_options,
+    inside_options,
+    model_options,
+    params_from,
+    sampling_options,
+)
 from lmtrace.errors import InvalidParameter
 
 if TYPE_CHECKING:  # lmtrace.batch imports torch: the command imports it when it runs
@@ -116,6 +125,8 @@ def _engine(kw: dict, status: Console, defaults: dict):
         for name in (*VLLM_ONLY, "echo"):
             if kw[name] not in (None, False):
                 raise InvalidParameter(f"{name}: only with --engine vllm, got {kw[name]!r}")
+    if kw["engine"] != "local" and defaults.get("draft") is not None:
+        raise InvalidParameter(f"draft: only with --engine local, got --engine {kw['engine']}")
     if kw["engine"] == "vllm":
         return _vllm_engine(kw, status, defaults, model_kwargs)
     if kw["engine"] == "local":
@@ -125,7 +136,9 @@ def _engine(kw: dict, status: Console, defaults: dict):
 
         def load():
             options = (kw["device"], kw["dtype"], kw["allow_pickle"], kw["trust_remote_code"], kw["device_map"])
-            return load_model(status, source, *options)
+            lm = load_model(status, source, *options)
+            load_draft(status, lm, defaults.get("draft"))  # a bad --draft fails the job, not each line
+            return lm
 
         return local_engine(load, defaults, kw["batch_size"])
     from lmtrace.batch.ray_engine import ray_engine
@@ -167,6 +180,7 @@ def _report(status: Console, summary: Summary, out_path: str) -> None:
 @model_options
 @device_map_option
 @sampling_options
+@constraint_options
 @click.option("--batch-size", type=int, default=8, show_default=True, help="Lines decoded together.")
 @click.option("--engine", type=click.Choice(["local", "ray", "vllm"]), default="local", show_default=True)
 @click.option("--num-workers", type=int, default=None, help="Ray: model replicas (actors). Default 1.")
@@ -184,19 +198,26 @@ def _report(status: Console, summary: Summary, out_path: str) -> None:
 @click.option("--echo", is_flag=True, default=False, help="vLLM: also record the prompt's own logprobs.")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 @inside_options
+@draft_options
 def batch(in_path, out_path, no_color, **kw):
-    """Trace every line of IN.jsonl ({"id", "prompt" or "messages", sampling fields}) into
-    OUT.jsonl ({"id", "trace"} or {"id", "error"}), appending; a rerun resumes."""
+    """Trace every line of IN.jsonl ({"id", "prompt" or "messages", sampling fields, a constraint})
+    into OUT.jsonl ({"id", "trace"} or {"id", "error"}), appending; a rerun resumes."""
     params = params_from(kw)
+    draft, draft_tokens = draft_from(kw)
     if out_path == "-":
         raise InvalidParameter("output: must be a file (a rerun reads it to resume), got '-'")
     if kw["batch_size"] < 1:
         raise InvalidParameter(f"batch_size must be >= 1, got {kw['batch_size']}")
     from lmtrace.batch.job import run_job
     from lmtrace.batch.prepare import defaults_of
+    from lmtrace.logits import grammar
+
+    grammar.check(params)  # the command's own constraint, before the model loads
 
     status = Console(stderr=True, no_color=no_color, highlight=False)
     defaults = {**defaults_of(params, kw["chat"]), "lens": kw["lens"], "attention": kw["attention"]}
+    if draft is not None:
+        defaults.update(draft=draft, draft_tokens=draft_tokens)
     engine = _engine(kw, status, defaults)
     progress = BarProgress(status)
     try:

@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import click
 
-from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
-from lmtrace.cli.options import inside_options, json_option, model_options, params_from, sampling_options
+from lmtrace.cli import remote
+from lmtrace.cli.common import announce, cli, consoles, load_draft, load_model, read_prompt, write_json
+from lmtrace.cli.options import (
+    draft_from,
+    draft_options,
+    inside_options,
+    json_option,
+    model_options,
+    params_from,
+    sampling_options,
+)
+from lmtrace.cli.remote import server_option
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.params import check_integer
@@ -30,24 +40,39 @@ from lmtrace.params import check_integer
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 @inside_options
-def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plot_path, no_color, **kw):
+@draft_options
+@server_option
+def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plot_path, no_color, server, **kw):
     """Decode PROMPT, then again with the token at step --at replaced by the K-th most likely
     token, continuing with the same settings (the shared prefix's cache is reused)."""
     loading = [kw.pop(k) for k in ("model", "device", "dtype", "allow_pickle", "trust_remote_code")]
     params = params_from(kw)  # argument errors before torch is imported
+    draft, draft_tokens = draft_from(kw)
     check_integer("at", at, low=0, high=params.max_new_tokens - 1)
     if alternatives and fan is not None:
         raise InvalidParameter("alternative: give --alternative or --fan, not both")
-    from lmtrace.decode.branch import branch as run
-    from lmtrace.render.branch import print_branches
-
-    text = read_prompt(prompt, prompt_file)
+    text = read_prompt(prompt, prompt_file, kw["chat"])
     check_report_paths(html_path, plot_path)
     view, status = consoles(json_path, no_color)
-    lm = load_model(status, *loading)
-    with status.status("Decoding and branching…"):
-        result = run(lm, text, at, list(alternatives) or None, fan=fan, params=params, chat=kw["chat"],
-                     lens=kw["lens"], attention=kw["attention"])  # fmt: skip
+    fields = {"prompt": text, "at": at, "alternatives": list(alternatives) or None, "fan": fan, "chat": kw["chat"],
+              "lens": kw["lens"], "attention": kw["attention"]}  # fmt: skip
+    if server:
+        keys = ("device", "dtype", "allow_pickle", "trust_remote_code")
+        base = remote.check(server, loading[0], dict(zip(keys, loading[1:])))
+        with status.status("Decoding and branching on the server…"):
+            result = remote.branch(base, loading[0], fields, params)
+    else:
+        announce(status, loading[0])
+        from lmtrace.decode.branch import branch as run
+
+        lm = load_model(status, *loading)
+        chosen = load_draft(status, lm, draft)
+        with status.status("Decoding and branching…"):
+            result = run(lm, text, at, fields["alternatives"], fan=fan, params=params, chat=kw["chat"],
+                         lens=kw["lens"], attention=kw["attention"], draft=chosen,
+                         draft_tokens=draft_tokens)  # fmt: skip
+    from lmtrace.render.branch import print_branches
+
     write_json(json_path, result.to_json(indent=2))
     print_branches(result, view)
     write_reports(result, html_path, plot_path, view)

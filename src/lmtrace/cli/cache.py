@@ -8,9 +8,10 @@ import click
 from rich.console import Group
 from rich.text import Text
 
-from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
-from lmtrace.cli.generate import progress_bar
+from lmtrace.cli.common import announce, cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli.generate import progress_bar, traced_remotely
 from lmtrace.cli.options import json_option, model_options, params_from, sampling_options
+from lmtrace.cli.remote import server_option
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 
@@ -25,31 +26,54 @@ from lmtrace.errors import InvalidParameter
 @json_option("the ledger")
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
+@server_option
 def cache(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, demo_misuse, rounds, json_path,
-          html_path, plot_path, no_color, **kw):  # fmt: skip
+          html_path, plot_path, no_color, server, **kw):  # fmt: skip
     """Generate from PROMPT and show the KV cache: its dimensions, its size per step, its growth."""
-    from lmtrace.decode.tracing import encode_prompt
-    from lmtrace.decode.tracing import generate as run
-    from lmtrace.render.kv_terminal import anatomy_view, chart, misuse_view, steps_view
-
     params = params_from(kw)
     if rounds < 1:
         raise InvalidParameter(f"rounds must be >= 1, got {rounds}")
     check_report_paths(html_path, plot_path)
-    text = read_prompt(prompt, prompt_file)
+    text = read_prompt(prompt, prompt_file, kw["chat"])
     view, status = consoles(json_path, no_color)
-    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
-    if demo_misuse:
-        from lmtrace.external.misuse import compare
+    local = {"device": device, "dtype": dtype, "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code,
+             "demo_misuse": demo_misuse}  # fmt: skip
+    if server:
+        trace = traced_remotely(server, model, local, text, params, kw["chat"], {}, status)
+    else:
+        announce(status, model)
+        from lmtrace.decode.tracing import generate as run
 
-        with status.status("Running both loops…"):
-            result = compare(lm, encode_prompt(lm, text, kw["chat"]), rounds)
-        write_json(json_path, json.dumps(result, indent=2))
-        view.print(misuse_view(result))
-        return
-    with progress_bar(status, params.max_new_tokens) as progress:
-        task = progress.add_task("generate", total=params.max_new_tokens)
-        trace = run(lm, text, params, chat=kw["chat"], on_step=lambda row, step: progress.advance(task))
+        lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
+        if demo_misuse:
+            _demo(lm, text, kw["chat"], rounds, json_path, view, status)
+            return
+        with progress_bar(status, params.max_new_tokens) as progress:
+            task = progress.add_task("generate", total=params.max_new_tokens)
+            trace = run(lm, text, params, chat=kw["chat"], on_step=lambda row, step: progress.advance(task))
+    _show(trace, json_path, view)
+    write_reports(trace, html_path, plot_path, view)
+    if (trace.kv_anatomy or {}).get("mismatches"):
+        raise click.exceptions.Exit(1)
+
+
+def _demo(lm, text: str, chat: bool, rounds: int, json_path: str | None, view, status) -> None:
+    """--demo-misuse: a right and a re-feeding hand-written loop side by side."""
+    from lmtrace.decode.tracing import encode_prompt
+    from lmtrace.external.misuse import compare
+    from lmtrace.render.kv_terminal import misuse_view
+
+    with status.status("Running both loops…"):
+        result = compare(lm, encode_prompt(lm, text, chat), rounds)
+    write_json(json_path, json.dumps(result, indent=2))
+    view.print(misuse_view(result))
+
+
+def _show(trace, json_path: str | None, view) -> None:
+    """The ledger as JSON; the anatomy, the generated text, the steps and the growth chart."""
+    from lmtrace.render.kv_terminal import anatomy_view, chart, steps_view
+    from lmtrace.render.terminal import coloured_text
+
     ledger = [s.kv for s in trace.steps]
     write_json(json_path, json.dumps({"model": trace.model, "anatomy": trace.kv_anatomy, "steps": ledger}, indent=2))
     an = trace.kv_anatomy or {}
@@ -59,11 +83,9 @@ def cache(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_
         last = ledger[-1] if ledger else {}
         measured = last.get("bytes_used", last.get("bytes"))
         view.print(anatomy_view(an, trace.model["source"], last.get("seq_len"), measured))
+    view.print(Group(Text(), Text("generated", style="bold"), coloured_text(trace), Text()))
     view.print(Group(steps_view(ledger), Text(), Text("KV cache bytes per step", style="bold"),
                      chart([k["bytes"] for k in ledger])))  # fmt: skip
-    write_reports(trace, html_path, plot_path, view)
-    if an.get("mismatches"):
-        raise click.exceptions.Exit(1)
 
 
 @cli.command("kv-size")

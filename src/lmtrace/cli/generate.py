@@ -6,9 +6,13 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lmtrace.arguments import step_selector
-from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli import remote
+from lmtrace.cli.common import announce, cli, consoles, load_draft, load_model, read_prompt, write_json
 from lmtrace.cli.options import (
+    constraint_options,
     device_map_option,
+    draft_from,
+    draft_options,
     inside_options,
     json_option,
     model_options,
@@ -16,7 +20,9 @@ from lmtrace.cli.options import (
     sampling_options,
     weights_option,
 )
+from lmtrace.cli.remote import server_option
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
+from lmtrace.records import Trace
 
 
 def print_extras(trace, waterfall: str | None, view) -> None:
@@ -44,7 +50,8 @@ def print_extras(trace, waterfall: str | None, view) -> None:
 
 def progress_bar(console, total: int) -> Progress:
     columns = [TextColumn("Generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    return Progress(*columns, console=console, transient=True)
+    # off where stderr is not a terminal: rich would leave an empty line there
+    return Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
 
 
 @cli.command()
@@ -53,6 +60,7 @@ def progress_bar(console, total: int) -> Progress:
 @model_options
 @device_map_option
 @sampling_options
+@constraint_options
 @json_option("the trace")
 @report_options
 @weights_option
@@ -64,26 +72,46 @@ def progress_bar(console, total: int) -> Progress:
     "--waterfall", default=None, metavar="STEP|all", help="Record the distribution after each sampling stage."
 )
 @inside_options
+@draft_options
+@server_option
+@click.option("--show-prompt", is_flag=True, help="Show the whole prompt the model saw (with --chat: the template's "
+              "system prompt and turn markers).")  # fmt: skip
 def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote_code, json_path, no_color, **kw):
     """Generate from PROMPT and show every token's probability, rank, entropy and alternatives."""
     params = params_from(kw)  # argument errors first: they need no torch
     html_path, plot_path = kw.pop("html_path"), kw.pop("plot_path")
     check_report_paths(html_path, plot_path)
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
-    from lmtrace.decode.tracing import generate as run
+    draft, draft_tokens = draft_from(kw)
+    if params.constraint is not None:  # a schema, regex or grammar that does not compile: before anything else
+        from lmtrace.logits import grammar
+
+        grammar.check(params)
+    text = read_prompt(prompt, prompt_file, kw["chat"])
+    view, status = consoles(json_path, no_color)
+    local = {"device": device, "dtype": dtype, "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code,
+             "device_map": kw.pop("device_map"), "weights": kw.pop("weights"), "compile": kw["compile_"],
+             "echo": kw["echo"], "waterfall": kw["waterfall"]}  # fmt: skip
+    inside = {"lens": kw["lens"], "attention": kw["attention"]}
+    if kw["server"]:
+        trace = traced_remotely(kw["server"], model, local, text, params, kw["chat"], inside, status)
+    else:
+        announce(status, model)  # the first line on screen, before the imports
+        from lmtrace.decode.tracing import generate as run
+
+        lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, local["device_map"],
+                        local["weights"])  # fmt: skip
+        chosen = load_draft(status, lm, draft)
+        with progress_bar(status, params.max_new_tokens) as progress:
+            task = progress.add_task("generate", total=params.max_new_tokens)
+            advance = lambda row, step: progress.advance(task)  # noqa: E731
+            trace = run(lm, text, params, chat=kw["chat"], on_step=advance, echo=kw["echo"],
+                        waterfall=kw["waterfall"], compile=kw["compile_"], draft=chosen, draft_tokens=draft_tokens,
+                        **inside)  # fmt: skip
     from lmtrace.render.terminal import print_trace
 
-    text = read_prompt(prompt, prompt_file)
-    view, status = consoles(json_path, no_color)
-    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, kw.pop("device_map"),
-                    kw.pop("weights"))  # fmt: skip
-    with progress_bar(status, params.max_new_tokens) as progress:
-        task = progress.add_task("generate", total=params.max_new_tokens)
-        advance = lambda row, step: progress.advance(task)  # noqa: E731
-        trace = run(lm, text, params, chat=kw["chat"], on_step=advance, echo=kw["echo"], waterfall=kw["waterfall"],
-                    compile=kw["compile_"], lens=kw["lens"], attention=kw["attention"])  # fmt: skip
     write_json(json_path, trace.to_json(indent=2))
-    print_trace(trace, view)
+    print_trace(trace, view, kw["show_prompt"])
     print_extras(trace, kw["waterfall"], view)
     if kw["lens"]:
         from lmtrace.render.lens_terminal import settled_line
@@ -92,3 +120,13 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     if json_path and json_path != "-":
         view.print(f"[dim]trace written to {json_path}[/dim]")
     write_reports(trace, html_path, plot_path, view)
+
+
+def traced_remotely(server: str, model: str | None, local: dict, text: str, params, chat: bool, inside: dict,
+                    status) -> Trace:  # fmt: skip
+    """The trace made by a live `lmtrace serve` (no torch here), with the same progress bar."""
+    base = remote.check(server, model, local)
+    with progress_bar(status, params.max_new_tokens) as progress:
+        task = progress.add_task("generate", total=params.max_new_tokens)
+        found = remote.trace(base, model, text, params, chat, inside, lambda step: progress.advance(task))
+    return Trace.from_dict(found)

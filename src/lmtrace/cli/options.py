@@ -1,16 +1,20 @@
 """Every option more than one command takes, declared once: the model (--model --device
---dtype ...), sampling (--temperature --top-k ... --top-logprobs), inside a step (--lens
---attention), output (--json). A command whose default differs says so in its help."""
+--dtype ...), sampling (--temperature --top-k ... --top-logprobs), constraints (--json-schema
+--regex --choice --grammar), inside a step (--lens --attention), output (--json). A command
+whose default differs says so in its help."""
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
 from lmtrace import arguments
+from lmtrace.errors import InvalidParameter
 from lmtrace.params import SamplingParams
 
 
@@ -20,6 +24,15 @@ def _checked(check):
     def callback(ctx: click.Context, param: click.Parameter, value: str) -> str:
         check(value)
         return value
+
+    return callback
+
+
+def _remember(key: str):
+    """A click callback keeping a flag in the context for code below the command (not an argument)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        ctx.meta[key] = value
 
     return callback
 
@@ -43,11 +56,13 @@ _MODEL_OPTIONS = [
     ),
     click.option("--allow-pickle", is_flag=True, help="Allow .bin/.pt pickle weights (they can run code)."),
     click.option("--trust-remote-code", is_flag=True, help="Run the model repository's own Python code."),
+    click.option("--verbose", is_flag=True, expose_value=False, callback=_remember("lmtrace.verbose"),
+                 help="Also say where the model's files are (the converted copy's folder)."),  # fmt: skip
 ]
 
 
 def model_options(f):
-    """Adds --model --device --dtype --allow-pickle --trust-remote-code."""
+    """Adds --model --device --dtype --allow-pickle --trust-remote-code --verbose."""
     for option in reversed(_MODEL_OPTIONS):
         f = option(f)
     return f
@@ -114,8 +129,54 @@ def sampling_options(f: Callable | None = None, *, without: tuple[str, ...] = ()
     return decorate(f) if f is not None else decorate
 
 
+_CONSTRAINTS = [
+    click.option("--json-schema", "json_schema", default=None, metavar="FILE",
+                 help="Constrain the output to this JSON schema (a file); its values get confidences."),
+    click.option("--regex", default=None, metavar="RE", help="Constrain the output to match this regular expression."),
+    click.option("--choice", multiple=True, metavar="TEXT",
+                 help="Constrain the output to one of these options (repeatable); each gets its exact probability."),
+    click.option("--grammar", default=None, metavar="FILE",
+                 help="Constrain the output to this EBNF grammar (a file; xgrammar's GBNF, rule `root`)."),
+    click.option("--json-whitespace", type=click.Choice(["compact", "any"]), default="compact", show_default=True,
+                 help="Whitespace a JSON schema allows: compact (none) or any (the lenient grammar)."),
+]  # fmt: skip
+
+
+def constraint_options(f):
+    """Adds --json-schema --regex --choice --grammar --json-whitespace (xgrammar's constrained
+    decoding, lmtrace.logits.grammar); `params_from` reads their files."""
+    for option in reversed(_CONSTRAINTS):
+        f = option(f)
+    return f
+
+
+def _read(option: str, path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidParameter(f"{option}: cannot read {path!r} ({getattr(e, 'strerror', None) or e})") from e
+
+
+def constraint_from(kw: dict) -> dict[str, Any]:
+    """The constraint options as SamplingParams fields (the files read, the schema parsed)."""
+    out: dict[str, Any] = {}
+    if kw.get("json_schema") is not None:
+        text = _read("json-schema", kw["json_schema"])
+        try:
+            out["json_schema"] = json.loads(text)
+        except ValueError as e:
+            raise InvalidParameter(f"json-schema: {kw['json_schema']!r} is not JSON ({e})") from e
+    if kw.get("grammar") is not None:
+        out["grammar"] = _read("grammar", kw["grammar"])
+    if kw.get("regex") is not None:
+        out["regex"] = kw["regex"]
+    if kw.get("choice"):
+        out["choice"] = tuple(kw["choice"])
+    return {**out, "json_whitespace": kw.get("json_whitespace") or "compact"}
+
+
 def params_from(kw: dict) -> SamplingParams:
-    """SamplingParams from the sampling options (validated before the model loads)."""
+    """SamplingParams from the sampling and constraint options (validated before the model loads)."""
     return SamplingParams(
         max_new_tokens=kw["max_new_tokens"],
         temperature=kw["temperature"],
@@ -126,6 +187,7 @@ def params_from(kw: dict) -> SamplingParams:
         seed=kw["seed"],
         stop=tuple(kw.get("stop", ())),
         top_logprobs=kw["top_logprobs"],
+        **constraint_from(kw),
     )
 
 
@@ -153,3 +215,35 @@ def inside_options(f):
     return click.option("--lens", is_flag=True, help="Record every layer's prediction per step (logit lens).")(command)
 
 
+
+
+def draft_options(f):
+    """--draft SPEC and --draft-tokens K: speculative decoding (lmtrace.model.draft), checked as
+    they are parsed; the command gets `draft` (None: off) and `draft_tokens`."""
+
+    def spec(value: str | None) -> None:
+        if value is not None:
+            arguments.draft_spec(value)
+
+    def tokens(value: int | None) -> None:
+        if value is not None:
+            arguments.draft_tokens(value)
+
+    f = click.option("--draft-tokens", "draft_tokens", type=int, default=None, callback=_checked(tokens),
+                     help="Tokens the draft proposes per block (1-16). Default 4.")(f)  # fmt: skip
+    return click.option(
+        "--draft", "draft", default=None, metavar="SPEC", callback=_checked(spec),
+        help="Speculative decoding with a draft model: packed (the GGUF's own 4-bit weights), layers:N "
+        "(the model's first N layers) or a model path with the same tokenizer. The numbers stay the model's.",
+    )(f)  # fmt: skip
+
+
+def draft_from(kw: dict) -> tuple[str | None, int]:
+    """(draft, draft_tokens) from draft_options: --draft-tokens needs --draft, and a draft goes
+    without --compile, --lens and --attention."""
+    draft, k = kw.pop("draft"), kw.pop("draft_tokens")
+    if draft is None and k is not None:
+        raise InvalidParameter(f"draft_tokens: only with --draft, got {k}")
+    if draft is not None:
+        arguments.draft_alone(kw.get("compile_", False), kw.get("lens", False), kw.get("attention", False))
+    return draft, 4 if k is None else k

@@ -14,7 +14,7 @@ from lmtrace.cli.common import cli
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.records import Trace
-from lmtrace.render.kinds import BRANCHES, SCORE, read_record
+from lmtrace.render.kinds import BRANCHES, SCORE, STABILITY, read_record
 
 
 def _trace(d: dict[str, Any], path: str) -> Trace:
@@ -37,18 +37,22 @@ def _print_score(d: dict[str, Any], console: Console) -> None:
     console.print(f"perplexity {shown} over {len(d['tokens'])} tokens")
 
 
-def print_record(kind: str, d: dict[str, Any], path: str, console: Console) -> None:
+def print_record(kind: str, d: dict[str, Any], path: str, console: Console, show_prompt: bool = False) -> None:
     """The terminal view: the same as `generate` showed for a trace; each branch in turn."""
     from lmtrace.render.terminal import print_trace
 
     if kind == SCORE:
         _print_score(d, console)
+    elif kind == STABILITY:
+        from lmtrace.render.stability_terminal import print_stability
+
+        print_stability(d, console)
     elif kind == BRANCHES:
         for k, t in enumerate(d["branches"]):
             console.print(Rule(t.get("label") or ("original" if k == 0 else f"branch {k}")))
-            print_trace(_trace(t, path), console)
+            print_trace(_trace(t, path), console, show_prompt)
     else:
-        print_trace(_trace(d, path), console)
+        print_trace(_trace(d, path), console, show_prompt)
 
 
 def _print_lens(kind: str, d: dict[str, Any], path: str, step: int | None, console: Console) -> None:
@@ -60,7 +64,9 @@ def _print_lens(kind: str, d: dict[str, Any], path: str, step: int | None, conso
     chosen = pick_step(trace, step)
     if any(s.lens for s in trace.steps):
         console.print(settled_line(trace))
-    console.print(inside_table(chosen))
+    positions = len(trace.prompt.get("token_ids") or []) + chosen.index  # what the step's query sees
+    recent = ((trace.params or {}).get("attention") or {}).get("recent", 32)
+    console.print(inside_table(chosen, positions, recent))
 
 
 @cli.command()
@@ -68,17 +74,24 @@ def _print_lens(kind: str, d: dict[str, Any], path: str, step: int | None, conso
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 @click.option("--lens", "lens", is_flag=True, help="A layer table of one step (--step): logit lens and attention.")
-@click.option("--step", "step", type=int, default=None, help="The step --lens shows (default 0).")
-def render(trace_path, html_path, plot_path, no_color, lens=False, step=None):
+@click.option("--step", "step", type=int, default=None, help="Show this step's layer table (as --lens; default 0).")
+@click.option("--show-prompt", is_flag=True, help="Show the whole prompt the model saw (a chat template's included).")
+def render(trace_path, html_path, plot_path, no_color, lens=False, step=None, show_prompt=False):
     """Show a saved TRACE.json (from --json) again, or write it as an HTML report (--html) or a
-    PNG plot (--plot). Also reads score results and branches."""
+    PNG plot (--plot). Also reads score results, branches and stability ledgers."""
     check_report_paths(html_path, plot_path)
     kind, d = read_record(trace_path)
     console = Console(no_color=no_color, highlight=False)
-    if lens:
+    if lens or step is not None:  # --step alone shows that step's layers too
         _print_lens(kind, d, trace_path, step, console)
         return
     if html_path is None and plot_path is None:
-        print_record(kind, d, trace_path, console)
+        print_record(kind, d, trace_path, console, show_prompt)
+        return
+    if kind == STABILITY:
+        from lmtrace.render.stability_html import write_stability_html
+        from lmtrace.render.stability_plot import write_stability_plot
+
+        write_reports(d, html_path, plot_path, console, html=write_stability_html, plot=write_stability_plot)
         return
     write_reports(d, html_path, plot_path, console)

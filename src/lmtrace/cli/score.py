@@ -9,8 +9,10 @@ from pathlib import Path
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lmtrace.cli.common import cli, consoles, load_model, read_text
+from lmtrace.cli import remote
+from lmtrace.cli.common import announce, cli, consoles, load_model, read_text
 from lmtrace.cli.options import device_map_option, json_option, model_options
+from lmtrace.cli.remote import server_option
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.files import write_atomic
@@ -26,7 +28,8 @@ def _text(text: str | None, file: str | None, prompt: str | None, continuation: 
             missing = "--prompt" if prompt is None else "--continuation"
             raise InvalidParameter(f"{missing}: none given (--prompt and --continuation go together)")
         return None
-    return read_text(text, file, "text", "file", "pass TEXT, --file, --prompt with --continuation, or standard input")
+    return read_text(text, file, "text", "file", "pass TEXT, --file, --prompt with --continuation, or standard input",
+                     allow_empty=False)  # fmt: skip
 
 
 def _check(options: dict) -> None:
@@ -117,27 +120,35 @@ def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
 @json_option("the scores")
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
-def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_path, no_color, **options):
+@server_option
+def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_path, no_color, server, **options):
     """Score TEXT teacher-forced: every token's probability, rank, entropy and alternatives,
     the total logprob, perplexity and bits per byte."""
     from lmtrace.cli.common import write_json
-    from lmtrace.render.score import print_score
-    from lmtrace.scoring.score import score as run
 
     keys = ("model", "device", "dtype", "allow_pickle", "trust_remote_code", "device_map")
     loading = [options.pop(k) for k in keys]
     _check(options)
+    if server:
+        _remotely(server, loading, text, file, prompt, continuation, jsonl, json_path, html_path, plot_path,
+                  no_color, options)  # fmt: skip
+        return
     if jsonl:
         if any(x is not None for x in (text, file, prompt, continuation, json_path)):
             raise InvalidParameter("jsonl: --jsonl IN OUT reads IN and writes OUT; drop TEXT, --file, --prompt, --json")
         records = read_jsonl(jsonl[0])
         view, status = consoles(jsonl[1], no_color)
+        announce(status, loading[0])
         lm = load_model(status, *loading)
         _score_jsonl(lm, records, jsonl[1], view, status, **options)
         return
     source = _text(text, file, prompt, continuation)
     check_report_paths(html_path, plot_path)
     view, status = consoles(json_path, no_color)
+    announce(status, loading[0])
+    from lmtrace.render.score import print_score
+    from lmtrace.scoring.score import score as run
+
     lm = load_model(status, *loading)
     kwargs = {k: options[k] for k in ("window", "stride", "top_logprobs")}
     with status.status("Scoring…"):
@@ -147,3 +158,23 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
     write_reports(result, html_path, plot_path, view)
     if json_path and json_path != "-":
         view.print(f"[dim]scores written to {json_path}[/dim]")
+
+
+def _remotely(server, loading, text, file, prompt, continuation, jsonl, json_path, html_path, plot_path, no_color,
+              options) -> None:  # fmt: skip
+    """The scoring done by a live `lmtrace serve`; the answer shown and written as a local one."""
+    from lmtrace.cli.common import write_json
+    from lmtrace.render.score import print_score
+
+    keys = ("device", "dtype", "allow_pickle", "trust_remote_code", "device_map")
+    base = remote.check(server, loading[0], {**dict(zip(keys, loading[1:])), "jsonl": jsonl})
+    source = _text(text, file, prompt, continuation)
+    check_report_paths(html_path, plot_path)
+    view, status = consoles(json_path, no_color)
+    fields = {"text": source, "prompt": prompt, "continuation": continuation, **{k: options[k] for k in
+              ("window", "stride", "top_logprobs")}}  # fmt: skip
+    with status.status("Scoring on the server…"):
+        result = remote.score(base, loading[0], fields)
+    write_json(json_path, result.to_json(indent=2))
+    print_score(result, view)
+    write_reports(result, html_path, plot_path, view)

@@ -7,8 +7,8 @@ import ipaddress
 
 import click
 
-from lmtrace.cli.common import cli, load_model
-from lmtrace.cli.options import model_options
+from lmtrace.cli.common import cli, load_draft, load_model
+from lmtrace.cli.options import draft_from, draft_options, model_options
 from lmtrace.errors import InvalidParameter
 
 
@@ -79,6 +79,7 @@ def check_options(
     show_default=True,
     help="Seconds requests in flight get to finish after SIGTERM or Ctrl-C; then they are cancelled.",
 )
+@draft_options
 def serve(
     model,
     device,
@@ -93,12 +94,14 @@ def serve(
     served_model_name,
     allow_host,
     shutdown_timeout,
+    **kw,
 ):
     """Serve the model: OpenAI's /v1/completions and /v1/chat/completions with exact logprobs,
     /v1/traces with the full trace, and a viewer page at /."""
     from rich.console import Console
 
     check_options(host, port, max_concurrency, api_key, shutdown_timeout)  # before torch is imported
+    draft, draft_tokens = draft_from(kw)
     if max_batch < 1:
         raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
     from lmtrace.server import create_app
@@ -106,6 +109,7 @@ def serve(
 
     status = Console(stderr=True)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
+    chosen = load_draft(status, lm, draft)
     app = create_app(
         lm,
         name=served_model_name,
@@ -113,6 +117,8 @@ def serve(
         max_concurrency=max_concurrency,
         allowed_hosts=allow_host,
         max_batch=max_batch,
+        draft=chosen,
+        draft_tokens=draft_tokens,
     )
     name = app.state.lmtrace.name
     shown = f"[{host}]" if ":" in host else host

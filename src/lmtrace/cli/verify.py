@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
+from lmtrace.cli.common import announce, cli, consoles, load_model, read_prompt, write_json
 from lmtrace.cli.options import json_option, model_options, weights_option
 from lmtrace.errors import InvalidParameter
 
@@ -37,11 +37,12 @@ def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote
         raise InvalidParameter(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if tolerance is not None and (not math.isfinite(tolerance) or tolerance < 0):
         raise InvalidParameter(f"tolerance must be a finite number >= 0, got {tolerance}")
+    text = read_prompt(prompt, prompt_file, chat)
+    view, status = consoles(json_path, no_color)
+    announce(status, model)
     from lmtrace.decode.tracing import encode_prompt
     from lmtrace.scoring.verify import verify as run
 
-    text = read_prompt(prompt, prompt_file)
-    view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, weights=weights)
     ids = encode_prompt(lm, text, chat)
     with status.status("Decoding, recomputing without cache, and running model.generate…"):

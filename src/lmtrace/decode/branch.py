@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from lmtrace.decode import engine, observers
+from lmtrace import arguments
+from lmtrace.decode import branch_draft, engine, observers
 from lmtrace.decode import step as one_step
 from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
 from lmtrace.decode.step import BatchStep, Choosing
@@ -27,6 +28,7 @@ from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import GenerationError, InvalidParameter
 from lmtrace.inside import probe as inside
 from lmtrace.kv import ledger as kv
+from lmtrace.model.draft import draft_for
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams, check_integer
 from lmtrace.records import Trace
@@ -206,15 +208,29 @@ def branch(
     chat: bool = False,
     lens: bool = False,
     attention: bool | str = False,
+    draft: str | LM | Any | None = None,
+    draft_tokens: int = 4,
     **kwargs: Any,
 ) -> Branches:
     """Decodes `prompt`, then once more per alternative rank K with the token at step `at`
     replaced by the K-th most likely raw token (default K = 2). `fan=K` branches on each of the
     K most likely tokens other than the one the original chose. `lens` and `attention` record
-    inside each step as in lmtrace.generate."""
+    inside each step as in lmtrace.generate; `draft` decodes the original and every branch
+    speculatively (decode/branch_draft.py)."""
     p = seeded(make_params(params, **kwargs))
     check_integer("at", at, low=0, high=p.max_new_tokens - 1)
+    if p.constraint is not None:  # a branch's forced token may be one the grammar refuses
+        raise InvalidParameter(f"{p.constraint}: branch does not take a constraint (generate does)")
     ranks = _ranks(alternatives, fan, int(lm.model.config.vocab_size))
+    if draft is not None:
+        arguments.draft_tokens(draft_tokens)
+        arguments.draft_alone(False, lens, attention)
+        chosen = draft_for(lm, draft)
+        ids = encode_prompt(lm, prompt, chat)
+        with torch.inference_mode():
+            traces, ranks = branch_draft.branches(lm, ids, prompt, at, ranks, fan is not None, p, chat, chosen,
+                                                  draft_tokens)  # fmt: skip
+        return Branches(at, [None, *ranks], traces)
     session = _Session(lm, prompt, p, chat, lens, attention)
     attached = session.probe.attached(lm.model) if session.probe is not None else contextlib.nullcontext()
     with torch.inference_mode(), attached:

@@ -2,7 +2,8 @@
 changes while it runs. A row joins at a step boundary (its prompt prefilled with the other rows
 arriving at that step, or alone, its cache left-padded into the batch's), leaves as soon as it
 finishes (its cache rows selected away), and every row's numbers are what it would get decoded
-alone: its own generator, its own processors, its own part of the cache in `kv`. Greedy tokens
+alone: its own generator, its own processors, its own grammar (rows with different constraints,
+and none, decode together), its own part of the cache in `kv`. Greedy tokens
 and seeded draws are the same as alone; logprobs differ from alone only by the float noise of
 batched matrix products (the documented batched-versus-alone bound).
 
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lmtrace.decode import engine
+from lmtrace.decode import constrained, engine
 from lmtrace.decode import step as one_step
 from lmtrace.decode.rows import RowRecord, seeded, step_record, to_trace
 from lmtrace.detokenize import TokenBytes
@@ -48,11 +49,13 @@ class RowSpec:
 
 
 class Row:
-    """A row while it decodes: its records, generator, penalty mask and position."""
+    """A row while it decodes: its records, generator, penalty mask, grammar and position."""
 
     def __init__(self, lm: LM, spec: RowSpec):
         self.spec = spec
         self.params = seeded(spec.params)
+        found = constrained.matchers(lm, [self.params])
+        self.grammar = found[0] if found else None  # the row's grammar matcher (None: unconstrained)
         self.record = RowRecord(lm, self.params.stop)
         self.generator = None
         if not self.params.greedy:
@@ -156,15 +159,21 @@ class ContinuousBatch:
     def _choose(self) -> tuple[torch.Tensor, one_step.BatchStep]:
         """Each row's token from its own processed distribution; the numbers of all rows."""
         rows = self.rows
-        how = one_step.Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows])
+        grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
+        how = one_step.Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows],
+                                grammars=grammars)  # fmt: skip
         state = kv.state(self.cache, self._formula(len(rows)))
         tokens, bs = one_step.take(0, self.logits, how, [True] * len(rows), state)
+        for r, error in one_step.nothing_allowed(bs, how, [r.index for r in rows]).items():  # that row alone fails
+            rows[r].error = error
         how.saw(tokens)
         return tokens, bs
 
     def _record(self, r: int, bs: one_step.BatchStep, choose_ms: float) -> bool:
         """Row r's Step for this batch step; True when the row leaves the batch."""
         row, token = self.rows[r], bs.token_ids[r]
+        if row.error is not None:  # its grammar allowed nothing: it leaves without this step
+            return True
         p = row.params
         is_eos = p.stop_on_eos and token in self.eos
         hit = row.record.add(token, is_eos)

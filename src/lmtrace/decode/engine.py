@@ -16,7 +16,7 @@ from lmtrace.decode.observers import Observer, attached
 from lmtrace.decode.step import BatchStep, Choosing, TokenHook
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger, size
-from lmtrace.logits import sampling
+from lmtrace.logits import grammar, sampling
 from lmtrace.params import SamplingParams
 
 
@@ -24,13 +24,15 @@ from lmtrace.params import SamplingParams
 class Setup:
     """What the loop needs besides the prompts, the params and the generator: the model's end
     and pad tokens, a hook that sees each chosen token (stop strings), a compiled decode step
-    (a static cache and torch.compile: a one-off compile, the same tokens), the observers."""
+    (a static cache and torch.compile: a one-off compile, the same tokens), the observers, each
+    row's grammar matcher (lmtrace.decode.constrained.matchers; None: unconstrained)."""
 
     eos_token_ids: Sequence[int] = ()
     pad_token_id: int = 0
     on_token: TokenHook | None = None
     compile: bool = False
     observers: Sequence[Observer] = field(default_factory=list)
+    grammars: Sequence[grammar.Matcher | None] | None = None
 
 
 def left_pad(
@@ -117,7 +119,7 @@ def generate_steps(
     if params.repetition_penalty != 1.0:
         seen = torch.zeros((batch, model.config.vocab_size), dtype=torch.bool, device=model.device)
         seen.scatter_(1, input_ids, mask.bool())
-    how = Choosing([params], rng, seen)
+    how = Choosing([params], rng, seen, grammars=setup.grammars)
     next_pos = positions(mask)[:, -1:] + 1  # (batch, 1)
     cache = ledger.new_cache(model, input_ids.shape[1] + params.max_new_tokens if setup.compile else None)
     decode = compiled_decode(model) if setup.compile else decode_step
@@ -128,9 +130,11 @@ def generate_steps(
     active = [True] * batch
     started = time.perf_counter()
     with torch.inference_mode(), attached(setup.observers, model):
-        logits = _prefill(model, input_ids, mask[:, : input_ids.shape[1]], padded, cache, setup.observers)
+        logits = prefill_observed(model, input_ids, mask[:, : input_ids.shape[1]], padded, cache, setup.observers)
         for index in range(params.max_new_tokens):
             tokens, step = one_step.take(index, logits, how, active, ledger.state(cache, expected))
+            for error in one_step.nothing_allowed(step, how).values():
+                raise error
             for observer in setup.observers:
                 observer.observe(step, logits, tokens, how)
             one_step.finish(step, setup.eos_token_ids, params, setup.on_token)
@@ -149,7 +153,7 @@ def generate_steps(
             next_pos = next_pos + 1
 
 
-def _prefill(model, input_ids, prompt_mask, padded: bool, cache, observers: Sequence[Observer]) -> torch.Tensor:
+def prefill_observed(model, input_ids, prompt_mask, padded: bool, cache, observers: Sequence[Observer]) -> torch.Tensor:
     """The prefill, handed to the observers; returns the last position's logits (batch, vocab)."""
     all_positions = any(o.all_positions for o in observers)
     logits = prefill(model, input_ids, prompt_mask if padded else None, cache, all_positions=all_positions)

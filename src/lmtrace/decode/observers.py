@@ -77,7 +77,7 @@ class Waterfall:
 
     def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> None:
         if self.at(step.index):
-            step.waterfall = waterfall.stages(logits, how.params[0], how.batch_seen(), tokens, self.top_n)
+            step.waterfall = waterfall.stages(logits, how.params[0], how.batch_seen(), tokens, self.top_n, step.allowed)
 
 
 class Inside:

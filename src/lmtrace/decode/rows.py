@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from lmtrace.decode import constrained
 from lmtrace.decode.step import BatchStep
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.errors import InvalidParameter
@@ -67,6 +68,13 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         for t, lp, slp in zip(bs.top_ids[row], bs.top_logprobs[row], bs.top_sampled_logprobs[row])
     ]
     token = bs.token_ids[row]
+    kv = bs.kv.to_dict()
+    if bs.crop is not None:  # speculative decoding: the caches cut back after a rejection
+        kv["crop"] = bs.crop
+    draft = bs.draft[row] if bs.draft else None
+    if draft is not None:
+        proposed = draft["proposed_token_id"]
+        draft = {**draft, "text": tb.text(proposed), "bytes": list(tb(proposed))}
     return Step(
         index=bs.index,
         token_id=token,
@@ -78,11 +86,13 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         entropy=bs.entropy[row],
         sampled_entropy=bs.sampled_entropy[row],
         top=top,
-        kv=bs.kv.to_dict(),
+        kv=kv,
         time_ms=bs.time_ms,
         waterfall=waterfall_mod.with_texts(bs.waterfall[row], tb.text) if bs.waterfall else None,
         lens=inside.with_texts(bs.lens[row], tb.text) if bs.lens else None,
         attention=inside.with_texts(bs.attention[row], tb.text) if bs.attention else None,
+        grammar=bs.grammar[row] if bs.grammar else None,
+        draft=draft,
     )
 
 
@@ -113,6 +123,11 @@ def records(
             yield r, step
 
 
+def _templated(lm: LM, ids: list[int], chat: bool) -> dict:
+    """With the chat template: the whole prompt the model saw (its system prompt included)."""
+    return {"templated": lm.tokenizer.decode(ids)} if chat else {}
+
+
 def to_trace(
     lm: LM,
     prompt: str,
@@ -135,10 +150,11 @@ def to_trace(
     times = [s.time_ms for s in row.steps]
     decode_ms = sum(times[1:])
     summary = lm.summary.to_dict()
+    fields, choices = constrained.summaries(lm, ids, params, row.steps, text)
     return Trace(
         model={"source": lm.source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]},
         params={**params.to_dict(), "chat": chat, **({"compile": True} if compile else {}), **inside.params(lm, probe)},
-        prompt={"text": prompt, "token_ids": ids, **inside.prompt_tokens(lm, probe, ids)},
+        prompt={"text": prompt, "token_ids": ids, **_templated(lm, ids, chat), **inside.prompt_tokens(lm, probe, ids)},
         text=text,
         token_ids=[s.token_id for s in row.steps],
         finish_reason=finish,
@@ -156,6 +172,8 @@ def to_trace(
         steps=row.steps,
         kv_anatomy=anatomy(lm, row.steps),
         prompt_logprobs=row.prompt_logprobs,
+        fields=fields,
+        choices=choices,
     )
 
 

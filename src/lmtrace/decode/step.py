@@ -2,8 +2,11 @@
 with their measured numbers. The engine's loop, branching and continuous batching all call
 `take`; speculative decoding and grammar masks change the step here and nowhere else.
 
-    how = Choosing([params], rng, seen)                  # one params for all rows, or one per row
-    tokens, step = take(index, logits, how, active, kv)  # logits (batch, vocab) float32 raw"""
+    how = Choosing([params], rng, seen, grammars=rows)   # one params for all rows, or one per row
+    tokens, step = take(index, logits, how, active, kv)  # logits (batch, vocab) float32 raw
+
+A constrained row's grammar mask is the first stage, as vLLM applies it: the processors work on
+the masked logits, so `sampled_logprob` is under the distribution the token was drawn from."""
 
 from __future__ import annotations
 
@@ -12,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger
-from lmtrace.logits import measure, sampling
+from lmtrace.logits import acceptance, grammar, measure, sampling
 from lmtrace.params import SamplingParams
 
 # on_token(row, token_id) -> True when the row must stop (a stop string was completed)
@@ -46,6 +50,46 @@ class BatchStep:
     # the logit lens and the attention over the cache (inside/probe.py)
     lens: list[dict] | None = None
     attention: list[dict] | None = None
+    # constrained rows (lmtrace.logits.grammar.numbers; None for an unconstrained row) and the
+    # grammar's mask (batch, vocab) bool that made them, for the observers
+    grammar: list[dict | None] | None = None
+    allowed: torch.Tensor | None = None
+    # speculative decoding: the draft's proposal judged at this step (Proposal.record), None for
+    # a bonus token; the field itself None outside speculative decoding
+    draft: list[dict | None] | None = None
+    # speculative decoding: the target's and the draft's caches cropped after a rejection
+    crop: dict | None = None
+
+
+@dataclass
+class Proposal:
+    """A draft's proposed token for one step and the processed logits it was drawn from (1,
+    vocab); `position` 0-based in its block. The step judges it (lmtrace.logits.acceptance) and
+    keeps the verdict here."""
+
+    token_id: int
+    processed: torch.Tensor
+    position: int
+    block: int = 0
+    verdict: acceptance.Verdicts | None = None
+
+    def judge(self, processed: torch.Tensor, greedy: bool, rng: torch.Generator | None) -> torch.Tensor:
+        """The token (1,) this step emits: the proposal, or the target's own after a rejection."""
+        proposed = torch.tensor([self.token_id], device=processed.device)
+        self.verdict = acceptance.judge(processed, self.processed, proposed, greedy, rng)
+        return self.verdict.tokens
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict is not None and bool(self.verdict.accepted[0])
+
+    def record(self) -> dict:
+        """The step's `draft` field: {proposed_token_id, logprob (q), target_logprob (p),
+        accept_prob, accepted, position, block}."""
+        v = self.verdict
+        return {"proposed_token_id": self.token_id, "logprob": float(v.draft_logprob[0]),
+                "target_logprob": float(v.target_logprob[0]), "accept_prob": float(v.accept_prob[0]),
+                "accepted": bool(v.accepted[0]), "position": self.position, "block": self.block}  # fmt: skip
 
 
 @dataclass
@@ -54,12 +98,16 @@ class Choosing:
     batch is processed as one tensor) or one per row (each row processed alone, with its own
     settings); `rng` one generator for the batch or one per row (None: greedy); `seen` the
     tokens so far for a repetition penalty: (batch, vocab) bool, or per row (1, vocab) or None;
-    `forced` (batch,) tokens that replace the choice (a branch's alternative)."""
+    `forced` (batch,) tokens that replace the choice (a branch's alternative); `grammars` each
+    row's grammar matcher (None: unconstrained), moved past each chosen token by `take`; `draft`
+    a draft's proposal that the step judges instead of choosing (speculative decoding, one row)."""
 
     params: Sequence[SamplingParams]
     rng: sampling.Rng = None
     seen: torch.Tensor | Sequence[torch.Tensor | None] | None = None
     forced: torch.Tensor | None = None
+    grammars: Sequence[grammar.Matcher | None] | None = None
+    draft: Proposal | None = None
 
     @property
     def shared(self) -> bool:
@@ -83,9 +131,16 @@ class Choosing:
     def _rng(self, row: int) -> torch.Generator | None:
         return self.rng[row] if isinstance(self.rng, Sequence) else self.rng
 
-    def process(self, logits: torch.Tensor) -> torch.Tensor:
-        """The distributions the rows choose from (batch, vocab); `logits` itself where every
-        row is greedy without a penalty (one distribution, measured once)."""
+    def allowed(self, vocab: int, active: Sequence[bool]) -> torch.Tensor | None:
+        """The tokens each row's grammar allows (batch, vocab) bool; None without grammars."""
+        return None if self.grammars is None else grammar.allowed_tokens(self.grammars, vocab, active)
+
+    def process(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """The distributions the rows choose from (batch, vocab): the grammar's mask first (where
+        `allowed` is given), then the processors; `logits` itself where every row is greedy
+        without a penalty or grammar (one distribution, measured once)."""
+        if allowed is not None:
+            logits = grammar.mask(logits, allowed)
         if self.shared:
             return sampling.process_logits(logits, self.params[0], self.batch_seen())
         if all(p.greedy for p in self.params) and all(self._seen(r) is None for r in range(len(self.params))):
@@ -94,9 +149,11 @@ class Choosing:
         return torch.cat(rows)
 
     def choose(self, processed: torch.Tensor) -> torch.Tensor:
-        """Token ids (batch,): the forced ones, else each row's argmax or draw."""
+        """Token ids (batch,): the forced ones, the judged proposal, else each row's argmax or draw."""
         if self.forced is not None:
             return self.forced
+        if self.draft is not None:
+            return self.draft.judge(processed, self.params[0].greedy, self._rng(0))
         if self.shared:
             return sampling.choose(processed, self.params[0], self.rng)
         rows = [sampling.choose(processed[r : r + 1], p, self._rng(r)) for r, p in enumerate(self.params)]
@@ -118,11 +175,19 @@ def take(
     """Chooses every row's token from its processed distribution and measures it under the raw
     `logits` (batch, vocab) and the processed one; returns the tokens (batch,) and the BatchStep
     (finish reasons not yet set: see `finish`). With one params per row each row keeps its own
-    number of alternatives."""
-    processed = how.process(logits)
+    number of alternatives. A constrained row's grammar moves past its token here."""
+    allowed = how.allowed(logits.shape[-1], active)  # (batch, vocab) bool or None
+    processed = how.process(logits, allowed)
     tokens = how.choose(processed)  # (batch,)
     floats, ints = measure.chosen(logits, processed, tokens, how.top_n)
     step = assemble(index, floats, ints, list(active), how.top_n, kv)
+    if allowed is not None and how.grammars is not None:
+        rows = [g is not None and a for g, a in zip(how.grammars, active)]
+        step.grammar, step.allowed = grammar.numbers(logits, allowed, tokens, rows), allowed
+        moving = [r and n is not None and n["allowed"] > 0 for r, n in zip(rows, step.grammar)]
+        grammar.accept(how.grammars, tokens, moving)
+    if how.draft is not None:
+        step.draft = [how.draft.record()]
     if not how.shared:
         for r, p in enumerate(how.params):
             n = p.top_logprobs
@@ -149,6 +214,18 @@ def assemble(index: int, floats: list, ints: list, active: list[bool], n: int, k
         kv=kv,
         time_ms=0.0,
     )
+
+
+def nothing_allowed(step: BatchStep, how: Choosing, indices: Sequence[int] | None = None) -> dict:
+    """{row: its InvalidParameter} for the rows whose grammar allowed no token at this step;
+    `indices`: each row's own step number where rows are at different steps (else step.index)."""
+    out = {}
+    for row, numbers in enumerate(step.grammar or []):
+        if numbers is not None and numbers["allowed"] == 0 and how.grammars is not None:
+            name = how.grammars[row].name  # type: ignore[union-attr]
+            at = step.index if indices is None else indices[row]
+            out[row] = InvalidParameter(f"{name}: the grammar allows no token at step {at} (nothing can follow)")
+    return out
 
 
 def finish_reason(is_eos: bool, hit_stop: bool, last: bool) -> str | None:

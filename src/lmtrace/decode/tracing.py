@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from lmtrace.decode import engine, observers
+from lmtrace import arguments
+from lmtrace.decode import constrained, engine, observers, speculative
 from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
 from lmtrace.decode.step import BatchStep
 from lmtrace.inside import probe as inside
 from lmtrace.kv import rows as kv_rows
 from lmtrace.logits import sampling
+from lmtrace.model import draft as drafts
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.records import Step, Trace
@@ -47,7 +49,8 @@ def _iter_rows(
         return rows[row].add(token, token in eos)
 
     rng = rng if rng is not None else generator(lm, params)
-    setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, compile, list(watchers))
+    grammars = constrained.matchers(lm, [params] * len(prompts))
+    setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, compile, list(watchers), grammars)
     yield from records(lm, prompts, engine.generate_steps(lm.model, prompts, params, rng, setup), rows)
 
 
@@ -63,10 +66,16 @@ def generate(
     compile: bool = False,
     lens: bool = False,
     attention: bool | str = False,
+    draft: str | LM | drafts.Draft | None = None,
+    draft_tokens: int = 4,
     **kwargs: Any,
 ) -> Trace | list[Trace]:
     """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
-    list of Traces; `on_step(row, step)` is called as each step is produced. `echo` also
+    list of Traces; `on_step(row, step)` is called as each step is produced. `draft` decodes
+    speculatively (decode/speculative.py): "packed" (the target GGUF's own 4-bit weights),
+    "layers:N" (the target's first N layers), a path / hub id or an LM with the same tokenizer,
+    proposing `draft_tokens` tokens a block; the steps' numbers stay the target's, each step gets
+    `draft` and the trace `speculative` (with a draft, prompts decode one after another). `echo` also
     records the prompt's own tokens (`trace.prompt_logprobs`, from the prefill pass);
     `waterfall` (a step index or "all") records the distribution after each sampling stage;
     `compile` uses a static cache and a torch.compile'd decode step (a one-off compile);
@@ -75,17 +84,38 @@ def generate(
     ("heads") (lmtrace.inside.lens, lmtrace.inside.attention)."""
     p = seeded(make_params(params, **kwargs))
     inside.check(compile, lens, attention)
+    chosen = _draft(lm, draft, draft_tokens, compile, lens, attention)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     ids = [encode_prompt(lm, text, chat) for text in prompts]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
     watchers = observers.build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens,
                                top_n=p.top_logprobs)  # fmt: skip
     rows = [RowRecord(lm, p.stop) for _ in ids]
-    for r, step in _iter_rows(lm, ids, p, rows, watchers, compile):
+    tallies: dict[int, speculative.Tally] = {}
+    if chosen is not None:
+        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens, watchers)
+    else:
+        produced = ((r, step, None) for r, step in _iter_rows(lm, ids, p, rows, watchers, compile))
+    for r, step, tally in produced:
+        if tally is not None:
+            tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
     traces = [to_trace(lm, text, i, p, row, chat, compile, probe) for text, i, row in zip(prompts, ids, rows)]
+    for r, tally in tallies.items():  # a row's speculative summary: its draft, acceptance, forwards
+        traces[r].speculative = tally.to_dict()
     return traces[0] if isinstance(prompt, str) else traces
+
+
+def _draft(
+    lm: LM, draft: Any, k: int, compile: bool = False, lens: bool = False, attention: bool | str = False
+) -> drafts.Draft | None:
+    """The draft model asked for (None: plain decoding), its arguments checked."""
+    if draft is None:
+        return None
+    arguments.draft_tokens(k)
+    arguments.draft_alone(compile, lens, attention)
+    return drafts.draft_for(lm, draft)
 
 
 def generate_each(
@@ -131,13 +161,21 @@ def stream(
     waterfall: int | str | None = None,
     lens: bool = False,
     attention: bool | str = False,
+    draft: str | LM | drafts.Draft | None = None,
+    draft_tokens: int = 4,
     **kwargs: Any,
 ) -> Iterator[Step]:
-    """Steps with text and timing, as they are produced (`lens`, `attention` as in generate)."""
+    """Steps with text and timing, as they are produced (`lens`, `attention`, `draft` as in generate)."""
     p = seeded(make_params(params, **kwargs))
+    chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
     ids = encode_prompt(lm, prompt, chat)
     probe = inside.Probe([ids], p.top_logprobs, lens, attention)
     watchers = observers.build(probe, waterfall=waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
+    if chosen is not None:
+        for _, step, _tally in speculative.iter_rows(lm, chosen, [ids], p, [RowRecord(lm, p.stop)], draft_tokens,
+                                                     watchers):  # fmt: skip
+            yield step
+        return
     for _, step in _iter_rows(lm, [ids], p, [RowRecord(lm, p.stop)], watchers):
         yield step
 
@@ -148,7 +186,7 @@ def generate_steps(
     """The engine's numbers for a batch of token-id prompts: no text, no records."""
     p = seeded(make_params(params, **kwargs))
     eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
-    setup = engine.Setup(eos, lm.pad_token_id)
+    setup = engine.Setup(eos, lm.pad_token_id, grammars=constrained.matchers(lm, [p] * len(prompt_ids)))
     yield from engine.generate_steps(lm.model, prompt_ids, p, generator(lm, p), setup)
 
 
@@ -162,17 +200,31 @@ def generate_ids(
     on_step: Callable[[int, Step], None] | None = None,
     lens: bool = False,
     attention: bool | str = False,
+    draft: str | LM | drafts.Draft | None = None,
+    draft_tokens: int = 4,
     **kwargs: Any,
 ) -> list[Trace]:
     """Like `generate` for prompts already tokenized (a server's token-id prompts, a chat
     template applied by the caller): one left-padded batch, one Trace per prompt. An exception
-    raised by `on_step` stops the generation (a server uses this when its client goes away)."""
+    raised by `on_step` stops the generation (a server uses this when its client goes away).
+    `draft` as in generate."""
     p = seeded(make_params(params, **kwargs))
+    chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
     ids = [list(i) for i in prompt_ids]
     texts = list(prompt_texts) if prompt_texts is not None else [lm.tokenizer.decode(i) for i in ids]
     rows = [RowRecord(lm, p.stop) for _ in ids]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
-    for r, step in _iter_rows(lm, ids, p, rows, observers.build(probe)):
+    tallies: dict[int, speculative.Tally] = {}
+    if chosen is not None:
+        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens)
+    else:
+        produced = ((r, step, None) for r, step in _iter_rows(lm, ids, p, rows, observers.build(probe)))
+    for r, step, tally in produced:
+        if tally is not None:
+            tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
-    return [to_trace(lm, text, i, p, row, chat, probe=probe) for text, i, row in zip(texts, ids, rows)]
+    traces = [to_trace(lm, text, i, p, row, chat, probe=probe) for text, i, row in zip(texts, ids, rows)]
+    for r, tally in tallies.items():
+        traces[r].speculative = tally.to_dict()
+    return traces

@@ -4,7 +4,9 @@
 The raw numbers (logprob, rank, entropy, the alternatives) come from `output.logits`
 (`output_logits=True`), the processed ones (sampled_logprob, sampled_entropy) from `output.scores`
 (`output_scores=True`); with one of the two the other stays unknown (`trace.distributions` says
-which are there). Beam search follows `beam_indices` per returned beam."""
+which are there). Beam search follows `beam_indices` per returned beam. Assisted generation
+(`assistant_model=`) returns the target's numbers per token as plain decoding does; the draft's
+proposals, its q and the verdicts are not in the output, and the trace's `speculative` says so."""
 
 from __future__ import annotations
 
@@ -212,6 +214,7 @@ def from_generate(
     generation_config: Any = None,
     prompt: str | Sequence[str] | None = None,
     top_logprobs: int = 5,
+    assistant_model: Any = None,
 ) -> list[Trace]:
     """One Trace per returned sequence of `model.generate(..., return_dict_in_generate=True,
     output_scores=True, output_logits=True)` (rows x num_return_sequences, in generate's order).
@@ -219,7 +222,8 @@ def from_generate(
     `model` (optional) adds the architecture to the header and checks the final KV cache against
     the formula; `generation_config` (a GenerationConfig or the dict of keyword arguments given to
     generate) records the settings; `prompt` the prompt text(s) (else decoded from the sequences,
-    left padding removed)."""
+    left padding removed); `assistant_model` the draft given to generate for assisted generation
+    (also read from a `generation_config` dict's `assistant_model`)."""
     if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= 100:
         raise InvalidParameter(f"top_logprobs must be an integer in [0, 100], got {top_logprobs!r}")
     run = _Run(output)
@@ -240,4 +244,32 @@ def from_generate(
         "header": model_header(model, tokenizer, dists[0]),
         "params": params_of(generation_config, len(dists), top_logprobs),
     }
-    return [_row_trace(run, row, tokenizer, ctx) for row in range(run.seqs.shape[0])]
+    traces = [_row_trace(run, row, tokenizer, ctx) for row in range(run.seqs.shape[0])]
+    assistant = assistant_model or settings_dict(generation_config).get("assistant_model")
+    if assistant is not None:
+        for t in traces:
+            t.speculative = assisted(assistant, generation_config, model)
+    return traces
+
+
+def assisted(assistant: Any, generation_config: Any, model: Any) -> dict[str, Any]:
+    """The `speculative` field of an assisted generation's trace: what is known of the draft, and
+    that its proposals are not in transformers' output (the steps' numbers are the target's)."""
+    given = settings_dict(generation_config)
+    own = getattr(getattr(model, "generation_config", None), "num_assistant_tokens", None)
+    config = getattr(assistant, "config", None)
+    return {
+        "draft": "assistant_model",
+        "draft_tokens": given.get("num_assistant_tokens", own),
+        "acceptance_by_position": None,
+        "conditional_acceptance_by_position": None,
+        "mean_accepted_per_block": None,
+        "blocks": None,
+        "target_forwards": None,
+        "draft_forwards": None,
+        "draft_model": {"source": getattr(config, "name_or_path", None) or type(assistant).__name__,
+                        "layers": getattr(config, "num_hidden_layers", None)},  # fmt: skip
+        "proposals_recorded": False,
+        "note": "model.generate's output holds the target's numbers per token; the assistant's proposals, "
+        "its distribution q and the acceptance verdicts are not in it",
+    }

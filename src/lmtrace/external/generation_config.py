@@ -10,6 +10,7 @@ import torch
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.arch import summarize
+from lmtrace.model.lm import model_name
 
 # what transformers' generate uses when neither the call nor the model's generation_config sets a
 # value (GenerationConfig._get_default_generation_params in transformers 5)
@@ -86,7 +87,6 @@ def model_header(model: Any, tokenizer: Any, dists: torch.Tensor) -> dict[str, A
     """The trace's `model` dict: the full summary with the model, else what the output shows."""
     if model is not None:
         summary = summarize(model.config, model).to_dict()
-        source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or "in-memory"
-        return {"source": source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]}
-    source = getattr(tokenizer, "name_or_path", "") or "model.generate"
+        return {"source": model_name(model), "config": summary, "dtype": summary["dtype"], "device": summary["device"]}
+    source = model_name(tokenizer) if getattr(tokenizer, "name_or_path", "") else "model.generate"
     return {"source": source, "config": {}, "dtype": None, "device": str(dists.device)}

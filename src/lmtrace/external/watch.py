@@ -1,19 +1,23 @@
 """`lmtrace.watch(model)`: records every forward call of a person's own decoding loop and
-explains cache misuse (tokens fed again, positions that do not continue the cache, a cache
-reused for another prompt) as `w.problems` and a CacheMisuseWarning."""
+explains what changes its logits (tokens fed again, the argmax of every position appended, a
+cache from an earlier round, positions that do not continue the cache, a cache reused for another
+prompt) as `w.problems` and a CacheMisuseWarning, each with the fix for that loop (follow.py)."""
 
 from __future__ import annotations
 
 import sys
+import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from lmtrace.external.follow import Loop, positions
 from lmtrace.kv import ledger as kv
 
-FIX = "feed only the new tokens: model(input_ids[:, -1:], cache=cache) after the first call"
+PACKAGE = str(Path(__file__).resolve().parents[1])  # lmtrace's own frames are not the user's
 
 
 class CacheMisuseWarning(UserWarning):
@@ -31,25 +35,25 @@ class Round:
     logits_shape: list[int] | None
     layer_shapes: list[list[int] | None]
     position_start: int | None = None
-    # with record=True: the tokens fed (per row) and the cache's bytes after the call
+    time_ms: float | None = None  # the forward call's wall time
+    # per row: the tokens this round appended to the loop's sequence (the previous round's choices,
+    # or the prompt), and how many leading tokens it fed again
+    new_tokens: list[list[int]] | None = None
+    refed: int = 0
+    starts: bool = False  # the first round of a sequence (the first call, or a new prompt)
+    # with record=True: the tokens fed and their attention mask (per row), the cache's bytes after the call
     input_ids: list[list[int]] | None = None
+    input_mask: list[list[int]] | None = None
     cache_bytes: int | None = None
 
 
 @dataclass
 class Problem:
     round: int
-    kind: str  # "refed_tokens", "positions", "different_prompt"
+    kind: str  # refed_tokens, all_positions, stale_cache, positions, different_prompt
     message: str
     expected_cache_len: int
     actual_cache_len: int
-
-
-@dataclass
-class _Seen:
-    """The sequence (row 0) a cache stands for, as a correct loop would have fed it."""
-
-    tokens: list[int] = field(default_factory=list)
 
 
 class Watch:
@@ -60,7 +64,7 @@ class Watch:
         self.logits: list[torch.Tensor | None] = []
         self.rounds: list[Round] = []
         self.problems: list[Problem] = []
-        self._seen: dict[int, _Seen] = {}
+        self._loop = Loop()
         self._pending: dict[str, Any] = {}
         self._handles: list[Any] = []
 
@@ -85,16 +89,15 @@ class Watch:
         embeds = kwargs.get("inputs_embeds")
         length = ids.shape[-1] if ids is not None else (embeds.shape[1] if embeds is not None else 0)
         cache = kv.find_cache(kwargs)
-        before = kv.seq_length(cache) if cache is not None else 0
         pos = kwargs.get("position_ids")
         self._pending = {
-            "ids": ids[0].tolist() if ids is not None else None,
+            "rows": ids.tolist() if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None,
             "len": int(length),
-            "before": before,
+            "before": kv.seq_length(cache) if cache is not None else 0,
             "cache": cache,
             "pos": int(pos[0, 0]) if isinstance(pos, torch.Tensor) and pos.numel() else None,
             "mask": kwargs.get("attention_mask"),
-            "all_ids": ids.tolist() if self.record and isinstance(ids, torch.Tensor) and ids.dim() == 2 else None,
+            "started": time.perf_counter(),
         }
 
     def _after(self, module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
@@ -110,72 +113,47 @@ class Watch:
             logits_shape=list(logits.shape) if isinstance(logits, torch.Tensor) else None,
             layer_shapes=kv.layer_shapes(cache) if cache is not None else [],
             position_start=p["pos"],
+            time_ms=(time.perf_counter() - p["started"]) * 1000,
         )
         self.rounds.append(r)
         if self.record:
             self._keep(r, p, cache, logits)
-        if cache is not None:
-            self._check(r, p, cache)
+        if p["rows"] is not None:
+            self._follow(r, p, cache is not None and p["cache"] is not None)
+        if isinstance(logits, torch.Tensor) and logits.dim() == 3:  # for the next round: the argmax per position
+            self._loop.argmax = logits[0].argmax(-1).tolist() if logits.shape[1] > 1 else None
 
     def _keep(self, r: Round, p: dict[str, Any], cache: Any, logits: Any) -> None:
-        """What a trace of the loop needs: the fed tokens, the cache's bytes, the last position's
-        logits (a copy: the output's own tensor may be large and is the loop's to free)."""
-        r.input_ids = p.get("all_ids")
+        """What a trace of the loop needs: the fed tokens and their mask, the cache's bytes, the last
+        position's logits (a copy: the output's own tensor may be large and is the loop's to free)."""
+        r.input_ids = p["rows"]
+        mask = p["mask"]
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and p["len"]:
+            r.input_mask = mask[:, -p["len"] :].tolist()  # (batch, past + fed) -> (batch, fed)
         r.cache_bytes = kv.state(cache, layers=False).bytes if cache is not None else None
         last = logits[:, -1, :] if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
         self.logits.append(last.detach().to(torch.float32, copy=True) if last is not None else None)
 
     def trace(self, tokenizer: Any, *, row: int = 0, tokens: Any = None, top_logprobs: int = 5) -> Any:
-        """The loop as a Trace (needs `watch(model, record=True)`): one step per round, the token
-        the loop fed after it (or `tokens`, the loop's own choices, which also covers the last
-        round), with its logprob, rank, entropy and alternatives under the round's logits, the
-        cache's size after the round, and the problems found, on the step where each starts."""
+        """The loop as a Trace (needs `watch(model, record=True)`): one step per token the loop
+        appended to its sequence (any number per round; `tokens`, the loop's whole sequence or its
+        choices, also covers the last round), each measured under the logits of the round it was
+        chosen after (its last position), with the cache's size after that round and the problems
+        found, on the step where each starts."""
         from lmtrace.external.watch_trace import build
 
         return build(self, tokenizer, row=row, tokens=tokens, top_logprobs=top_logprobs)
 
-    def _check(self, r: Round, p: dict[str, Any], cache: Any) -> None:
-        seen = self._seen.setdefault(id(cache), _Seen())
-        ids, held = p["ids"], seen.tokens
-        refed = False
-        if r.cache_len_before and ids is not None and held:
-            overlap = min(len(ids), len(held))
-            if len(ids) > 1 and ids[:overlap] == held[:overlap]:
-                refed = True
-                expected = len(held) + len(ids) - overlap
-                self._report(
-                    r,
-                    "refed_tokens",
-                    expected,
-                    f"round {r.index}: fed {len(ids)} tokens, but the cache already holds the first "
-                    f"{overlap} of them; it now holds {r.cache_len_after} positions where "
-                    f"{expected} were expected",
-                )
-            elif len(ids) > 1 and ids[0] == held[0]:
-                self._report(
-                    r,
-                    "different_prompt",
-                    len(ids),
-                    f"round {r.index}: a cache holding {r.cache_len_before} positions of another sequence "
-                    f"was reused for a new prompt; it now holds {r.cache_len_after} positions where "
-                    f"{len(ids)} were expected (start from a new cache for a new prompt)",
-                )
+    def _follow(self, r: Round, p: dict[str, Any], has_cache: bool) -> None:
+        fed = self._loop.feed(r.index, p["rows"], r.cache_len_before, r.cache_len_after, has_cache)
+        r.new_tokens, r.refed, r.starts = fed.new, fed.refed, fed.starts
+        found = list(fed.findings)
         expected_pos = _expected_position(p["mask"], r.cache_len_before)
         if r.cache_len_before and p["pos"] is not None and p["pos"] != expected_pos:
-            self._report(
-                r,
-                "positions",
-                r.cache_len_after,
-                f"round {r.index}: position ids start at {p['pos']} but the cache holds "
-                f"{r.cache_len_before} positions, so the next position is {expected_pos}",
-            )
-        if ids is not None:  # the sequence a correct loop would now hold
-            seen.tokens = list(ids) if refed else seen.tokens + list(ids)
-
-    def _report(self, r: Round, kind: str, expected: int, text: str) -> None:
-        message = f"{text}. Fix: {FIX}." if kind == "refed_tokens" else text + "."
-        self.problems.append(Problem(r.index, kind, message, expected, r.cache_len_after))
-        warnings.warn(message, CacheMisuseWarning, stacklevel=_user_stacklevel())
+            found.append(positions(r.index, p["pos"], expected_pos, r.cache_len_before, r.cache_len_after))
+        for f in found:
+            self.problems.append(Problem(r.index, f.kind, f.message + ".", f.expected, r.cache_len_after))
+            warnings.warn(f.message + ".", CacheMisuseWarning, stacklevel=_user_stacklevel())
 
 
 def _user_stacklevel() -> int:
@@ -183,7 +161,7 @@ def _user_stacklevel() -> int:
     frame, level = sys._getframe(1), 1
     while frame is not None:
         name = frame.f_code.co_filename
-        if not any(part in name for part in ("/torch/", "/transformers/", "/lmtrace/watch.py")):
+        if not (name.startswith(PACKAGE) or any(part in name for part in ("/torch/", "/transformers/"))):
             return level
         frame, level = frame.f_back, level + 1
     return 2

@@ -5,7 +5,9 @@ function) stands in for the model's own while a generation runs. Its output is t
 kernel's (sdpa or eager), so the logits are unchanged bit for bit; beside it, the last query
 row's weights are computed with eager attention's arithmetic (one query row: cheap at prefill
 and at every one-query decode step). Only those weights are kept: averaged over heads, and per
-head where asked (`heads=True`).
+head where asked (`heads=True`), and beside them the value-weighted weights (each weight times
+the norm of that position's cached value vector, renormalised per head), which discount the
+positions whose values carry little: an attention sink takes much weight and moves little.
 Columns are key positions in the left-padded sequence; a sliding-window layer's cache holds
 only the most recent keys, so its column j is position (total - kv_len + j)."""
 
@@ -24,6 +26,7 @@ from lmtrace.errors import InvalidParameter
 
 SINKS = 4  # the first positions, where attention sinks form
 RECENT = 32  # the most recent positions (the query's own included)
+VALUED = ("top", "sink_mass", "entropy")  # the fields of a layer's `value_weighted` record
 # the model's own implementation -> the capturing one registered for it
 CAPTURE = {"sdpa": "lmtrace_sdpa", "eager": "lmtrace_eager"}
 
@@ -47,6 +50,17 @@ def eager_weights(module: Any, query, key, value, mask, scaling: float | None, s
     return out, weights
 
 
+def value_weighted(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Attention that discounts positions whose values carry little (Kobayashi et al. 2020,
+    "Attention is not only a weight"): at head h, α_hj·‖v_j‖ renormalised over j, v_j the cached
+    value vector of h's KV head, in float32. `weights` (batch, heads, kv_len), `value` (batch,
+    kv_heads, kv_len, head_dim) -> (batch, heads, kv_len)."""
+    norms = value.float().norm(dim=-1)  # (batch, kv_heads, kv_len)
+    norms = norms.repeat_interleave(weights.shape[1] // norms.shape[1], dim=1)  # -> (batch, heads, kv_len)
+    scaled = weights * norms
+    return scaled / scaled.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+
+
 def _forward(kind: str):
     def forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
         softcap = kwargs.get("softcap")
@@ -60,7 +74,8 @@ def _forward(kind: str):
                 last = attention_mask[..., -1:, :] if attention_mask is not None else None
                 _, weights = eager_weights(module, query[:, :, -1:], key, value, last, scaling, softcap)
         if sink is not None:
-            sink[module.layer_idx] = weights[:, :, -1, :].float()  # (batch, heads, q, kv) -> (batch, heads, kv)
+            last = weights[:, :, -1, :].float()  # (batch, heads, q, kv) -> (batch, heads, kv)
+            sink[module.layer_idx] = (last, value_weighted(last, value))
         return out, weights
 
     return forward
@@ -72,9 +87,9 @@ for _kind, _name in CAPTURE.items():
 
 
 @contextmanager
-def capturing(model) -> Iterator[dict[int, torch.Tensor]]:
+def capturing(model) -> Iterator[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
     """Switches the model to the capturing attention; yields the dict each forward fills with
-    {layer index: (batch, heads, kv_len) weights of the last query}."""
+    {layer index: (weights, value-weighted weights)} of the last query, each (batch, heads, kv_len)."""
     original = model.config._attn_implementation
     if original not in CAPTURE:
         raise InvalidParameter(f"attention needs a model with sdpa or eager attention, got {original!r}")
@@ -92,19 +107,23 @@ def capturing(model) -> Iterator[dict[int, torch.Tensor]]:
 
 
 def summarize(
-    weights: dict[int, torch.Tensor], total: int, pads: Sequence[int], top_n: int, heads: bool = False
-) -> list[list[dict]]:
-    """Per row, per layer: {layer, top: [{position, weight}], sink_mass, recent_mass, entropy}
-    over the mean of the heads, from `weights` {layer: (batch, heads, kv_len)} over a left-padded
-    sequence of `total` columns; with `heads`, also `heads: [{head, top, sink_mass, recent_mass,
-    entropy}]`, each head's own. Positions are absolute (padding removed); padding never appears."""
+    weights: dict[int, tuple[torch.Tensor, torch.Tensor]], total: int, pads: Sequence[int], top_n: int,
+    heads: bool = False,
+) -> list[list[dict]]:  # fmt: skip
+    """Per row, per layer: {layer, top: [{position, weight}], sink_mass, recent_mass, entropy,
+    value_weighted: {top, sink_mass, entropy}} over the mean of the heads, from `weights` {layer:
+    (weights, value-weighted weights), each (batch, heads, kv_len)} over a left-padded sequence of
+    `total` columns; with `heads`, also `heads: [{head, top, sink_mass, recent_mass, entropy}]`,
+    each head's own. Positions are absolute (padding removed); padding never appears."""
     rows: list[list[dict]] = [[] for _ in pads]
     by_len: dict[int, list[int]] = {}
-    for layer, w in weights.items():
+    for layer, (w, _) in weights.items():
         by_len.setdefault(w.shape[-1], []).append(layer)
     for layers in by_len.values():
-        w = torch.stack([weights[i] for i in layers]).cpu()  # (layers, batch, heads, kv_len)
+        w = torch.stack([weights[i][0] for i in layers]).cpu()  # (layers, batch, heads, kv_len)
+        vw = torch.stack([weights[i][1] for i in layers]).cpu()
         mean = _records(w.mean(2), total, pads, top_n)  # [layer][row]
+        valued = _records(vw.mean(2), total, pads, top_n)
         per_head = None
         if heads:
             n = w.shape[2]  # every head of a row as a row of its own, with that row's padding
@@ -113,7 +132,8 @@ def summarize(
                         for li in range(len(layers))]  # fmt: skip
         for li, layer in enumerate(layers):
             for r in range(len(pads)):
-                record = {"layer": layer, **mean[li][r]}
+                v = valued[li][r]
+                record = {"layer": layer, **mean[li][r], "value_weighted": {k: v[k] for k in VALUED}}
                 if per_head is not None:
                     record["heads"] = per_head[li][r]
                 rows[r].append(record)

@@ -63,7 +63,8 @@ class Probe:
             att_rows = attention.summarize(self._weights, total, self.pads, self.top_n, self.heads)
             for row, layers in enumerate(att_rows):
                 for layer in layers:
-                    for t in [*layer["top"], *(t for h in layer.get("heads", ()) for t in h["top"])]:
+                    tops = [layer["top"], layer["value_weighted"]["top"], *(h["top"] for h in layer.get("heads", ()))]
+                    for t in (t for top in tops for t in top):
                         t["token_id"] = self.seqs[row][t["position"]]
         for row, token in enumerate(tokens.tolist()):
             self.seqs[row].append(token)
@@ -94,6 +95,8 @@ def with_texts(record: dict, text: Callable[[int], str]) -> dict:
     """A lens or attention record with each token id's text (as in a step's `top`)."""
     for layer in record["layers"]:
         layer["top"] = [_named(t, text) for t in layer["top"]]
+        if "value_weighted" in layer:
+            layer["value_weighted"]["top"] = [_named(t, text) for t in layer["value_weighted"]["top"]]
         for head in layer.get("heads", ()):
             head["top"] = [_named(t, text) for t in head["top"]]
     return record

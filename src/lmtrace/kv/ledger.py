@@ -61,13 +61,17 @@ class KVState:
         return d
 
 
-def new_cache(model: Any, static_len: int | None = None) -> Any:
-    """A DynamicCache, or a StaticCache of `static_len` positions (preallocated, for compiling)."""
+def new_cache(model: Any, static_len: int | None = None, croppable: bool = False) -> Any:
+    """A DynamicCache, or a StaticCache of `static_len` positions (preallocated, for compiling).
+    `croppable`: a sliding-window layer keeps its past until `crop` (speculative decoding)."""
     if static_len is not None:
         from transformers import StaticCache
 
         return StaticCache(config=model.config, max_cache_len=static_len)
-    return DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config)
+    if croppable and hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    return cache
 
 
 @lru_cache(maxsize=32)
@@ -188,6 +192,39 @@ def state(cache: Any, expected: Any = None, layers: bool = True) -> KVState:
         layers=entries if layers else [],
         bytes_used=sum(e["bytes_used"] for e in entries),
     )
+
+
+def crop(cache: Any, length: int) -> dict[str, int] | None:
+    """Cuts the cache back to its first `length` positions (DynamicCache.crop: speculative
+    decoding's rejected proposals); returns {from, to, bytes_before, bytes_after}, None when
+    nothing was cut."""
+    seen = seq_length(cache)
+    if length >= seen:
+        return None
+    before = state(cache, layers=False).bytes
+    cache.crop(length - seen)  # a negative count: the positions to remove
+    return {"from": seen, "to": length, "bytes_before": before, "bytes_after": state(cache, layers=False).bytes}
+
+
+def prefix_state(cache: Any, length: int, expected: Any = None) -> KVState:
+    """The cache as it stood when it held `length` positions, from its tensors now (one verify
+    forward of speculative decoding fills the positions of several steps at once): every
+    layer's kept positions and bytes scaled to that length."""
+    now = state(cache, expected=None)
+    seen = max(now.seq_len, 1)
+    layers = []
+    for e in now.layers:
+        held = e["keys"][2] if e["keys"] else 0
+        keep = min(length, (e["window"] - 1) if e["window"] else length, held) if held else 0
+        per_position = e["bytes_used"] // held if held else 0
+        layers.append({**e, "keys": _resized(e["keys"], keep), "values": _resized(e["values"], keep),
+                       "bytes": per_position * keep, "bytes_used": per_position * keep})  # fmt: skip
+    total = sum(e["bytes"] for e in layers) if layers else now.bytes * length // seen
+    return KVState(length, total, expected(length) if expected is not None else None, layers, total)
+
+
+def _resized(shape: list[int] | None, positions: int) -> list[int] | None:
+    return None if shape is None else [*shape[:2], positions, *shape[3:]]
 
 
 def layer_shapes(cache: Any) -> list[list[int] | None]:

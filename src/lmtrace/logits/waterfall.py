@@ -1,5 +1,7 @@
 """The sampling waterfall: the distribution after each stage of the processors, in the
-documented order raw -> repetition penalty -> temperature -> top-k -> top-p -> min-p.
+documented order raw -> [grammar] -> repetition penalty -> temperature -> top-k -> top-p -> min-p.
+The grammar stage (a constrained step: lmtrace.logits.grammar's mask) is listed only where a
+grammar constrained the step.
 
 Each stage is the very function `sampling.process_logits` applies, called one at a time, so
 the last stage is exactly the distribution the token was chosen from (its `sampled_logprob`).
@@ -12,14 +14,16 @@ from typing import Any
 
 import torch
 
-from lmtrace.logits import measure, sampling
+from lmtrace.logits import grammar, measure, sampling
 from lmtrace.params import SamplingParams
 
 DEFAULT_TOKENS = 5  # raw top tokens followed through the stages when top_logprobs is 0
 
 
-def _stage_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None) -> list[tuple]:
-    """[(stage, setting, applied, logits (batch, vocab))] for the six stages."""
+def _stage_logits(
+    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None, allowed: torch.Tensor | None
+) -> list[tuple]:
+    """[(stage, setting, applied, logits (batch, vocab))] for the six stages (seven with a grammar)."""
     sampled = not params.greedy
     plan: list[tuple[str, Any, bool, Callable[[torch.Tensor], torch.Tensor]]] = [
         (
@@ -39,24 +43,32 @@ def _stage_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tens
         ("min_p", params.min_p, sampled and params.min_p > 0, lambda x: sampling.apply_min_p(x, params.min_p)),
     ]
     out = [("raw", None, True, logits)]
+    if allowed is not None:
+        out.append(("grammar", params.constraint, True, grammar.mask(logits, allowed)))
     for name, setting, applied, fn in plan:
         out.append((name, setting, applied, fn(out[-1][3]) if applied else out[-1][3]))
     return out
 
 
 def stages(
-    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None, chosen: torch.Tensor, top_n: int
+    logits: torch.Tensor,
+    params: SamplingParams,
+    seen: torch.Tensor | None,
+    chosen: torch.Tensor,
+    top_n: int,
+    allowed: torch.Tensor | None = None,
 ) -> list[dict[str, Any]]:
     """One waterfall per row of `logits` (batch, vocab) for the chosen tokens (batch,):
     {"token_ids": raw top tokens, "stages": [{stage, setting, applied, allowed, removed_mass,
     entropy, chosen_prob, chosen_rank, probs}]}; with_texts gives the recorded form.
     `removed_mass` is the probability, under the distribution entering the stage, of the tokens
-    the stage removed; `probs` are those of the `token_ids` after the stage (0 where removed)."""
+    the stage removed; `probs` are those of the `token_ids` after the stage (0 where removed).
+    `allowed` (batch, vocab) bool: the grammar's mask, a stage of its own after raw."""
     n = top_n or DEFAULT_TOKENS
     follow = torch.topk(logits, n, dim=-1).indices  # (batch, n)
     rows: list[dict[str, Any]] = [{"token_ids": follow[r].tolist(), "stages": []} for r in range(logits.shape[0])]
     previous = None
-    for name, setting, applied, stage_logits in _stage_logits(logits.float(), params, seen):
+    for name, setting, applied, stage_logits in _stage_logits(logits.float(), params, seen, allowed):
         logp = torch.log_softmax(stage_logits, dim=-1)  # (batch, vocab)
         probs = logp.exp()
         allowed = torch.isfinite(stage_logits)

@@ -19,10 +19,15 @@ class LM:
     summary: ArchSummary
     eos_token_ids: list[int] = field(default_factory=list)
     pad_token_id: int = 0
+    # lmtrace.load's seconds: {"imports_s": torch/transformers/the model's class, "weights_s": the rest}
+    load_timing: dict[str, float] = field(default_factory=dict)
+    # draft models for speculative decoding, loaded once per spec (lmtrace.model.draft)
+    drafts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_objects(cls, model: Any, tokenizer: Any, source: str = "in-memory") -> LM:
-        """Wraps a model and tokenizer the caller already has."""
+    def from_objects(cls, model: Any, tokenizer: Any, source: str | None = None) -> LM:
+        """Wraps a model and tokenizer the caller already has; `source` names it in traces
+        (default: the model's own name, model_name)."""
         gen = getattr(model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None) if gen is not None else None
         if eos is None:
@@ -32,4 +37,17 @@ class LM:
         pad = pad if pad is not None else tokenizer.pad_token_id
         pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
         model.eval()
-        return cls(model, tokenizer, source, summarize(model.config, model), eos_ids, int(pad))
+        name = source if source is not None else model_name(model)
+        return cls(model, tokenizer, name, summarize(model.config, model), eos_ids, int(pad))
+
+
+def model_name(model: Any) -> str:
+    """A model's name for titles and headers: its `name_or_path`, except for lmtrace's converted
+    copy of a GGUF file (a sha256-named folder in the cache), which is named by the file."""
+    name = str(getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "") or "")
+    if not name:
+        return "in-memory"
+    from lmtrace.model.gguf.converted import source_of
+
+    source = source_of(name)
+    return source if source is not None else name

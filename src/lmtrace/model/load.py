@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,13 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return text[:300] or type(e).__name__
+
+
+def _first_sentence(e: BaseException) -> str:
+    """The first sentence of an error's text, whole (a cut one reads as a broken message)."""
+    text = _one_line(e)
+    end = text.find(". ")
+    return text[:end] if 0 < end else text.rstrip(".")
 
 
 def _check_gguf(path: Path) -> None:
@@ -119,9 +127,14 @@ def _locate(
     if path.is_dir():
         return str(path), _check_folder(path, allow_pickle, trust_remote_code), str(path)
     text = str(source)
-    if text.endswith(".gguf") or text.startswith((".", "/", "~")) or text.count("/") > 1:
+    if checks.looks_like_path(text):
         raise ModelLoadError(f"model: no such file or folder: {text}")
-    return text, {}, text
+    try:  # a hub id missing from the local cache while offline: answered at once
+        checks.model_source(text)
+    except InvalidParameter as e:
+        raise ModelLoadError(str(e)) from e
+    # a cached hub id while the hub cannot be reached: no download attempts (and no retry lines)
+    return text, ({} if checks.hub_reachable() else {"local_files_only": True}), text
 
 
 def load(
@@ -143,9 +156,12 @@ def load(
     of half a minute); `gguf_cache=False` reads the file itself. `status` is told, in a line,
     what the load does (converting, or loading the converted copy). `weights="packed"` runs a
     GGUF's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU; model/gguf/packed.py), not dequantized."""
+    started = time.perf_counter()
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from lmtrace.model.gguf.quiet import quiet_gguf
+
+    imports = time.perf_counter() - started
 
     if device_map is not None and device != "auto":
         raise InvalidParameter(f"device_map: give a device or a device_map, not both (device {device!r})")
@@ -156,13 +172,15 @@ def load(
     gguf_path = Path(where) / extra["gguf_file"] if "gguf_file" in extra else None
     if "gguf_file" in extra and gguf_cache:
         where, extra = _through_cache(Path(where) / extra["gguf_file"], where, extra, trust_remote_code, status)
-    common = {"trust_remote_code": trust_remote_code, **{k: v for k, v in extra.items() if k == "gguf_file"}}
+    shared = ("gguf_file", "local_files_only")  # for the config and the tokenizer as well as the weights
+    common = {"trust_remote_code": trust_remote_code, **{k: v for k, v in extra.items() if k in shared}}
     try:
         with quiet_gguf():  # transformers' own tqdm bar for the GGUF tensors never shows
             config = AutoConfig.from_pretrained(where, **common)
             _check_causal(config, name)
+            imports += _import_class(config, trust_remote_code)
             tokenizer = AutoTokenizer.from_pretrained(where, **common)
-            rest = {k: v for k, v in extra.items() if k != "gguf_file"}
+            rest = {k: v for k, v in extra.items() if k not in shared}
             if device_map is not None:
                 rest["device_map"] = device_map
             model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **common, **rest)
@@ -170,10 +188,11 @@ def load(
         raise
     except OSError as e:
         if not Path(where).exists():  # a hub id: only the local cache can serve it here
-            raise ModelLoadError(
-                f"model {name!r}: not in the local Hugging Face cache and the hub cannot be reached "
-                f"({_one_line(e)[:160]})"
-            ) from e
+            if extra.get("local_files_only"):
+                raise ModelLoadError(f"model {name!r}: the local Hugging Face cache ({checks.hub_cache()}) does not "
+                                     f"hold all of its files, and the hub cannot be reached to download them.") from e
+            raise ModelLoadError(f"model {name!r}: not in the local Hugging Face cache and the hub did not serve it "
+                                 f"({_first_sentence(e)}).") from e  # fmt: skip
         raise ModelLoadError(f"{name}: cannot load ({_one_line(e)})") from e
     except Exception as e:
         raise ModelLoadError(f"{name}: cannot load model ({type(e).__name__}: {_one_line(e)})") from e
@@ -183,7 +202,22 @@ def load(
         from lmtrace.model.gguf.packed import pack_gguf
 
         pack_gguf(model, gguf_path)
-    return LM.from_objects(model, tokenizer, name)
+    lm = LM.from_objects(model, tokenizer, name)
+    lm.load_timing = {"imports_s": imports, "weights_s": time.perf_counter() - started - imports}
+    return lm
+
+
+def _import_class(config: Any, trust_remote_code: bool) -> float:
+    """Imports the model's transformers class before its weights are read (seconds for Llama's
+    module), so a load can say how long the imports took and how long the weights."""
+    if trust_remote_code:
+        return 0.0
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    started = time.perf_counter()
+    getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, ""), None)
+    return time.perf_counter() - started
 
 
 def _check_weights(weights: str, extra: dict[str, Any], device: torch.device, name: str) -> None:

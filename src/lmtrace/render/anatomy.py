@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from markupsafe import Markup
+from rich.console import Group
+from rich.padding import Padding
+from rich.table import Table
 from rich.text import Text
 
 from lmtrace.render.tokens import human
@@ -135,29 +138,38 @@ def html(an: dict[str, Any], positions: int | None = None, measured: int | None 
     return out + Markup("</div>")
 
 
-def terminal(an: dict[str, Any], model: str, positions: int | None = None, measured: int | None = None) -> Text:
-    """The same reading for `lmtrace cache` and `lmtrace kv-size`."""
-    out = Text()
-    out.append(f"KV cache of {model}\n", style="bold")
+def terminal(an: dict[str, Any], model: str, positions: int | None = None, measured: int | None = None) -> Group:
+    """The same reading for `lmtrace cache` and `lmtrace kv-size`, laid out for any width: a long
+    line wraps under its own start (a dimension's source under the sources, the formula under
+    its "="), never back to column 0."""
+    rows: list[Any] = [Text(f"KV cache of {model}", style="bold")]
     warning = alert(an)
     if warning:
-        out.append(f"  error: {warning}\n", style="bold red")
-    out.append(f"  {shape_line(an, positions)}\n")
-    dims = dimensions(an, positions)
-    width = max(len(d.name) for d in dims)
-    value_width = max(len(d.value) for d in dims)
-    for d in dims:
-        out.append(f"  {d.name:<{width}}  ", style="cyan")
-        out.append(f"{d.value:>{value_width}}", style="bold")
-        out.append(f"  {d.source}\n", style="dim")
+        rows.append(_indented(Text(f"error: {warning}", style="bold red")))
+    rows.append(_indented(Text(shape_line(an, positions))))
+    dims = Table.grid(padding=(0, 2))
+    dims.add_column(style="cyan", no_wrap=True)
+    dims.add_column(justify="right", style="bold", no_wrap=True)
+    dims.add_column(style="dim")
+    for d in dimensions(an, positions):
+        dims.add_row(d.name, d.value, d.source)
+    rows.append(_indented(dims))
     f = formula(an, positions, measured)
-    lhs = f.symbols.split(" = ", 1)[0]
-    pad = " " * (len(lhs) + 3)
-    out.append(f"  {f.symbols}\n")
-    out.append(f"{pad}= {f.numbers}\n")
-    out.append(f"{pad}= {f.result}\n", style="bold")
-    out.append(f"  {f.per_position}" + (f"; measured after the last step: {f.measured}" if f.measured else "") + "\n")
-    return out
+    lhs, rhs = f.symbols.split(" = ", 1)
+    eq = Table.grid(padding=(0, 1))
+    eq.add_column(no_wrap=True)
+    eq.add_column()
+    eq.add_row(lhs, f"= {rhs}")
+    eq.add_row("", f"= {f.numbers}")
+    eq.add_row("", Text(f"= {f.result}", style="bold"))
+    rows.append(_indented(eq))
+    measured_text = f"; measured after the last step: {f.measured}" if f.measured else ""
+    rows.append(_indented(Text(f.per_position + measured_text)))
+    return Group(*rows)
+
+
+def _indented(renderable: Any) -> Padding:
+    return Padding(renderable, (0, 0, 0, 2))
 
 
 def last_kv(steps: list[Any]) -> tuple[int | None, int | None]:

@@ -81,20 +81,35 @@ def sampling_group(p: dict[str, Any]) -> Group:
         rows.append(("stop", value(p["stop"])))
     if p.get("chat"):
         rows.append(("chat template", "yes"))
-    return "Sampling", rows
+    return "Sampling", rows + _constraint_rows(p)
+
+
+def _constraint_rows(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """The constraint a constrained generation followed (lmtrace.logits.grammar), shortened."""
+    for name in ("json_schema", "regex", "choice", "grammar"):
+        if p.get(name):
+            shown = p[name] if isinstance(p[name], str) else json.dumps(p[name], ensure_ascii=False)
+            shown = shown if len(shown) <= 60 else shown[:59] + "…"
+            extra = f" ({p.get('json_whitespace', 'compact')} whitespace)" if name == "json_schema" else ""
+            return [("constraint", f"{name}{extra}"), (name, shown)]
+    return []
 
 
 def run_group(d: dict[str, Any]) -> Group:
     t = d.get("timing") or {}
+    prefill = f", prefill {value(t['prefill_ms'])} ms" if t.get("prefill_ms") is not None else ""
     rows = [
         ("trace of", _ORIGINS.get(d.get("origin", "lmtrace"), value(d.get("origin")))),
         ("distributions", _DISTRIBUTIONS.get(d.get("distributions", "both"), value(d.get("distributions")))),
-        ("prompt", f"{value(t.get('prompt_tokens'))} tokens, prefill {value(t.get('prefill_ms'))} ms"),
+        ("prompt", f"{value(t.get('prompt_tokens'))} tokens{prefill}"),
         ("generated", f"{value(t.get('generated_tokens'))} tokens"),
     ]
     if t.get("decode_tokens_per_s"):
         rows.append(("decode speed", f"{t['decode_tokens_per_s']:.1f} tok/s"))
-    rows.append(("total", f"{value(t.get('total_ms'))} ms"))
+    if t.get("total_ms") is not None:
+        rows.append(("total", f"{value(t['total_ms'])} ms"))
+    else:  # made after the run (from model.generate's output): no clock saw it
+        rows.append(("times", "not recorded (the trace was made after the run)"))
     finish = value(d.get("finish_reason"))
     if d.get("stop_reason") is not None:
         finish += f" ({d['stop_reason']!r})"

@@ -1,4 +1,4 @@
-"""What a record is: a trace, a score result or branches. The renderers read plain dicts (the
+"""What a record is: a trace, a score result, branches or a stability ledger. The renderers read plain dicts (the
 JSON shape), so fields that other commands add later reach them without a change here."""
 
 from __future__ import annotations
@@ -10,15 +10,17 @@ from typing import Any
 from lmtrace.errors import InvalidParameter
 from lmtrace.records import SCHEMA_VERSION, Trace
 
-TRACE, SCORE, BRANCHES = "trace", "score", "branches"
+TRACE, SCORE, BRANCHES, STABILITY = "trace", "score", "branches", "stability"
 
 _TRACE_KEYS = ("model", "params", "prompt", "steps")
 _STEP_KEYS = ("token_id", "text", "logprob")
 
 
 def kind_of(d: dict[str, Any]) -> str | None:
-    """`branches` ({"branches": [trace, ...]}), `score` (`tokens` and `perplexity`), `trace`
-    (`steps`), or None."""
+    """`stability` (its `kind`), `branches` ({"branches": [trace, ...]}), `score` (`tokens` and
+    `perplexity`), `trace` (`steps`), or None."""
+    if d.get("kind") == STABILITY:
+        return STABILITY
     if isinstance(d.get("branches"), list):
         return BRANCHES
     if isinstance(d.get("tokens"), list) and "perplexity" in d:
@@ -64,12 +66,16 @@ def as_record(obj: Any) -> tuple[str, dict[str, Any]]:
         for i, t in enumerate(branches):
             _check_trace(t, f"branch {i}: ")
         obj = {**obj, "branches": branches}
+    elif kind == STABILITY:
+        _check_trace(obj.get("reference"), "reference: ")
+        if not isinstance(obj.get("variants"), list) or not isinstance(obj.get("steps"), list):
+            raise ValueError("a stability ledger needs its variants and steps")
     elif kind == SCORE:
         version = obj.get("schema_version", SCHEMA_VERSION)
         if version != SCHEMA_VERSION:
             raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {version!r}")
     else:
-        raise ValueError("not a trace (steps), a score result (tokens, perplexity) or branches")
+        raise ValueError("not a trace (steps), a score result (tokens, perplexity), branches or a stability ledger")
     return kind, obj
 
 

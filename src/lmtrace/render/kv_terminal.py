@@ -14,7 +14,7 @@ from lmtrace.render.tokens import human
 BARS = " ▁▂▃▄▅▆▇█"
 
 
-def anatomy_view(an: dict[str, Any], model: str, positions: int | None = None, measured: int | None = None) -> Text:
+def anatomy_view(an: dict[str, Any], model: str, positions: int | None = None, measured: int | None = None) -> Group:
     """Each dimension with its value and config field, the formula with its numbers and result."""
     from lmtrace.render.anatomy import terminal
 
@@ -35,10 +35,12 @@ def chart(values: list[int], width: int = 60, height: int = 6) -> Text:
             filled = v / top * height - (level - 1)
             line += BARS[max(0, min(8, round(filled * 8)))]
         rows.append(line)
-    out = Text(f"{human(top)} ┤\n", style="dim")
-    for r in rows:
-        out.append("  │" + r + "\n", style="magenta")
-    out.append("  └" + "─" * len(values) + " step\n", style="dim")
+    label = human(top)  # the top's label in a gutter, its tick on the axis the bars stand on
+    out = Text()
+    for k, r in enumerate(rows):
+        out.append(f"{label} ┤" if k == 0 else " " * len(label) + " │", style="dim")
+        out.append(r + "\n", style="magenta")
+    out.append(" " * (len(label) - 1) + "0 └" + "─" * len(values) + " step\n", style="dim")
     return out
 
 

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from lmtrace.files import write_atomic_bytes
-from lmtrace.render.kvlab_html import PALETTE
+
+# the report's series colours (report.css --c0 .. --c5): a policy has one colour in the PNG and the page
+PALETTE = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626", "#0891b2"]
 
 
 def lab_png(result: Any, dpi: int = 110) -> bytes:

@@ -11,7 +11,8 @@ from typing import Any
 from markupsafe import Markup
 
 from lmtrace.render import anatomy as kv_anatomy
-from lmtrace.render import facts, inside, views
+from lmtrace.render import facts, inside, structured_html, views
+from lmtrace.render import speculative as spec_view
 from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
 from lmtrace.render.templating import parts
 from lmtrace.render.tokens import SCALE
@@ -29,10 +30,13 @@ class Section:
 
 
 def text_section(
-    tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False, chat: bool = False
-) -> Section:
+    tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False, chat: bool = False,
+    templated: str | None = None,
+) -> Section:  # fmt: skip
     p = parts()  # with chat, the user's turn (the prompt) and the assistant's (the answer) are marked
     body = (p.switch() if switch else Markup()) + p.tokens(tv, 0, prompt, chat) + p.legend(LEGEND, unscored)
+    if templated:  # what the chat template made of the prompt: its system prompt and turn markers
+        body += p.templated(templated)
     return Section("text", "Text", body)
 
 
@@ -96,8 +100,11 @@ def attention_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | 
     if shown is None or not layers:
         return None
     heads = next((len(x["heads"]) for v in tv if "att" in v for x in v["att"]["layers"] if x.get("heads")), 0)
-    sinks = ((d.get("params") or {}).get("attention") or {}).get("sinks", 4)
-    return Section("attention", "Attention over the cache", parts().attention(shown, layers, sinks, heads))
+    recent = ((d.get("params") or {}).get("attention") or {}).get("recent", 32)
+    valued = any("vw" in x for v in tv if "att" in v for x in v["att"]["layers"])
+    how = {"layers": layers, "heads": heads, "valued": valued, "recent": recent if len(shown) > recent else None,
+           "sinks": sum(p["sink"] for p in shown)}  # fmt: skip
+    return Section("attention", "Attention over the cache", parts().attention(shown, how))
 
 
 def problems_section(tv: list[dict[str, Any]]) -> Section | None:
@@ -108,6 +115,22 @@ def problems_section(tv: list[dict[str, Any]]) -> Section | None:
     p = parts()
     body = Markup().join(p.error(f"step {i}: {m}") for i, m in found)
     return Section("problems", f"Problems ({len(found)}, from step {found[0][0]})", body)
+
+
+def speculative_section(d: dict[str, Any]) -> Section | None:
+    """Speculative decoding: the draft blocks over the text and acceptance by position."""
+    spec = d.get("speculative")
+    if not isinstance(spec, dict):
+        return None
+    if not spec_view.recorded(spec):
+        return Section("speculative", "Speculative decoding", Markup('<p class="meta">') + spec_view.summary(spec)
+                       + Markup("</p>"))  # fmt: skip
+    note = Markup("<p class=\"meta\">") + spec_view.summary(spec) + Markup(
+        "; <span class=\"acc\">accepted</span>, <del>rejected</del> beside the target's "
+        "<span class=\"rej\">token</span>, <span class=\"bonus\">bonus</span>; hover for q and p</p>"
+    )
+    chart = parts().charts([("acceptance by position in the block", spec_view.acceptance_chart(spec))])
+    return Section("speculative", "Speculative decoding", note + spec_view.blocks_html(d["steps"]) + chart)
 
 
 def origin_note(d: dict[str, Any]) -> str | None:
@@ -149,9 +172,14 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
     """(sections, the script's views, whether sampled differs from raw) for one trace."""
     tv = views.token_views(d["steps"])
     sampled = views.sampling_differs(tv)
+    constrained = [f(d) for f in (structured_html.fields_section, structured_html.choices_section,
+                                  structured_html.grammar_section)]  # fmt: skip
     found = [
         problems_section(tv),
-        text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat"))),
+        text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat")),
+                     templated=(d.get("prompt") or {}).get("templated")),
+        *[Section(*c) for c in constrained if c],
+        speculative_section(d),
         lens_section(d, tv),
         attention_section(d, tv),
         step_charts(tv, sampled),

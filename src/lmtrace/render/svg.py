@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from markupsafe import Markup, escape
 
 W, H = 560, 170  # the viewBox; the SVG itself scales to its container's width
-LEFT, RIGHT, TOP, BOTTOM = 52, 10, 22, 24
+LEFT, RIGHT, TOP, BOTTOM = 60, 10, 22, 24  # room on the left for a tick such as "1000 KiB"
 
 
 @dataclass
@@ -38,10 +38,19 @@ def nice_ticks(top: float, most: int = 5, binary: bool = False) -> list[float]:
     return [i * step for i in range(int(math.ceil(top / step - 1e-9)) + 1)]
 
 
+def signed_ticks(low: float, high: float, most: int = 6) -> list[float]:
+    """Round steps from below `low` (negative) to above `high`, 0 among them (a logprob change)."""
+    high = max(high, 0.0)
+    step = nice_ticks(high - low, most)[1]
+    first, last = math.floor(low / step + 1e-9), math.ceil(high / step - 1e-9)
+    return [k * step for k in range(first, max(last, 0) + 1)]
+
+
 def human_bytes(n: float) -> str:
+    """Bytes in binary units for an axis or a tip: 512 B, 1.5 KiB, 1000 KiB (never 1e+03 KiB)."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" or abs(n) >= 100 else f"{n:.3g} {unit}"
         n /= 1024
     return f"{n:.3g} GiB"
 
@@ -51,17 +60,20 @@ def _fmt(v: float) -> str:
 
 
 class _Frame:
-    """Maps step index and value to SVG coordinates."""
+    """Maps step index and value to SVG coordinates (values from `y_bottom`, 0 unless some are
+    negative, up to `y_top`)."""
 
-    def __init__(self, n: int, y_top: float):
-        self.n, self.y_top = max(n, 1), y_top or 1.0
+    def __init__(self, n: int, y_top: float, y_bottom: float = 0.0):
+        self.n, self.y_top, self.y_bottom = max(n, 1), y_top, y_bottom
+        if self.y_top == self.y_bottom:
+            self.y_top = self.y_bottom + 1.0
         self.dx = (W - LEFT - RIGHT) / max(self.n - 1, 1)
 
     def x(self, i: float) -> float:
         return LEFT + i * self.dx
 
     def y(self, v: float) -> float:
-        return TOP + (H - TOP - BOTTOM) * (1 - v / self.y_top)
+        return TOP + (H - TOP - BOTTOM) * (self.y_top - v) / (self.y_top - self.y_bottom)
 
 
 def _axes(f: _Frame, ticks: list[float], fmt: Callable[[float], str], x_label: str, shift: float = 0) -> list[str]:
@@ -94,12 +106,16 @@ def line_chart(
     fmt: Callable[[float], str] = _fmt,
     x_label: str = "step",
     binary: bool = False,
+    labels: Sequence[str] | None = None,
 ) -> Markup:
-    """Lines (with a clickable point per step when there are few enough) over the step index."""
+    """Lines (with a clickable point per step when there are few enough) over the step index;
+    `labels` (each step's token) name the steps in the points' tips."""
     n = max((len(s.values) for s in series), default=0)
     finite = [v for s in series for v in s.values if v is not None and math.isfinite(v)]
-    ticks = nice_ticks(y_top if y_top is not None else max(finite, default=1.0), binary=binary)
-    f = _Frame(n, ticks[-1])
+    top = y_top if y_top is not None else max(finite, default=1.0)
+    low = min(finite, default=0.0)
+    ticks = nice_ticks(top, binary=binary) if low >= 0 else signed_ticks(low, top)
+    f = _Frame(n, ticks[-1], ticks[0])
     parts = _axes(f, ticks, fmt, x_label) + _legend(series)
     for s in series:
         points = [(i, v) for i, v in enumerate(s.values) if v is not None and math.isfinite(v)]
@@ -107,7 +123,8 @@ def line_chart(
         parts.append(f'<path class="line {s.css}" d="{path}"/>')
         if len(points) <= 400:
             for i, v in points:
-                tip = escape(f"{s.name}, step {i}: {fmt(v)}")
+                token = f" {labels[i]!r}" if labels is not None and i < len(labels) else ""
+                tip = escape(f"{s.name}, step {i}{token}: {fmt(v)}")
                 parts.append(
                     f'<circle class="pt {s.css}" cx="{f.x(i):.1f}" cy="{f.y(v):.1f}" r="2.5" '
                     f'data-v="{s.view}" data-i="{i}"><title>{tip}</title></circle>'

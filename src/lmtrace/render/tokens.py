@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "\\r"}
+_LAYOUT = {"\u2028", "\u2029", *map(chr, range(0x202A, 0x202F)), *map(chr, range(0x2066, 0x206A))}
 
 # probability thresholds -> colour, from most to least likely
 SCALE = [(0.9, "green"), (0.5, "chartreuse3"), (0.2, "yellow"), (0.05, "dark_orange"), (0.0, "red")]
@@ -17,6 +18,8 @@ def escape(text: str) -> str:
             out.append(_VISIBLE[ch])
         elif ord(ch) < 32 or ord(ch) == 127:
             out.append(f"\\x{ord(ch):02x}")
+        elif ch in _LAYOUT:  # line separators and bidi controls would break (or reverse) a table row
+            out.append(f"\\u{ord(ch):04x}")
         else:
             out.append(ch)
     return "".join(out)

@@ -9,13 +9,16 @@ import unicodedata
 from typing import Any
 
 from lmtrace.render import inside
+from lmtrace.render.speculative import verdict
 from lmtrace.render.tokens import SCALE, escape, show_bytes
 
 # step fields that token_view shows itself; other fields reach the panel as "extra"
 _KNOWN = {
     "index", "token_id", "text", "bytes", "logprob", "sampled_logprob", "rank", "entropy",
-    "sampled_entropy", "top", "kv", "time_ms", "waterfall", "problems",
+    "sampled_entropy", "top", "kv", "time_ms", "waterfall", "problems", "grammar", "draft",
 }  # fmt: skip
+# a step where the grammar removed more than this share of the raw probability is marked
+GRAMMAR_FLAG = 0.5
 
 
 def bucket(p: float | None) -> int:
@@ -113,6 +116,14 @@ def token_view(step: dict[str, Any], i: int) -> dict[str, Any]:
     if isinstance(step.get("problems"), list) and step["problems"]:  # a watched loop's cache misuse
         view["problems"] = [str(p.get("message", p)) if isinstance(p, dict) else str(p) for p in step["problems"]]
     extra = {k: v for k, v in step.items() if k not in _KNOWN and isinstance(v, (str, int, float, bool))}
+    g = step.get("grammar")
+    if isinstance(g, dict):  # a constrained step (lmtrace.logits.grammar)
+        extra["grammar allowed"] = g.get("allowed")
+        extra["removed by the grammar"] = _round(g.get("removed_mass"))
+        extra["p under the constraint"] = _round(_prob(g.get("logprob")))
+        view["grammar_chose"] = (g.get("removed_mass") or 0.0) > GRAMMAR_FLAG
+    if "draft" in step and (isinstance(step["draft"], dict) or step["draft"] is None):  # speculative decoding
+        extra["draft"] = verdict(step["draft"])
     if extra:
         view["extra"] = extra
     return view

@@ -16,6 +16,8 @@ from lmtrace.render.tokens import colour, escape, show_bytes
 def _setting(stage: dict[str, Any]) -> str:
     if stage["stage"] == "raw":
         return ""
+    if stage["stage"] == "grammar":
+        return str(stage["setting"] or "").replace("_", " ")
     if not stage["applied"]:
         return "off" if stage["stage"] != "temperature" or stage["setting"] != 0 else "greedy"
     return f"{stage['setting']:g}"

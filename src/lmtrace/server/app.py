@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
 from lmtrace.model.lm import LM
-from lmtrace.server import chat, completions, errors, models, tokenization, traces, viewer
+from lmtrace.server import chat, completions, errors, extensions, models, tokenization, traces, viewer
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.generation import ServerState
 from lmtrace.server.security import HostCheck, KeyCheck
@@ -36,17 +37,21 @@ def create_app(
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
     allowed_hosts: Iterable[str] = (),
     max_batch: int = DEFAULT_MAX_BATCH,
+    draft: Any = None,
+    draft_tokens: int = 4,
 ) -> FastAPI:
     """The server for one loaded model. `max_concurrency` requests are admitted at once; their
     rows (a choice of a prompt each) decode together, up to `max_batch` rows, a request that
     arrives joining the running batch at the next step (`max_batch` 1: one request at a time,
     its choices together, the others waiting); more requests get 429 with Retry-After. A request that arrives on
     a loopback address must name localhost, 127.0.0.1 or [::1] (or one of `allowed_hosts`,
-    say a reverse proxy's name) as its Host; with `api_key` every route but /health needs it."""
+    say a reverse proxy's name) as its Host; with `api_key` every route but /health needs it.
+    With a `draft` (lmtrace.model.draft.draft_for) every request decodes speculatively, one row
+    at a time, proposing `draft_tokens` a block (a request's `draft_tokens` overrides it)."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     worker = BatchingWorker(lm, max_concurrency, max_batch) if max_batch > 1 else ModelWorker(max_concurrency)
-    state = ServerState(lm, name or served_name(lm), worker)
+    state = ServerState(lm, name or served_name(lm), worker, draft=draft, draft_tokens=draft_tokens)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -56,7 +61,7 @@ def create_app(
     app = FastAPI(title="lmtrace", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.lmtrace = state
     errors.install(app)
-    for module in (models, completions, chat, traces, tokenization, viewer):
+    for module in (models, completions, chat, traces, extensions, tokenization, viewer):
         app.include_router(module.router)
 
     @app.get("/health", include_in_schema=False)

@@ -35,6 +35,9 @@ class ServerState:
     name: str
     worker: ModelWorker
     created: int = field(default_factory=lambda: int(time.time()))
+    # speculative decoding (lmtrace serve --draft): the draft model and its default block size
+    draft: Any = None
+    draft_tokens: int = 4
     front: LM = field(init=False)
 
     def __post_init__(self) -> None:
@@ -47,8 +50,9 @@ class ServerState:
         return job.params.stop_on_eos and step.token_id in self.lm.eos_token_ids
 
 
-def work(lm: LM, job: Job) -> Work:
-    """The one-request-at-a-time worker's work (`max_batch` 1). Events: ("prompt", i,
+def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
+    """The one-request-at-a-time worker's work (`max_batch` 1; with a draft, speculative and one
+    row at a time whatever the worker). Events: ("prompt", i,
     [PromptToken]) for echo of prompt i, ("step", choice, Step) per token, ("done", [Trace]) at
     the end (one Trace per choice, choice i * n + j being prompt i's j-th)."""
 
@@ -68,7 +72,7 @@ def work(lm: LM, job: Job) -> Work:
 
             traces += generate_ids(
                 lm, [p.ids] * job.n, job.params, prompt_texts=[p.text] * job.n, chat=job.chat, on_step=on_step,
-                **job.inside,
+                **job.inside, **({"draft": draft, "draft_tokens": draft_tokens} if draft is not None else {}),
             )
         emit(("done", traces))
 
@@ -76,6 +80,11 @@ def work(lm: LM, job: Job) -> Work:
 
 
 def start(state: ServerState, job: Job) -> Handle:
+    if state.draft is not None:  # speculative decoding runs one row at a time, on the model thread
+        return _submit(state, work(state.lm, job, state.draft, job.draft_tokens or state.draft_tokens))
+    if job.draft_tokens is not None:
+        message = f"draft_tokens: this server runs no draft model (lmtrace serve --draft SPEC), got {job.draft_tokens}"
+        raise APIError(400, message, param="draft_tokens")
     try:
         # lens / attention run the engine's own batch with a probe (not the continuous batcher),
         # on the batcher's model thread between two of its steps (BatchingWorker.submit)
@@ -83,13 +92,24 @@ def start(state: ServerState, job: Job) -> Handle:
             return state.worker.submit_job(job)
         return state.worker.submit(work(state.lm, job))
     except Busy as e:
-        raise APIError(
-            429,
-            f"{e}; retry after {e.retry_after} s",
-            type="rate_limit_error",
-            code="rate_limit_exceeded",
-            headers={"Retry-After": str(e.retry_after)},
-        ) from e
+        raise _busy(e) from e
+
+
+def _submit(state: ServerState, run: Work) -> Handle:
+    try:
+        return state.worker.submit(run)
+    except Busy as e:
+        raise _busy(e) from e
+
+
+def _busy(e: Busy) -> APIError:
+    return APIError(
+        429,
+        f"{e}; retry after {e.retry_after} s",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(e.retry_after)},
+    )
 
 
 async def collect(handle: Handle, request: Request) -> tuple[dict[int, list[PromptToken]], list[Trace]]:

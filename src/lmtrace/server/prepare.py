@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmtrace.arguments import MAX_DRAFT_TOKENS
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
+from lmtrace.server import constraints
 from lmtrace.server.errors import APIError, bad_request, from_invalid
 from lmtrace.server.schemas import ChatRequest, CompletionRequest, Message, Sampling, TraceRequest, unicode_text
 
@@ -42,6 +44,7 @@ class Job:
     generate: bool = True  # False for echo with max_tokens 0: only the prompt is scored
     many: bool = False
     inside: dict = field(default_factory=dict)  # /v1/traces: lens, attention
+    draft_tokens: int | None = None  # speculative decoding on a server with a draft (None: its default)
 
     @property
     def top_n(self) -> int:
@@ -85,12 +88,16 @@ def _common(body: Sampling) -> None:
             raise bad_request(f"{name} is not supported by lmtrace serve (only 0), got {getattr(body, name)}", name)
     if body.stop is not None and len(body.stop) > MAX_STOP:
         raise bad_request(f"stop takes at most {MAX_STOP} strings, got {len(body.stop)}", "stop")
+    if body.draft_tokens is not None:
+        _range("draft_tokens", body.draft_tokens, 1, MAX_DRAFT_TOKENS)
 
 
 def params_for(body: Sampling, max_tokens: int, top_logprobs: int, top_name: str) -> SamplingParams:
-    """SamplingParams with the CLI's validation; errors name the request's fields."""
+    """SamplingParams with the CLI's validation, the constraint compiled; errors name the
+    request's fields."""
+    fields, renames = constraints.constraint_fields(body)
     try:
-        return SamplingParams(
+        params = SamplingParams(
             max_new_tokens=max_tokens,
             temperature=body.temperature,
             top_k=0 if body.top_k == -1 else body.top_k,
@@ -101,9 +108,12 @@ def params_for(body: Sampling, max_tokens: int, top_logprobs: int, top_name: str
             stop=tuple(body.stop or ()),
             top_logprobs=top_logprobs,
             stop_on_eos=not body.ignore_eos,
+            **fields,
         )
     except InvalidParameter as e:
-        raise from_invalid(e, {"top_logprobs": top_name}) from e
+        raise from_invalid(e, {"top_logprobs": top_name, "stop_on_eos": "ignore_eos", **renames}) from e
+    constraints.check(params, renames)
+    return params
 
 
 def context_size(lm: LM) -> int | None:
@@ -186,7 +196,9 @@ def completion_job(lm: LM, body: CompletionRequest) -> Job:
         check_fits(lm, p.ids, max_tokens, f"prompt[{i}]" if many else "prompt")
     mode = body.logprobs_mode == "sampled"
     logprobs = body.logprobs is not None
-    return Job(prompts, params, body.n, False, logprobs, mode, body.echo, not score_only, many)
+    job = Job(prompts, params, body.n, False, logprobs, mode, body.echo, not score_only, many)
+    job.draft_tokens = body.draft_tokens
+    return job
 
 
 def chat_job(lm: LM, body: ChatRequest) -> Job:
@@ -201,7 +213,9 @@ def chat_job(lm: LM, body: ChatRequest) -> Job:
         limit = max(1, (context_size(lm) or len(ids) + 512) - len(ids))
     params = params_for(body, limit, (body.top_logprobs or 0) if body.logprobs else 0, "top_logprobs")
     check_fits(lm, ids, limit)
-    return Job([Prompt(ids, text)], params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
+    job = Job([Prompt(ids, text)], params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
+    job.draft_tokens = body.draft_tokens
+    return job
 
 
 def trace_job(lm: LM, body: TraceRequest) -> Job:
@@ -221,4 +235,5 @@ def trace_job(lm: LM, body: TraceRequest) -> Job:
     sampled = body.logprobs_mode == "sampled"
     job = Job(prompts, params, 1, body.messages is not None, True, sampled, many=many)
     job.inside = {"lens": body.lens, "attention": body.attention}
+    job.draft_tokens = body.draft_tokens
     return job

@@ -29,6 +29,43 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema: the schema the output follows (`strict` accepted:
+    the grammar enforces the schema as given either way)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Text
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+    description: Text | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: "text" (unconstrained), "json_object" (any JSON object) or
+    "json_schema"."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs: one of json (a schema, or its text), regex, choice, grammar
+    (EBNF), json_object. `disable_any_whitespace`: lmtrace compiles JSON compact unless it is
+    false (vLLM's lenient grammar)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    json_: dict[str, Any] | Text | None = Field(None, alias="json")
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool | None = None
+
+
 class Sampling(BaseModel):
     """Fields every generating route shares."""
 
@@ -62,11 +99,18 @@ class Sampling(BaseModel):
     logprobs_mode: Literal["raw", "sampled"] = "raw"
     # Extension (as vLLM): keep generating past the end-of-sequence token.
     ignore_eos: bool = False
+    # Extension: tokens the draft proposes per block (1-16), on a server started with --draft
+    # (speculative decoding; the numbers stay the model's). Default: the server's --draft-tokens.
+    draft_tokens: int | None = None
     # Accepted for compatibility and ignored.
     user: Text | None = None
     # Accepted only at their neutral value 0: lmtrace does not implement them.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # Constrained decoding (lmtrace.server.constraints): OpenAI's response_format or vLLM's
+    # structured_outputs; at most one constraint per request.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -124,6 +168,13 @@ class TraceRequest(Sampling):
     # (true: the mean over heads; "heads": also each head's own).
     lens: bool = False
     attention: bool | Literal["heads"] = False
+    # The CLI's constraint keys (as on a batch line): a JSON schema, a regular expression, the
+    # options of a choice, an EBNF grammar; and the whitespace a JSON schema allows.
+    json_schema: dict[str, Any] | None = None
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None
+    json_whitespace: Literal["compact", "any"] | None = None
 
 
 class TokenizeRequest(BaseModel):

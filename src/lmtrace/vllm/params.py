@@ -21,6 +21,8 @@ VLLM_ORDER = "repetition_penalty -> temperature -> min_p -> top_k -> top_p"
 def to_vllm(params: SamplingParams, eos_token_ids: Sequence[int], echo: bool = False) -> Any:
     """vllm.SamplingParams of one request. The end tokens are lmtrace's (the model's generation
     config), given explicitly so that both engines stop on the same ones."""
+    if params.constraint is not None:  # vLLM's logprobs would be of the masked logits: not rescored yet
+        raise ValueError(f"{params.constraint}: --engine vllm does not trace constrained decoding; use --engine local")
     from vllm import SamplingParams as VllmParams
 
     return VllmParams(

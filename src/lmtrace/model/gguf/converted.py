@@ -154,6 +154,16 @@ def _replace(new: Path, folder: Path, path: Path) -> None:
             raise
 
 
+def source_of(folder: str | Path) -> str | None:
+    """The GGUF file name a converted folder was made from (None: not a converted folder)."""
+    try:
+        record = json.loads((Path(folder) / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    source = record.get("source") if isinstance(record, dict) else None
+    return source if isinstance(source, str) else None
+
+
 def converted(path: str | Path, load_gguf: Callable[[], LM], status: Status | None = None) -> Path:
     """The safetensors folder for the GGUF at `path`, converting it first (with `load_gguf`,
     which loads the file itself in float32) if needed."""

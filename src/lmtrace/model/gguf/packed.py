@@ -67,6 +67,8 @@ class PackedHead(PackedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         coarse = super().forward(x)  # (..., out)
+        if self.refine == 0:  # a draft model's head: its proposals need no float32 logits
+            return coarse
         flat, logits = x.reshape(-1, x.shape[-1]).float(), coarse.reshape(-1, self.out_features)
         idx = logits.topk(self.refine, dim=-1).indices  # (rows, refine)
         w = self.codes[idx].float().sub_(8)  # (rows, refine, in')
@@ -92,6 +94,7 @@ class PackReport:
     packed_bytes: int = 0  # bytes of the packed matmul weights
     float_bytes: int = 0  # bytes of the linear weights kept in float
     seconds: float = 0.0
+    fused: int = 0  # groups of sibling projections stacked into one kernel call (model/gguf/fused.py)
 
     def line(self) -> str:
         """One line for the load status: what runs packed and what does not."""
@@ -169,10 +172,13 @@ def _pack_one(model: nn.Module, name: str, module: nn.Linear, tensor: Any, compu
     return layer
 
 
-def pack_gguf(model: nn.Module, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16) -> PackReport:
+def pack_gguf(
+    model: nn.Module, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fuse: bool = True
+) -> PackReport:
     """Replaces the model's linear layers by packed ones read from the GGUF file at `path` (the
     file the model was loaded from). Each packed layer's dequantized weights are checked equal to
-    the loaded float32 weights before the swap; a layer that fails keeps its float weights."""
+    the loaded float32 weights before the swap; a layer that fails keeps its float weights. With
+    `fuse`, q/k/v and gate/up then run as one kernel call each (model/gguf/fused.py)."""
     import gguf
 
     started = time.perf_counter()
@@ -195,6 +201,13 @@ def pack_gguf(model: nn.Module, path: str | Path, compute_dtype: torch.dtype = t
         model.set_submodule(name, packed)
         report.packed[name] = tensor.tensor_type.name
         report.packed_bytes += packed.nbytes()
+    if fuse:
+        from lmtrace.model.gguf.fused import fuse as fuse_groups
+
+        def form_of(name: str, layer: PackedLinear) -> Int4Form:
+            return _form(model, name, layer.out_features, layer.in_features, tensors[name])
+
+        report.fused = fuse_groups(model, form_of)
     report.seconds = time.perf_counter() - started
     model.lmtrace_packed = report
     return report
@@ -215,10 +228,16 @@ def float_reference(model: nn.Module) -> nn.Module:
     ref = nn.Module.float(copy.deepcopy(model))  # transformers' own .float() refuses GGUF-loaded models
     if report is None:
         return ref.eval()
+    from lmtrace.model.gguf.fused import FusedMLP, Stub
+
     tensors = {t.name: t for t in gguf.GGUFReader(report.path).tensors}
     del ref.lmtrace_packed
     for name, module in list(ref.named_modules()):
-        if isinstance(module, PackedLinear):
+        if isinstance(module, FusedMLP):  # the MLP as it was, its gate and up read below
+            module.original.down_proj = module.down_proj
+            ref.set_submodule(name, module.original)
+    for name, module in list(ref.named_modules()):
+        if isinstance(module, (PackedLinear, Stub)):
             form = _form(ref, name, module.out_features, module.in_features, tensors[module.source])
             linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
             with torch.no_grad():

@@ -20,6 +20,12 @@
     if (typeof x !== "number") return String(x);
     return Number.isInteger(x) ? String(x) : x.toPrecision(digits || 4);
   }
+  // a probability as a person reads it: 0.412, 0.0031, or "< 0.0001" (never 4.260e-14)
+  function pr(p) {
+    if (p === null || p === undefined) return "–";
+    if (p >= 0.01 || p === 0) return p === 0 ? "0" : p.toFixed(3);
+    return p >= 0.0001 ? p.toFixed(4) : "< 0.0001";
+  }
   function bytes(n) {
     if (typeof n !== "number") return num(n);
     var units = ["B", "KiB", "MiB", "GiB"], i = 0;
@@ -59,9 +65,9 @@
       td.appendChild(track);
       tr.appendChild(el("td", "t", a.shown));
       tr.appendChild(td);
-      tr.appendChild(el("td", "n", num(a.p, 3)));
+      tr.appendChild(el("td", "n", pr(a.p)));
       // a null sampled probability is a token the processors filtered out
-      if (showSampled) tr.appendChild(el("td", "n", a.sp === null ? "cut" : num(a.sp, 3)));
+      if (showSampled) tr.appendChild(el("td", "n", a.sp === null ? "cut" : pr(a.sp)));
       tr.title = "token id " + a.id;
       table.appendChild(tr);
     });
@@ -101,8 +107,8 @@
     rows(dl, [
       ["token id", num(s.id)],
       ["bytes", s.own !== s.shown ? s.own : undefined],
-      ["probability", num(s.p) + "  (logprob " + num(s.lp) + ")"],
-      ["sampled prob.", data.sampled || (s.p === null && s.sp !== null) ? num(s.sp) : undefined],
+      ["probability", pr(s.p) + "  (logprob " + num(s.lp) + ")"],
+      ["sampled prob.", data.sampled || (s.p === null && s.sp !== null) ? pr(s.sp) : undefined],
       ["rank", num(s.rank)],
       ["entropy", s.H === null || s.H === undefined ? undefined : num(s.H, 3) + " nats"],
       ["sampled entropy", (data.sampled || s.H === null) && s.sH !== null && s.sH !== undefined ? num(s.sH, 3) + " nats" : undefined],
@@ -138,7 +144,7 @@
     panel.appendChild(el("h4", null, "logit lens · settled at layer " + num(s.lens.settled)));
     var layer = s.lens.layers[at];
     if (layer) {
-      panel.appendChild(el("p", "meta", "layer " + layer.l + " top tokens:"));
+      panel.appendChild(el("p", "meta", (layer.l === 0 ? "embeddings (layer 0)" : "layer " + layer.l) + " top tokens:"));
       var list = el("table", "alts");
       layer.top.forEach(function (t) {
         var tr = el("tr"), track = el("div", "bar-track"), td = el("td");
@@ -146,7 +152,7 @@
         td.appendChild(track);
         tr.appendChild(el("td", "t", t[0]));
         tr.appendChild(td);
-        tr.appendChild(el("td", "n", num(t[1], 3)));
+        tr.appendChild(el("td", "n", pr(t[1])));
         list.appendChild(tr);
       });
       panel.appendChild(list);
@@ -156,7 +162,7 @@
     table.appendChild(head);
     s.lens.layers.slice().reverse().forEach(function (x) {
       var tr = el("tr", (x.l === at ? "here" : "") + (x.l === s.lens.settled ? " settled" : ""));
-      [x.l, num(x.p, 3), num(x.rank), x.top.length ? x.top[0][0] : "–", num(x.H, 3), num(x.kl, 3)].forEach(function (c) {
+      [x.l === 0 ? "emb" : x.l, pr(x.p), num(x.rank), x.top.length ? x.top[0][0] : "–", num(x.H, 3), num(x.kl, 3)].forEach(function (c) {
         tr.appendChild(el("td", null, c));
       });
       table.appendChild(tr);
@@ -165,13 +171,16 @@
     box.appendChild(table);
     panel.appendChild(box);
   }
-  // Shades the attention text by the step's weights at the chosen layer (or their mean).
+  // Shades the attention text by the step's weights at the chosen layer (or their mean): the
+  // value-weighted ones by default, the raw ones when asked (or for one head: only raw per head).
   function attentionText(v, i) {
     var s = data.views[v].steps[i], select = document.getElementById("att-layer");
     var boxes = document.querySelectorAll(".att-text .pos");
     if (!boxes.length || !select) return;
     var layers = s.att.layers, pick = select.value, weights = {}, chosen = layers;
     var headSelect = document.getElementById("att-head"), head = headSelect ? headSelect.value : "mean";
+    var picked = document.querySelector('input[name="att-weights"]:checked');
+    var valued = (!picked || picked.value === "vw") && head === "mean" && layers.some(function (x) { return x.vw; });
     if (pick !== "mean") chosen = layers.filter(function (x) { return String(x.l) === pick; });
     if (head !== "mean") {  // one head's own record of each chosen layer (attention="heads")
       chosen = chosen.filter(function (x) { return x.heads && x.heads[+head]; }).map(function (x) {
@@ -179,8 +188,9 @@
         return {l: x.l, head: +head, top: h.top, sink: h.sink, recent: h.recent, H: h.H};
       });
     }
-    chosen.forEach(function (x) {
-      x.top.forEach(function (t) { weights[t[0]] = (weights[t[0]] || 0) + t[1] / chosen.length; });
+    var shown = chosen.map(function (x) { return valued && x.vw ? {l: x.l, top: x.vw.top, sink: x.vw.sink, H: x.vw.H, raw: x} : x; });
+    shown.forEach(function (x) {
+      x.top.forEach(function (t) { weights[t[0]] = (weights[t[0]] || 0) + t[1] / shown.length; });
     });
     var most = Math.max.apply(null, Object.keys(weights).map(function (k) { return weights[k]; }).concat([1e-9]));
     var prompt = document.querySelectorAll(".att-text .pos.in-prompt").length, query = prompt + i - 1;
@@ -191,14 +201,19 @@
       b.classList.toggle("future", pos > query);
       b.classList.toggle("query", pos === query);
     });
-    var one = chosen.length === 1 ? chosen[0] : null, note = document.getElementById("att-note");
-    var which = head !== "mean" ? ", head " + head : "";
-    note.textContent = "step " + s.i + " (" + s.shown + "), " + (one ? "layer " + one.l : "mean of " + chosen.length + " layers") + which +
-      (one ? ": sink mass " + num(one.sink, 3) + ", last-32 mass " + num(one.recent, 3) + ", entropy " + num(one.H, 3) + " nats" : "");
+    var one = shown.length === 1 ? shown[0] : null, note = document.getElementById("att-note");
+    var which = head !== "mean" ? ", head " + head : "", kind = valued ? "value-weighted" : "raw weights";
+    var recent = +document.querySelector(".att-controls").dataset.recent || 0;  // shown only past the window
+    var facts = one ? [["sink mass (first 4)", num(one.sink, 3)]] : [];
+    if (one && valued) facts.push(["raw sink mass", num(one.raw.sink, 3)]);
+    if (one && recent) facts.push(["last-" + recent + " mass", num((one.raw || one).recent, 3)]);
+    if (one) facts.push(["entropy", num(one.H, 3) + " nats"]);
+    note.textContent = "step " + s.i + " (" + s.shown + "), " + (one ? "layer " + (one.l + 1) : "mean of " + shown.length + " layers") +
+      which + ", " + kind + (facts.length ? ": " + facts.map(function (f) { return f[0] + " " + f[1]; }).join(", ") : "");
     if (one) {
-      panel.appendChild(el("h4", null, "attention · layer " + one.l + which));
+      panel.appendChild(el("h4", null, "attention · layer " + (one.l + 1) + which + " · " + kind));
       var dl = el("dl", "panel-nums");
-      rows(dl, [["sink mass", num(one.sink, 3)], ["last-32 mass", num(one.recent, 3)], ["entropy", num(one.H, 3) + " nats"]]);
+      rows(dl, facts);
       panel.appendChild(dl);
     }
   }
@@ -245,13 +260,21 @@
       e.preventDefault();
     }
   });
+  function again() {
+    var at = pinned || last;
+    if (at) show(at[0], at[1]);
+  }
   ["att-layer", "att-head"].forEach(function (id) {
     var select = document.getElementById(id);
-    if (select) select.addEventListener("change", function () {
-      var at = pinned || last;
-      if (at) show(at[0], at[1]);
-    });
+    if (select) select.addEventListener("change", again);
   });
+  document.querySelectorAll('input[name="att-weights"]').forEach(function (input) { input.addEventListener("change", again); });
+  // the attention text is shaded from the start: by the last step, until another is pointed at
+  if (document.querySelector(".att-text")) {
+    var steps = data.views[0].steps, at = steps.length - 1;
+    while (at > 0 && !steps[at].att) at--;
+    if (steps[at] && steps[at].att) show(0, at);
+  }
   document.querySelectorAll('input[name="dist"]').forEach(function (input) {
     input.addEventListener("change", function () {
       mode = input.value;

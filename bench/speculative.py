@@ -1,0 +1,204 @@
+"""Speculative decoding against plain float32 decoding on the bundled model (batch 1, greedy):
+lmtrace float32 plain, the packed 4-bit path alone, float32 with the packed draft at K = 2, 4, 6
+and with the self-speculative `layers:N` draft. One run, the contenders interleaved in every
+round (each on the same prompts), medians over rounds; tokens/s, the ratio to plain float32,
+acceptance by position, and whether every run gave plain float32's tokens.
+
+The contenders run in a child process that loads the models once; a contender that crashes it
+(or raises) is that contender's result for that run, the child is started again, and the others
+go on. The JSON is written after every run, so a run cut short keeps what it measured.
+
+Usage: python bench/speculative.py [--rounds 3] [--tokens 64] [--prompts 2] [--layers 8]
+       [--model PATH.gguf] [--out FILE.json] [--crash NAME (a check: the child aborts there)]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROMPTS = [
+    "The three most important ideas in physics are",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):",
+    "A good cup of coffee needs",
+]
+PLAIN, PACKED = "float32 plain", "packed alone"
+
+
+def contenders(layers: int) -> dict[str, dict]:
+    """name -> how the child runs it: which model, which draft, how many tokens a block."""
+    out = {PLAIN: {"lm": "float32"}, PACKED: {"lm": "packed"}}
+    for k in (2, 4, 6):
+        out[f"float32 + packed draft K={k}"] = {"lm": "float32", "draft": "packed", "k": k}
+    out[f"float32 + layers:{layers} K=4"] = {"lm": "float32", "draft": f"layers:{layers}", "k": 4}
+    return out
+
+
+# --- the child: loads the models once, runs one contender per line of standard input ---
+
+
+def worker(model: str | None, tokens: int, crash: str | None) -> None:
+    import torch
+
+    import lmtrace
+
+    lms = {"float32": lmtrace.load(model, device="cpu", dtype="float32"),
+           "packed": lmtrace.load(model, device="cpu", dtype="float32", weights="packed")}  # fmt: skip
+    print(json.dumps({"ready": True, "threads": torch.get_num_threads()}), flush=True)
+    for line in sys.stdin:
+        task = json.loads(line)
+        how = task["how"]
+        if task["name"] == crash:
+            os.abort()  # the check that the bench survives a crashing contender
+        lm = lms[how["lm"]]
+        extra = {"draft": how["draft"], "draft_tokens": how["k"]} if "draft" in how else {}
+        if task.get("warm"):  # the draft's load and the first forwards are not timed
+            lmtrace.generate(lm, task["prompt"], max_new_tokens=4, temperature=0, **extra)
+        started = time.perf_counter()
+        trace = lmtrace.generate(lm, task["prompt"], max_new_tokens=tokens, temperature=0, top_logprobs=5,
+                                 stop_on_eos=False, **extra)  # fmt: skip
+        seconds = time.perf_counter() - started
+        print(json.dumps({"tokens": len(trace.steps), "seconds": seconds, "token_ids": trace.token_ids,
+                          "speculative": trace.speculative}), flush=True)  # fmt: skip
+
+
+# --- the parent: plans the interleaved runs, keeps a child going, writes what it measured ---
+
+
+class Child:
+    def __init__(self, args: argparse.Namespace):
+        command = [sys.executable, __file__, "--worker", "--tokens", str(args.tokens)]
+        command += ["--model", args.model] if args.model else []
+        command += ["--crash", args.crash] if args.crash else []
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = self.proc.stdout.readline()
+        if not ready:
+            raise RuntimeError(f"the child could not load the models (exit code {self.proc.wait()})")
+
+    def run(self, task: dict) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(task) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if line:
+            return json.loads(line)
+        code = self.proc.wait()
+        why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        raise RuntimeError(f"crashed ({why})")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+def summarize(record: dict) -> None:
+    """Medians, ratios to plain float32, acceptance by position (mean over runs), identical tokens."""
+    plain = record["results"].get(PLAIN, {}).get("median")
+    for r in record["results"].values():
+        r["median"] = statistics.median(r["tok_s"]) if r["tok_s"] else None
+        r["ratio_to_plain"] = r["median"] / plain if r["median"] and plain else None
+        rates = [s["acceptance_by_position"] for s in r["speculative"] if s]
+        r["acceptance_by_position"] = [statistics.mean(x[j] for x in rates if x[j] is not None)
+                                       for j in range(len(rates[0]))] if rates else None  # fmt: skip
+        means = [s["mean_accepted_per_block"] for s in r["speculative"] if s and s["mean_accepted_per_block"]]
+        r["mean_accepted_per_block"] = statistics.mean(means) if means else None
+
+
+def table(record: dict) -> str:
+    lines = ["| contender | median tok/s | runs | ratio to float32 plain | tokens identical | "
+             "acceptance by position | accepted per block |", "|---|---:|---:|---:|:---:|---|---:|"]  # fmt: skip
+    for name, r in record["results"].items():
+        med = f"{r['median']:.1f}" if r.get("median") else "failed"
+        ratio = f"{r['ratio_to_plain']:.2f}" if r.get("ratio_to_plain") else "—"
+        same = "—" if "draft" not in r["how"] else ("yes" if r["identical"] and all(r["identical"]) else "no")
+        acc = " ".join(f"{x:.2f}" for x in r["acceptance_by_position"]) if r.get("acceptance_by_position") else "—"
+        per = f"{r['mean_accepted_per_block']:.2f}" if r.get("mean_accepted_per_block") else "—"
+        lines.append(f"| {name} | {med} | {len(r['tok_s'])} | {ratio} | {same} | {acc} | {per} |")
+    for name, errors in record["errors"].items():
+        lines.append(f"\n{name}: " + "; ".join(errors))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, record: dict, out: Path) -> None:
+    plan = contenders(args.layers)
+    record["results"] = {n: {"tok_s": [], "identical": [], "speculative": [], "how": how} for n, how in plan.items()}
+    child, warmed = None, set()
+    for rnd in range(args.rounds):
+        for prompt in PROMPTS[: args.prompts]:
+            reference = None
+            for name, how in plan.items():  # interleaved: every contender on this prompt, then the next
+                task = {"name": name, "how": how, "prompt": prompt, "warm": name not in warmed}
+                try:
+                    child = child or Child(args)
+                    got = child.run(task)
+                except Exception as e:  # noqa: BLE001 - the contender's result is its failure
+                    record["errors"].setdefault(name, []).append(f"round {rnd}: {' '.join(str(e).split())[:200]}")
+                    child = None
+                    continue
+                warmed.add(name)
+                r = record["results"][name]
+                r["tok_s"].append(got["tokens"] / got["seconds"])
+                r["speculative"].append(got["speculative"])
+                if name == PLAIN:
+                    reference = got["token_ids"]
+                elif reference is not None and "draft" in how:
+                    r["identical"].append(got["token_ids"] == reference)
+                summarize(record)
+                write(out, record)
+    if child is not None:
+        child.close()
+
+
+def write(out: Path, record: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=2, help=f"prompts per round (1-{len(PROMPTS)})")
+    ap.add_argument("--layers", type=int, default=8, help="N of the self-speculative layers:N draft")
+    ap.add_argument("--model", default=None, help="a .gguf (default: the bundled SmolLM2-135M-Instruct)")
+    ap.add_argument("--out", default=None, help="JSON file (default bench/results/speculative-<time>.json)")
+    ap.add_argument("--crash", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    if args.worker:
+        worker(args.model, args.tokens, args.crash)
+        return
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still writes what was measured
+    out = Path(args.out or f"bench/results/speculative-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    record = {"machine": {"platform": platform.platform(), "cores": os.cpu_count(), "load": os.getloadavg()},
+              "model": args.model or "bundled SmolLM2-135M-Instruct", "tokens": args.tokens, "rounds": args.rounds,
+              "prompts": PROMPTS[: args.prompts], "results": {}, "errors": {}}  # fmt: skip
+    try:
+        run(args, record, out)
+    except BaseException as e:  # noqa: BLE001 - whatever happens, what was measured is written
+        record["errors"]["run"] = [" ".join(str(e).split())[:300] or type(e).__name__]
+        raise
+    finally:
+        record["machine"]["load_after"] = os.getloadavg()
+        print(f"{record['model']}, CPU, batch 1, greedy, {args.tokens} new tokens, {args.rounds} rounds\n")
+        print(table(record))
+        write(out, record)
+        print(f"\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""Speculative decoding, traced: a draft model proposes K tokens with its own KV cache, the
+target scores them in one forward over its cache, and the one step (decode/step.py `take`)
+judges each proposal in turn (lmtrace.logits.acceptance) and measures the token it emits under
+the target's distributions, so every number of a step is the target's own. The first rejected
+proposal ends the block with the target's token in its place; when all K are accepted the
+target's distribution after them gives one more token (the bonus). Both caches are cropped
+back to the tokens kept, and the step that ends the block records the crop.
+
+    target holds seq[:-1] (after the prefill: all of seq, and the logits it owes)
+    draft  feeds what it has not seen, proposes d0..d{K-1} (K forwards)
+    target feeds [last token, d0..d{K-1}]: K+1 distributions, one per step of the block
+
+One row (batch 1); a batch of prompts decodes one prompt after another (decode/tracing.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lmtrace.decode import engine
+from lmtrace.decode import step as one_step
+from lmtrace.decode.observers import attached
+from lmtrace.decode.rows import RowRecord, generator, records
+from lmtrace.decode.step import BatchStep, Choosing, Proposal
+from lmtrace.kv import ledger
+from lmtrace.model.draft import Draft
+from lmtrace.model.lm import LM
+from lmtrace.params import SamplingParams
+from lmtrace.records import Step
+
+
+@dataclass
+class Tally:
+    """What a speculative run counts: each block's proposals and verdicts (up to the first
+    rejection, or to a stop), and the forward passes of each model."""
+
+    draft: str
+    draft_tokens: int
+    draft_model: dict[str, Any] = field(default_factory=dict)
+    blocks: list[tuple[int, list[bool]]] = field(default_factory=list)  # (proposed, verdicts)
+    target_forwards: int = 0
+    draft_forwards: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The trace's `speculative` field. `acceptance_by_position[j]`: the share of blocks that
+        proposed a token at position j where it was accepted (all before it too);
+        `conditional_acceptance_by_position[j]`: the same among blocks that reached position j."""
+        by, conditional = [], []
+        for j in range(self.draft_tokens):
+            known = [v for n, v in self.blocks if n > j and (len(v) > j or (v and not v[-1]))]
+            by.append(_rate([len(v) > j and all(v[: j + 1]) for v in known]))
+            conditional.append(_rate([v[j] for n, v in self.blocks if len(v) > j and all(v[:j])]))
+        kept = [_leading(v) for n, v in self.blocks if n > 0]
+        return {
+            "draft": self.draft,
+            "draft_tokens": self.draft_tokens,
+            "acceptance_by_position": by,
+            "conditional_acceptance_by_position": conditional,
+            "mean_accepted_per_block": sum(kept) / len(kept) if kept else None,
+            "blocks": len(self.blocks),
+            "target_forwards": self.target_forwards,
+            "draft_forwards": self.draft_forwards,
+            "draft_model": self.draft_model,
+        }
+
+
+def _rate(flags: list[bool]) -> float | None:
+    return sum(flags) / len(flags) if flags else None
+
+
+def _leading(verdicts: list[bool]) -> int:
+    return next((i for i, v in enumerate(verdicts) if not v), len(verdicts))
+
+
+class Side:
+    """One model of the pair: its cache (croppable) and its forward passes."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.cache = ledger.new_cache(model, croppable=True)
+        self.forwards = 0
+
+    @property
+    def fed(self) -> int:
+        return ledger.seq_length(self.cache)
+
+    def feed(self, tokens: Sequence[int], keep: int) -> torch.Tensor:
+        """Feeds `tokens` after the cached ones; float32 logits of the last `keep` positions
+        (keep, vocab)."""
+        start = self.fed
+        device = self.model.device
+        out = self.model(
+            input_ids=torch.tensor([list(tokens)], device=device),  # (1, n)
+            position_ids=torch.arange(start, start + len(tokens), device=device)[None],  # (1, n)
+            logits_to_keep=keep,
+            **ledger.cache_kwargs(self.model, self.cache),
+        )
+        self.forwards += 1
+        return out.logits[0].float()  # (1, keep, vocab) -> (keep, vocab)
+
+
+def fit(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """A draft's logits (rows, vocab') on the target's vocabulary width: ids the target lacks
+    are cut, ids the draft lacks can never be proposed (-inf)."""
+    have = logits.shape[-1]
+    if have == width:
+        return logits
+    if have > width:
+        return logits[..., :width]
+    return torch.cat([logits, logits.new_full((*logits.shape[:-1], width - have), float("-inf"))], dim=-1)
+
+
+def propose(
+    draft: Side, seq: list[int], k: int, params: SamplingParams, rng: Any, seen: torch.Tensor | None, block: int,
+    width: int,
+) -> list[Proposal]:  # fmt: skip
+    """The draft's K proposals, each drawn from its processed distribution (the target's
+    processors, the seen tokens including the proposals before it)."""
+    if k == 0:
+        return []
+    logits = fit(draft.feed(seq[draft.fed :], keep=1), width)  # (1, vocab)
+    own = Choosing([params], rng, None if seen is None else seen.clone())
+    out: list[Proposal] = []
+    for j in range(k):
+        q = own.process(logits)
+        token = own.choose(q)  # (1,)
+        out.append(Proposal(int(token[0]), q, j, block))
+        own.saw(token)
+        if j < k - 1:
+            logits = fit(draft.feed([int(token[0])], keep=1), width)
+    return out
+
+
+def verify(target: Side, seq: list[int], proposals: list[Proposal], held: torch.Tensor | None) -> torch.Tensor:
+    """The target's K+1 raw distributions (K+1, vocab): for each proposal, then the bonus."""
+    feed = seq[target.fed :] + [p.token_id for p in proposals]
+    rows = [held] if held is not None else []
+    if feed:
+        rows.append(target.feed(feed, keep=len(proposals) + 1 - len(rows)))
+    return torch.cat(rows)
+
+
+def generate_steps(
+    model: Any, draft: Any, prompt_ids: Sequence[int], params: SamplingParams, rng: Any, setup: engine.Setup,
+    k: int, tally: Tally,
+) -> Iterator[BatchStep]:  # fmt: skip
+    """Decodes one prompt with `draft` proposing `k` tokens a block; yields one BatchStep per
+    token, as engine.generate_steps does, with the step's `draft` verdict (None: a bonus token)."""
+    engine.check_context(model, [prompt_ids], params)
+    seq = list(prompt_ids)
+    target, proposer = Side(model), Side(draft)
+    seen = None
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros((1, model.config.vocab_size), dtype=torch.bool, device=model.device)
+        seen[0, seq] = True
+    loop = _Loop(target, proposer, params, rng, setup, tally, engine.expected_bytes(model, 1))
+    with torch.inference_mode(), attached(setup.observers, model):
+        ids = torch.tensor([seq], device=model.device)
+        held = engine.prefill_observed(model, ids, torch.ones_like(ids), False, target.cache, setup.observers)
+        target.forwards += 1
+        width = held.shape[-1]  # the target's vocabulary: a draft's logits are fitted to it
+        while len(seq) - len(prompt_ids) < params.max_new_tokens and not loop.done:
+            k_now = min(k, params.max_new_tokens - (len(seq) - len(prompt_ids)) - 1)
+            proposals = propose(proposer, seq, k_now, params, rng, seen, len(tally.blocks), width)
+            rows = verify(target, seq, proposals, held)  # (k_now + 1, vocab)
+            held = None
+            yield from loop.block(seq, len(seq) - len(prompt_ids), proposals, rows, seen)
+
+
+@dataclass
+class _Loop:
+    """The state a block's steps share: both models' sides, how to choose, what is counted."""
+
+    target: Side
+    proposer: Side
+    params: SamplingParams
+    rng: Any
+    setup: engine.Setup
+    tally: Tally
+    expected: Any
+    done: bool = False
+    started: float = field(default_factory=time.perf_counter)
+
+    def block(
+        self, seq: list[int], index: int, proposals: list[Proposal], rows: torch.Tensor, seen: torch.Tensor | None
+    ) -> Iterator[BatchStep]:
+        """The block's steps: each proposal judged in turn until one is rejected, then the bonus;
+        `seq` gets the emitted tokens."""
+        verdicts: list[bool] = []
+        for i in range(len(proposals) + 1):
+            proposal = proposals[i] if i < len(proposals) else None
+            how = Choosing([self.params], self.rng, seen, draft=proposal)
+            kv = ledger.prefix_state(self.target.cache, len(seq), self.expected)
+            tokens, step = one_step.take(index + i, rows[i : i + 1], how, [True], kv)
+            step.draft = step.draft or [None]
+            for observer in self.setup.observers:
+                observer.observe(step, rows[i : i + 1], tokens, how)
+            one_step.finish(step, self.setup.eos_token_ids, self.params, self.setup.on_token)
+            seq.append(int(tokens[0]))
+            how.saw(tokens)
+            if proposal is not None:
+                verdicts.append(proposal.accepted)
+            self.done = step.finish[0] is not None
+            ended = self.done or proposal is None or not proposal.accepted
+            if ended:  # the block ends at this step: the caches keep the emitted tokens but the last
+                self.tally.blocks.append((len(proposals), verdicts))
+                step.crop = _crop(self.target, self.proposer, len(seq) - 1)
+                self.tally.target_forwards, self.tally.draft_forwards = self.target.forwards, self.proposer.forwards
+            step.time_ms = (time.perf_counter() - self.started) * 1000
+            yield step
+            self.started = time.perf_counter()
+            if ended:
+                return
+
+
+def _crop(target: Side, draft: Side, keep: int) -> dict[str, Any] | None:
+    """Both caches back to the first `keep` positions (the emitted tokens but the last);
+    {target: {...}, draft: {...}} where anything was cut (ledger.crop)."""
+    cut = {"target": ledger.crop(target.cache, keep), "draft": ledger.crop(draft.cache, keep)}
+    cut = {name: c for name, c in cut.items() if c is not None}
+    return cut or None
+
+
+def iter_rows(
+    lm: LM, draft: Draft, prompts: Sequence[list[int]], params: SamplingParams, rows: list[RowRecord], k: int,
+    watchers: Sequence[Any] = (),
+) -> Iterator[tuple[int, Step, Tally]]:  # fmt: skip
+    """Each prompt decoded alone with the draft, one after another, drawing from one generator
+    seeded by the params (the first prompt draws as it would alone); yields (row, Step, the
+    row's Tally) as steps are produced."""
+    eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
+    rng = generator(lm, params)
+    for r, ids in enumerate(prompts):
+
+        def hook(row: int, token: int, r: int = r) -> bool:
+            return rows[r].add(token, token in eos)
+
+        tally = Tally(draft.spec, k, draft.describe())
+        setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, False, list(watchers))
+        steps = generate_steps(lm.model, draft.model, ids, params, rng, setup, k, tally)
+        for _, step in records(lm, [ids], steps, [rows[r]]):
+            yield r, step, tally
+

@@ -1,0 +1,41 @@
+"""`lmtrace audit` against a real `lmtrace serve` process on the bundled SmolLM2-135M-Instruct
+(a free loopback port): every probe passes, and the reports are written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmtrace.cli import main
+from lmtrace.comparison.audit import PROBE_NAMES
+from lmtrace.model.load import bundled_gguf
+from tests.server.process import free_port, start_serve
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def serve():
+    proc, url = start_serve(bundled_gguf(), free_port())
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_lmtrace_serve_passes_every_probe(serve, tmp_path, capsys):
+    report, page = tmp_path / "audit.json", tmp_path / "audit.html"
+    code = main(["audit", serve, "--json", str(report), "--html", str(page), "--no-color", "--timeout", "600"])
+    d = json.loads(report.read_text(encoding="utf-8"))
+    outcome = "\n".join(f"{p['status']} {p['name']}: {p['detail']}" for p in d["probes"])
+    assert code == 0, outcome
+    assert [p["name"] for p in d["probes"]] == list(PROBE_NAMES)
+    assert all(p["status"] == "pass" for p in d["probes"]), outcome
+    assert d["served_model"] == "SmolLM2-135M-Instruct.Q4_1"
+    assert d["preflight"]["tokenization"] == "matches (/tokenize)"
+    figures = {p["name"]: p["figures"] for p in d["probes"]}
+    assert figures["logprobs"]["greedy"]["abs_diff"]["max"] < 1e-4  # float32 on both sides
+    assert figures["logprobs"]["sampled"]["distribution"] == "raw"
+    assert figures["repeat"]["identical"] and figures["prompts"]["n"] == 2
+    assert page.read_text(encoding="utf-8").count('<span class="status pass">pass</span>') == len(PROBE_NAMES)
+    assert "12 pass, 0 fail, 0 skip" in capsys.readouterr().out

@@ -1,0 +1,79 @@
+"""Every Python block in the docs (docs/**/*.md, README.md, README.zh-CN.md) runs: the blocks of a
+page in order, in one namespace, in a temporary folder, as a reader would paste them. A block that
+cannot run here says why in an HTML comment on the line before its fence:
+`<!-- not-run: needs a running lmtrace serve -->`. `lmtrace.load()` without arguments returns the
+bundled model the session already loaded (a page that loads it again would only cost time)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted(ROOT.glob("docs/**/*.md")) + [ROOT / "README.md", ROOT / "README.zh-CN.md"]
+FENCE = re.compile(r"^```[ \t]*([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
+NOT_RUN = re.compile(r"^<!--\s*not-run:\s*(\S.*?)\s*-->$")
+PYTHON = {"python", "py", "python3"}
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int
+    code: str
+    not_run: str | None  # the reason, for a block that is shown but not run
+
+
+def blocks(page: Path) -> list[Block]:
+    text = page.read_text(encoding="utf-8")
+    found = []
+    for m in FENCE.finditer(text):
+        if m.group(1).lower() not in PYTHON:
+            continue
+        before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        reason = NOT_RUN.match(before)
+        line = text.count("\n", 0, m.start()) + 1
+        found.append(Block(page, line, m.group(2), reason.group(1) if reason else None))
+    return found
+
+
+def name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+RUNNABLE = [p for p in PAGES if any(b.not_run is None for b in blocks(p))]
+
+
+def test_every_python_block_is_found_and_every_skip_says_why():
+    """An indented fence (in a list item) or a marker that precedes no Python block would let a
+    block escape the runner; neither is allowed."""
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        indented = re.findall(r"^[ \t]+```[ \t]*(?:python|py)\b", text, re.M)
+        assert not indented, f"{name(page)}: an indented Python fence the runner would not see"
+        markers = len(re.findall(r"^<!--\s*not-run:", text, re.M))
+        assert markers == sum(b.not_run is not None for b in blocks(page)), (
+            f"{name(page)}: a not-run marker that is not on the line just before a Python block"
+        )
+    assert len(RUNNABLE) >= 10, [name(p) for p in RUNNABLE]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("page", RUNNABLE, ids=name)
+def test_the_python_blocks_of_a_page_run(page, bundled_lm, tmp_path, monkeypatch):
+    import lmtrace
+
+    real_load = lmtrace.load
+
+    def load(source=None, **kwargs):
+        return bundled_lm if source is None and not kwargs else real_load(source, **kwargs)
+
+    monkeypatch.setattr(lmtrace, "load", load)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__docs__"}
+    for block in blocks(page):
+        if block.not_run is None:
+            exec(compile(block.code, f"{name(page)}:{block.line}", "exec"), namespace)
