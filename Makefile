@@ -54,12 +54,12 @@ vllm: $(VENV)/.vllm
 # tests/test_docs_blocks.py the Python blocks of every page, tests/test_tutorial.py the notebooks
 test: install browser vllm
 	$(BIN)/ruff check src tests bench
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -rs
 
 lint: install
 	$(BIN)/ruff check src tests bench
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-cache
 
 # the docs site (mkdocs, Material theme) on http://$(DOCS_ADDR), rebuilt as pages change
 docs: install
