@@ -145,11 +145,10 @@ def kvlab(
 ) -> LabResult:
     """Runs the reference and one arm per policy spec (see `lmtrace.kvlab.spec`); `sampling`
     goes to the reference's generation (max_new_tokens, temperature, seed, ...). With
-    `continuation`, that text is the reference, teacher-forced (its first
-    `max_continuation_tokens` tokens where given). `map_step` (default: the last
-    step) is where each arm's kept positions are recorded for the layer x position map;
-    `free` lets each arm generate alone from its divergence step; `on_step(index, total)` is
-    called after each step (a progress bar); `params` a SamplingParams instead of `sampling`."""
+    `continuation`, that text is the reference, teacher-forced (its first `max_continuation_tokens`
+    tokens where given). `map_step` (default: the last step) is where each arm's kept positions
+    are recorded for the layer x position map; `free` lets each arm generate alone from its
+    divergence step; `on_step(index, total)` is called after each step; `params` a SamplingParams."""
     from lmtrace.decode.rows import seeded
     from lmtrace.decode.tracing import encode_prompt, generate, make_params
 

@@ -137,6 +137,19 @@ def _locate(
     return text, ({} if checks.hub_reachable() else {"local_files_only": True}), text
 
 
+def _load_error(e: Exception, where: str | Path, extra: dict[str, Any], name: str) -> ModelLoadError:
+    """One line saying why transformers could not load the model."""
+    if not isinstance(e, OSError):
+        return ModelLoadError(f"{name}: cannot load model ({type(e).__name__}: {_one_line(e)})")
+    if not Path(where).exists():  # a hub id: only the local cache can serve it here
+        if extra.get("local_files_only"):
+            return ModelLoadError(f"model {name!r}: the local Hugging Face cache ({checks.hub_cache()}) does not "
+                                  f"hold all of its files, and the hub cannot be reached to download them.")
+        return ModelLoadError(f"model {name!r}: not in the local Hugging Face cache and the hub did not serve it "
+                              f"({_first_sentence(e)}).")  # fmt: skip
+    return ModelLoadError(f"{name}: cannot load ({_one_line(e)})")
+
+
 def load(
     source: str | Path | None = None,
     *,
@@ -186,16 +199,8 @@ def load(
             model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **common, **rest)
     except ModelLoadError:
         raise
-    except OSError as e:
-        if not Path(where).exists():  # a hub id: only the local cache can serve it here
-            if extra.get("local_files_only"):
-                raise ModelLoadError(f"model {name!r}: the local Hugging Face cache ({checks.hub_cache()}) does not "
-                                     f"hold all of its files, and the hub cannot be reached to download them.") from e
-            raise ModelLoadError(f"model {name!r}: not in the local Hugging Face cache and the hub did not serve it "
-                                 f"({_first_sentence(e)}).") from e  # fmt: skip
-        raise ModelLoadError(f"{name}: cannot load ({_one_line(e)})") from e
     except Exception as e:
-        raise ModelLoadError(f"{name}: cannot load model ({type(e).__name__}: {_one_line(e)})") from e
+        raise _load_error(e, where, extra, name) from e
     if device_map is None:  # with a device map accelerate has placed every layer already
         model.to(torch_device)
     if weights == "packed":
