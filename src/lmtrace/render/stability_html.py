@@ -11,7 +11,8 @@ from typing import Any
 from markupsafe import Markup
 
 from lmtrace.files import write_atomic
-from lmtrace.render.kvlab_html import PALETTE, delta_colour
+from lmtrace.render.kvlab_html import delta_colour
+from lmtrace.render.kvlab_plot import PALETTE
 from lmtrace.render.templating import env
 
 WIDTH, HEIGHT, PAD = 760, 240, 44

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtrace.files import write_atomic_bytes
-from lmtrace.render.kvlab_html import PALETTE
+from lmtrace.render.kvlab_plot import PALETTE
 from lmtrace.render.stability_html import FLOOR
 
 NAN = float("nan")
