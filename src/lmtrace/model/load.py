@@ -160,9 +160,7 @@ def load(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from lmtrace.model.gguf.quiet import quiet_gguf
-
     imports = time.perf_counter() - started
-
     if device_map is not None and device != "auto":
         raise InvalidParameter(f"device_map: give a device or a device_map, not both (device {device!r})")
     torch_device = resolve_device(device)
@@ -187,13 +185,7 @@ def load(
     except ModelLoadError:
         raise
     except OSError as e:
-        if not Path(where).exists():  # a hub id: only the local cache can serve it here
-            if extra.get("local_files_only"):
-                raise ModelLoadError(f"model {name!r}: the local Hugging Face cache ({checks.hub_cache()}) does not "
-                                     f"hold all of its files, and the hub cannot be reached to download them.") from e
-            raise ModelLoadError(f"model {name!r}: not in the local Hugging Face cache and the hub did not serve it "
-                                 f"({_first_sentence(e)}).") from e  # fmt: skip
-        raise ModelLoadError(f"{name}: cannot load ({_one_line(e)})") from e
+        raise _unloadable(e, where, extra, name) from e
     except Exception as e:
         raise ModelLoadError(f"{name}: cannot load model ({type(e).__name__}: {_one_line(e)})") from e
     if device_map is None:  # with a device map accelerate has placed every layer already
@@ -205,6 +197,17 @@ def load(
     lm = LM.from_objects(model, tokenizer, name)
     lm.load_timing = {"imports_s": imports, "weights_s": time.perf_counter() - started - imports}
     return lm
+
+
+def _unloadable(e: OSError, where: str, extra: dict[str, Any], name: str) -> ModelLoadError:
+    """An OSError of from_pretrained in one whole sentence (a hub id: only the local cache here)."""
+    if Path(where).exists():
+        return ModelLoadError(f"{name}: cannot load ({_one_line(e)})")
+    if extra.get("local_files_only"):
+        return ModelLoadError(f"model {name!r}: the local Hugging Face cache ({checks.hub_cache()}) does not hold "
+                              f"all of its files, and the hub cannot be reached to download them.")  # fmt: skip
+    return ModelLoadError(f"model {name!r}: not in the local Hugging Face cache and the hub did not serve it "
+                          f"({_first_sentence(e)}).")  # fmt: skip
 
 
 def _import_class(config: Any, trust_remote_code: bool) -> float:
