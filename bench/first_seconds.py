@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--no-server", action="store_true", help="skip the server contenders")
     parser.add_argument("--gguf", action="store_true", help="also generate with the GGUF read itself (slow)")
     args = parser.parse_args()
-    env = {**os.environ, "LMTRACE_GGUF_CACHE": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "LMTRACE_GGUF_CACHE": "1"}  # HF_HUB_OFFLINE unset: the old code retried the hub 30 s
     envs = {"": env}
     if args.before_src:
         envs["before:"] = {**env, "PYTHONPATH": str(Path(args.before_src).resolve())}
