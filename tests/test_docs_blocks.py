@@ -2,11 +2,14 @@
 page in order, in one namespace, in a temporary folder, as a reader would paste them. A block that
 cannot run here says why in an HTML comment on the line before its fence:
 `<!-- not-run: needs a running lmtrace serve -->`. `lmtrace.load()` without arguments returns the
-bundled model the session already loaded (a page that loads it again would only cost time)."""
+bundled model the session already loaded (a page that loads it again would only cost time).
+No block may raise a deprecation warning (transformers 5.24 warns on `past_key_values=`: the
+examples say `cache=`)."""
 
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +20,8 @@ PAGES = sorted(ROOT.glob("docs/**/*.md")) + [ROOT / "README.md", ROOT / "README.
 FENCE = re.compile(r"^```[ \t]*([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 NOT_RUN = re.compile(r"^<!--\s*not-run:\s*(\S.*?)\s*-->$")
 PYTHON = {"python", "py", "python3"}
+# raised by torch or transformers while they import, whatever the examples do
+UPSTREAM = ("`torch.jit.script_method` is deprecated",)
 
 
 @dataclass
@@ -74,6 +79,16 @@ def test_the_python_blocks_of_a_page_run(page, bundled_lm, tmp_path, monkeypatch
     monkeypatch.setattr(lmtrace, "load", load)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__"}
-    for block in blocks(page):
-        if block.not_run is None:
-            exec(compile(block.code, f"{name(page)}:{block.line}", "exec"), namespace)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for block in blocks(page):
+            if block.not_run is None:
+                exec(compile(block.code, f"{name(page)}:{block.line}", "exec"), namespace)
+    kinds = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+    found = [f"{w.category.__name__}: {w.message}" for w in caught if issubclass(w.category, kinds)]
+    assert [w for w in found if not any(u in w for u in UPSTREAM)] == [], found
+
+
+def test_the_examples_say_cache_not_past_key_values():
+    code = "\n".join(b.code for page in PAGES for b in blocks(page))
+    assert "past_key_values=" not in code and "out.past_key_values" not in code

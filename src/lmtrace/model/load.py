@@ -173,9 +173,7 @@ def load(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from lmtrace.model.gguf.quiet import quiet_gguf
-
     imports = time.perf_counter() - started
-
     if device_map is not None and device != "auto":
         raise InvalidParameter(f"device_map: give a device or a device_map, not both (device {device!r})")
     torch_device = resolve_device(device)
