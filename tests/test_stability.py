@@ -193,6 +193,18 @@ def test_packed_weights_of_a_gguf_against_an_independent_load(tmp_path, tiny_tok
     assert v["first_divergence"] == first_divergence(tokens, hf_tokens(other, [ids], lm, 8))
 
 
+def test_compile_against_a_plain_forward_and_generate(tiny_lm):
+    """The compile variant (a compiled forward for forcing, generate(compile=True) for decoding)
+    on the session's tiny model, whose compiled decode step other tests may have built already."""
+    r = lmtrace.stability(tiny_lm, "Hello world", ["compile"], temperature=0, max_new_tokens=4, stop_on_eos=False)
+    v = r.variants[0]
+    assert v["status"] == "ran", v["reason"]
+    ids, tokens = r.reference.prompt["token_ids"], r.reference.token_ids
+    lp = along(plain(tiny_lm.model, ids + tokens, len(ids)), tokens)
+    assert all(abs(s["logprob"] - x) <= TOL and abs(s["delta"]) <= TOL for s, x in zip(v["steps"], lp))
+    assert v["first_divergence"] == first_divergence(tokens, hf_tokens(tiny_lm.model, [ids], tiny_lm, 4)) is None
+
+
 def test_a_seeded_sample_keeps_its_draws_under_the_same_seed(lm):
     r = lmtrace.stability(lm, PROMPT, ["threads:2", "batch:2"], temperature=0.9, top_k=20, seed=11, max_new_tokens=8)
     assert r.reference.params["seed"] == 11
