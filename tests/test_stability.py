@@ -170,7 +170,7 @@ def test_an_engine_that_is_missing_is_skipped(lm):
     registered = variant_spec.engine("vllm")
     variant_spec.register_engine("vllm", missing)
     try:
-        r = lmtrace.stability(lm, "Hi", ["engine:vllm"], temperature=0, max_new_tokens=3)
+        r = lmtrace.stability(lm, "Hi", "engine:vllm", temperature=0, max_new_tokens=3)  # one spec as a string
     finally:
         variant_spec.register_engine("vllm", registered)
     assert r.variants[0]["status"] == "skipped" and "No module named 'vllm'" in r.variants[0]["reason"]
