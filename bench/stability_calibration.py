@@ -63,8 +63,9 @@ def rms(changes: list[list[float | None]]) -> list[float | None]:
     return out
 
 
-def collect(lm, worlds: dict, prompts: list[str], tokens: int) -> list[dict]:
-    """Per prompt: margins, and per variant its margin changes and flips along the reference."""
+def collect(lm, worlds: dict, prompts: list[str], tokens: int, save: Path | None = None) -> list[dict]:
+    """Per prompt: margins, and per variant its margin changes and flips along the reference;
+    with `save`, the items so far are written there after each prompt (a long run can be cut)."""
     out = []
     for k, prompt in enumerate(prompts):
         started = time.perf_counter()
@@ -81,6 +82,8 @@ def collect(lm, worlds: dict, prompts: list[str], tokens: int) -> list[dict]:
         print(f"[{k + 1}/{len(prompts)}] {time.perf_counter() - started:5.1f} s, {flips} flips: {prompt[:50]}",
               flush=True)  # fmt: skip
         out.append(item)
+        if save is not None:
+            save.write_text(json.dumps({"variants": list(worlds), "items": out}), encoding="utf-8")
     return out
 
 
@@ -161,7 +164,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[dict]]:
         started = time.perf_counter()
         worlds = {label(spec): build(lm, parse_variant(spec)) for spec in cpu_variants(folder, args.vllm)}
         print(f"variants built in {time.perf_counter() - started:.0f} s: {', '.join(worlds)}", flush=True)
-        items = collect(lm, worlds, prompts, args.tokens)
+        items = collect(lm, worlds, prompts, args.tokens, Path(args.json) if args.json else None)
     report = {"machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "prompts": len(prompts),
               "tokens": args.tokens, "variants": list(worlds)}  # fmt: skip
     return report, items

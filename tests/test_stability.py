@@ -170,7 +170,7 @@ def test_an_engine_that_is_missing_is_skipped(lm):
     registered = variant_spec.engine("vllm")
     variant_spec.register_engine("vllm", missing)
     try:
-        r = lmtrace.stability(lm, "Hi", ["engine:vllm"], temperature=0, max_new_tokens=3)
+        r = lmtrace.stability(lm, "Hi", "engine:vllm", temperature=0, max_new_tokens=3)  # one spec as a string
     finally:
         variant_spec.register_engine("vllm", registered)
     assert r.variants[0]["status"] == "skipped" and "No module named 'vllm'" in r.variants[0]["reason"]
@@ -191,6 +191,18 @@ def test_packed_weights_of_a_gguf_against_an_independent_load(tmp_path, tiny_tok
         assert abs(s["logprob"] - x) <= TOL and abs(s["delta"] - (x - b)) <= TOL
     assert v["max_abs_delta"] > 1e-5  # bfloat16 activations: a real change
     assert v["first_divergence"] == first_divergence(tokens, hf_tokens(other, [ids], lm, 8))
+
+
+def test_compile_against_a_plain_forward_and_generate(tiny_lm):
+    """The compile variant (a compiled forward for forcing, generate(compile=True) for decoding)
+    on the session's tiny model, whose compiled decode step other tests may have built already."""
+    r = lmtrace.stability(tiny_lm, "Hello world", ["compile"], temperature=0, max_new_tokens=4, stop_on_eos=False)
+    v = r.variants[0]
+    assert v["status"] == "ran", v["reason"]
+    ids, tokens = r.reference.prompt["token_ids"], r.reference.token_ids
+    lp = along(plain(tiny_lm.model, ids + tokens, len(ids)), tokens)
+    assert all(abs(s["logprob"] - x) <= TOL and abs(s["delta"]) <= TOL for s, x in zip(v["steps"], lp))
+    assert v["first_divergence"] == first_divergence(tokens, hf_tokens(tiny_lm.model, [ids], tiny_lm, 4)) is None
 
 
 def test_a_seeded_sample_keeps_its_draws_under_the_same_seed(lm):

@@ -104,14 +104,17 @@ def _notebook_html(obj: Any) -> str:
 records.set_notebook_view(_notebook_html)
 
 
-def _vllm_variant(lm: Any, spec: Any) -> Any:
-    # imported when a stability ledger first runs engine:vllm: the ledger's family sits below vllm/
-    from lmtrace.vllm.variant import world
+def _engine(module: str) -> Any:
+    """The `engine:NAME` variant of lmtrace.stability, whose family (vllm/) sits above the
+    ledger's: named here by module, as the public names are, and imported when one first runs."""
 
-    return world(lm, spec)
+    def make(lm: Any, spec: Any) -> Any:
+        return importlib.import_module(module).world(lm, spec)
+
+    return make
 
 
-variant_spec.register_engine("vllm", _vllm_variant)
+variant_spec.register_engine("vllm", _engine("lmtrace.vllm.variant"))
 
 
 __all__ = sorted(_NAMES, key=str.lower)

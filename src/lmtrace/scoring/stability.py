@@ -210,7 +210,7 @@ def stability(
     here is reported skipped, with the reason). `runs` decodes the reference that many times in
     all; `threshold`: a step is flagged when its margin is below threshold x sigma;
     `on_status(line)` hears what runs now."""
-    specs = parse_variants(list(variants))
+    specs = parse_variants([variants] if isinstance(variants, str | VariantSpec) else list(variants))
     check_integer("runs", runs, low=1)
     if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold < math.inf:
         raise InvalidParameter(f"threshold must be a number > 0, got {threshold!r}")

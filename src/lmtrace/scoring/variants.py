@@ -5,8 +5,8 @@ of the same model), each able to teacher-force a sequence and to decode a prompt
 A World is built once per variant and can serve many prompts (bench/stability_calibration.py);
 `close` frees what it copied. Teacher forcing is one plain uncached forward of prompt + tokens
 under the variant (lmtrace.scoring.score.forward_windows), so that its numbers are those of the
-variant's model and nothing else; decoding is lmtrace's engine under the variant, which is
-transformers' generate step for step."""
+variant's model and nothing else (compile: its compiled decode step, see CompiledWorld);
+decoding is lmtrace's engine under the variant, which is transformers' generate step for step."""
 
 from __future__ import annotations
 
@@ -111,24 +111,32 @@ class SettingWorld(World):
 
 
 class CompiledWorld(World):
-    """torch.compile: teacher forcing through a compiled forward (dynamic shapes, compiled once),
-    decoding through lmtrace's compiled decode step (a static cache, generate(compile=True))."""
+    """torch.compile: lmtrace's compiled decode step (a static cache, generate(compile=True)).
+    Teacher forcing feeds the reference's tokens through that same compiled step after the
+    prefill, one at a time: the numbers compile's decoding computes, and one compile serves both
+    (the static cache has the same length when the reference ran its full max_new_tokens)."""
 
-    about = "torch.compile: a compiled forward (forcing) and compiled decode step (decoding)"
-
-    def __init__(self, lm: LM, spec: VariantSpec):
-        super().__init__(lm, spec)
-        self.forward = torch.compile(lm.model.forward, dynamic=True)
+    about = "torch.compile: lmtrace's compiled decode step over a static cache (forcing and decoding)"
 
     def forced(self, ids: Sequence[int], first: int) -> torch.Tensor:
-        x = torch.tensor([list(ids)], device=self.lm.model.device)  # (1, len)
+        from lmtrace.decode.engine import compiled_decode, prefill
+        from lmtrace.kv import ledger
+
+        model, ids = self.lm.model, list(ids)
+        decode, cache = compiled_decode(model), ledger.new_cache(model, len(ids))
+        device = model.device
         with torch.inference_mode():
-            logits = self.forward(input_ids=x, use_cache=False).logits[0, first - 1 : -1]  # (len - first, vocab)
-            return torch.log_softmax(logits.float(), dim=-1)
+            rows = [prefill(model, torch.tensor([ids[:first]], device=device), None, cache)]  # (1, vocab)
+            for j in range(first, len(ids) - 1):
+                token, position = torch.tensor([ids[j]], device=device), torch.tensor([[j]], device=device)
+                rows.append(decode(model, token, position, None, cache))
+            return torch.log_softmax(torch.cat(rows), dim=-1)  # (len - first, vocab)
 
     def decode(self, prompt: str, ids: list[int], params: SamplingParams, chat: bool = False) -> list[int]:
-        from lmtrace.decode.tracing import generate
+        from lmtrace.decode.tracing import encode_prompt, generate
 
+        if encode_prompt(self.lm, prompt, chat) != list(ids):  # generate(compile=True) encodes the text itself
+            raise ValueError("compile: the prompt ids must be the prompt's own encoding (with `chat` as given)")
         return list(generate(self.lm, prompt, params, chat=chat, compile=True).token_ids)
 
 
