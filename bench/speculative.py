@@ -1,6 +1,7 @@
 """Speculative decoding against plain float32 decoding on the bundled model (batch 1, greedy):
-lmtrace float32 plain, the packed 4-bit path alone, float32 with the packed draft at K = 2, 4, 6
-and with the self-speculative `layers:N` draft. One run, the contenders interleaved in every
+lmtrace float32 plain, the packed 4-bit path alone (eager and --compile), float32 with the packed
+draft at K = 2, 4, 6 (and with the draft's step compiled at K = 4, 6) and with the
+self-speculative `layers:N` draft. One run, the contenders interleaved in every
 round (each on the same prompts), medians over rounds; tokens/s, the ratio to plain float32,
 acceptance by position, and whether every run gave plain float32's tokens.
 
@@ -35,9 +36,12 @@ PLAIN, PACKED = "float32 plain", "packed alone"
 
 def contenders(layers: int) -> dict[str, dict]:
     """name -> how the child runs it: which model, which draft, how many tokens a block."""
-    out = {PLAIN: {"lm": "float32"}, PACKED: {"lm": "packed"}}
+    out = {PLAIN: {"lm": "float32"}, f"{PACKED}, MLP not fused (as before)": {"lm": "packed-apart"},
+           PACKED: {"lm": "packed"}, f"{PACKED} --compile": {"lm": "packed", "compile": True}}  # fmt: skip
     for k in (2, 4, 6):
         out[f"float32 + packed draft K={k}"] = {"lm": "float32", "draft": "packed", "k": k}
+    for k in (4, 6):
+        out[f"float32 + packed draft K={k} --compile"] = {"lm": "float32", "draft": "packed", "k": k, "compile": True}
     out[f"float32 + layers:{layers} K=4"] = {"lm": "float32", "draft": f"layers:{layers}", "k": 4}
     return out
 
@@ -49,9 +53,13 @@ def worker(model: str | None, tokens: int, crash: str | None) -> None:
     import torch
 
     import lmtrace
+    from lmtrace.model.gguf.packed import pack_gguf
+    from lmtrace.model.load import bundled_gguf
 
     lms = {"float32": lmtrace.load(model, device="cpu", dtype="float32"),
-           "packed": lmtrace.load(model, device="cpu", dtype="float32", weights="packed")}  # fmt: skip
+           "packed": lmtrace.load(model, device="cpu", dtype="float32", weights="packed"),
+           "packed-apart": lmtrace.load(model, device="cpu", dtype="float32")}  # fmt: skip
+    pack_gguf(lms["packed-apart"].model, model or bundled_gguf(), fuse=False)  # the packed path before fusion
     print(json.dumps({"ready": True, "threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
         task = json.loads(line)
@@ -60,8 +68,9 @@ def worker(model: str | None, tokens: int, crash: str | None) -> None:
             os.abort()  # the check that the bench survives a crashing contender
         lm = lms[how["lm"]]
         extra = {"draft": how["draft"], "draft_tokens": how["k"]} if "draft" in how else {}
-        if task.get("warm"):  # the draft's load and the first forwards are not timed
-            lmtrace.generate(lm, task["prompt"], max_new_tokens=4, temperature=0, **extra)
+        extra["compile"] = how.get("compile", False)
+        if task.get("warm"):  # the draft's load, a compile and the first forwards are not timed
+            lmtrace.generate(lm, task["prompt"], max_new_tokens=tokens, temperature=0, stop_on_eos=False, **extra)
         started = time.perf_counter()
         trace = lmtrace.generate(lm, task["prompt"], max_new_tokens=tokens, temperature=0, top_logprobs=5,
                                  stop_on_eos=False, **extra)  # fmt: skip
@@ -138,7 +147,9 @@ def run(args: argparse.Namespace, record: dict, out: Path) -> None:
         for prompt in PROMPTS[: args.prompts]:
             reference = None
             for name, how in plan.items():  # interleaved: every contender on this prompt, then the next
-                task = {"name": name, "how": how, "prompt": prompt, "warm": name not in warmed}
+                # a compiled step's graph is made per cache length: warmed on every prompt
+                key = (name, prompt) if how.get("compile") else name
+                task = {"name": name, "how": how, "prompt": prompt, "warm": key not in warmed}
                 try:
                     child = child or Child(args)
                     got = child.run(task)
@@ -146,7 +157,7 @@ def run(args: argparse.Namespace, record: dict, out: Path) -> None:
                     record["errors"].setdefault(name, []).append(f"round {rnd}: {' '.join(str(e).split())[:200]}")
                     child = None
                     continue
-                warmed.add(name)
+                warmed.add(key)
                 r = record["results"][name]
                 r["tok_s"].append(got["tokens"] / got["seconds"])
                 r["speculative"].append(got["speculative"])

@@ -281,3 +281,17 @@ def test_bundled_greedy_is_plain_decoding(bundled_lm, draft):
     rates = fast.speculative["acceptance_by_position"]
     print(f"\n{fast.speculative['draft']}: max |Δlogprob| {diff:.2e}, acceptance by position {rates}")
     assert diff < 1e-4
+
+
+def test_compiled_draft(tiny_lm):
+    """With `compile` the draft's one-token step runs torch.compile'd on a static cache (cropped by
+    its fill mark): the same tokens, greedy and sampled, as the eager draft."""
+    plain = lmtrace.generate(tiny_lm, PROMPT, **GREEDY)
+    fast = lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft="layers:1", draft_tokens=3, compile=True)
+    assert fast.token_ids == plain.token_ids and fast.params["compile"] is True
+    crops = [s.kv["crop"]["draft"] for s in fast.steps if "draft" in s.kv.get("crop", {})]
+    assert crops and all(c["bytes_after"] < c["bytes_before"] for c in crops)
+    sampled = {"max_new_tokens": 12, "temperature": 2.0, "top_k": 30, "seed": 3, "stop_on_eos": False}
+    one = lmtrace.generate(tiny_lm, PROMPT, **sampled, draft="layers:1", draft_tokens=3, compile=True)
+    two = lmtrace.generate(tiny_lm, PROMPT, **sampled, draft="layers:1", draft_tokens=3)
+    assert one.token_ids == two.token_ids

@@ -136,9 +136,9 @@ def draft_tokens(k: int) -> int:
     return k
 
 
-def draft_alone(compile: bool = False, lens: bool = False, attention: bool | str = False) -> None:
-    """What speculative decoding does not combine with: hooks and compiled graphs that expect one
-    position a forward."""
-    for name, on in (("compile", compile), ("lens", lens), ("attention", attention)):
+def draft_alone(lens: bool = False, attention: bool | str = False) -> None:
+    """What speculative decoding does not combine with: hooks that expect one position a forward
+    (with a draft, `compile` compiles the draft's step)."""
+    for name, on in (("lens", lens), ("attention", attention)):
         if on:
             raise InvalidParameter(f"draft: speculative decoding cannot be combined with {name}; drop one of them")

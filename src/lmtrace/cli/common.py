@@ -193,8 +193,9 @@ def write_json(json_path: str | None, text: str) -> None:
         write_atomic(json_path, text + "\n")
 
 
-def load_draft(console: Console, lm, spec: str | None):
-    """The draft model for --draft (None without one), loaded with a spinner and one line."""
+def load_draft(console: Console, lm: Any, spec: str | None) -> Any:
+    """The draft model for --draft (a lmtrace.model.draft.Draft; None without one), loaded with a
+    spinner and one line."""
     if spec is None:
         return None
     from lmtrace.model.draft import draft_for

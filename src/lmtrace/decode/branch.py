@@ -224,7 +224,7 @@ def branch(
     ranks = _ranks(alternatives, fan, int(lm.model.config.vocab_size))
     if draft is not None:
         arguments.draft_tokens(draft_tokens)
-        arguments.draft_alone(False, lens, attention)
+        arguments.draft_alone(lens, attention)
         chosen = draft_for(lm, draft)
         ids = encode_prompt(lm, prompt, chat)
         with torch.inference_mode():

@@ -76,12 +76,19 @@ def _leading(verdicts: list[bool]) -> int:
     return next((i for i, v in enumerate(verdicts) if not v), len(verdicts))
 
 
-class Side:
-    """One model of the pair: its cache (croppable) and its forward passes."""
+# a compiled draft's static cache holds a multiple of this many positions: one graph serves
+# every prompt up to that length (a graph is compiled for one cache length)
+STATIC_BUCKET = 256
 
-    def __init__(self, model: Any):
+
+class Side:
+    """One model of the pair: its cache (croppable) and its forward passes. `static_len`: a
+    StaticCache of that many positions and a torch.compile'd one-token step (a draft's `compile`)."""
+
+    def __init__(self, model: Any, static_len: int | None = None):
         self.model = model
-        self.cache = ledger.new_cache(model, croppable=True)
+        self.cache = ledger.new_cache(model, static_len, croppable=True)
+        self.step = engine.compiled_decode(model) if static_len is not None else None
         self.forwards = 0
 
     @property
@@ -93,6 +100,12 @@ class Side:
         (keep, vocab)."""
         start = self.fed
         device = self.model.device
+        if self.step is not None and start > 0 and keep == 1:  # the compiled graph takes one token at a time
+            for token in tokens:
+                position = torch.tensor([[self.fed]], device=device)
+                logits = self.step(self.model, torch.tensor([token], device=device), position, None, self.cache)
+                self.forwards += 1
+            return logits.float()  # (1, vocab)
         out = self.model(
             input_ids=torch.tensor([list(tokens)], device=device),  # (1, n)
             position_ids=torch.arange(start, start + len(tokens), device=device)[None],  # (1, n)
@@ -146,13 +159,17 @@ def verify(target: Side, seq: list[int], proposals: list[Proposal], held: torch.
 
 def generate_steps(
     model: Any, draft: Any, prompt_ids: Sequence[int], params: SamplingParams, rng: Any, setup: engine.Setup,
-    k: int, tally: Tally,
+    k: int, tally: Tally, compile: bool = False,
 ) -> Iterator[BatchStep]:  # fmt: skip
     """Decodes one prompt with `draft` proposing `k` tokens a block; yields one BatchStep per
-    token, as engine.generate_steps does, with the step's `draft` verdict (None: a bonus token)."""
+    token, as engine.generate_steps does, with the step's `draft` verdict (None: a bonus token).
+    `compile`: the draft's step runs torch.compile'd on a static cache (a one-off compile)."""
     engine.check_context(model, [prompt_ids], params)
     seq = list(prompt_ids)
-    target, proposer = Side(model), Side(draft)
+    static = None
+    if compile:  # room for the prompt, the tokens and a block past them, in whole buckets
+        static = -(-(len(seq) + params.max_new_tokens + k + 1) // STATIC_BUCKET) * STATIC_BUCKET
+    target, proposer = Side(model), Side(draft, static)
     seen = None
     if params.repetition_penalty != 1.0:
         seen = torch.zeros((1, model.config.vocab_size), dtype=torch.bool, device=model.device)
@@ -227,7 +244,7 @@ def _crop(target: Side, draft: Side, keep: int) -> dict[str, Any] | None:
 
 def iter_rows(
     lm: LM, draft: Draft, prompts: Sequence[list[int]], params: SamplingParams, rows: list[RowRecord], k: int,
-    watchers: Sequence[Any] = (),
+    watchers: Sequence[Any] = (), compile: bool = False,
 ) -> Iterator[tuple[int, Step, Tally]]:  # fmt: skip
     """Each prompt decoded alone with the draft, one after another, drawing from one generator
     seeded by the params (the first prompt draws as it would alone); yields (row, Step, the
@@ -241,7 +258,7 @@ def iter_rows(
 
         tally = Tally(draft.spec, k, draft.describe())
         setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, False, list(watchers))
-        steps = generate_steps(lm.model, draft.model, ids, params, rng, setup, k, tally)
+        steps = generate_steps(lm.model, draft.model, ids, params, rng, setup, k, tally, compile)
         for _, step in records(lm, [ids], steps, [rows[r]]):
             yield r, step, tally
 

@@ -74,7 +74,8 @@ def generate(
     list of Traces; `on_step(row, step)` is called as each step is produced. `draft` decodes
     speculatively (decode/speculative.py): "packed" (the target GGUF's own 4-bit weights),
     "layers:N" (the target's first N layers), a path / hub id or an LM with the same tokenizer,
-    proposing `draft_tokens` tokens a block; the steps' numbers stay the target's, each step gets
+    proposing `draft_tokens` tokens a block (with `compile`, the draft's step is the compiled
+    one); the steps' numbers stay the target's, each step gets
     `draft` and the trace `speculative` (with a draft, prompts decode one after another). `echo` also
     records the prompt's own tokens (`trace.prompt_logprobs`, from the prefill pass);
     `waterfall` (a step index or "all") records the distribution after each sampling stage;
@@ -84,7 +85,7 @@ def generate(
     ("heads") (lmtrace.inside.lens, lmtrace.inside.attention)."""
     p = seeded(make_params(params, **kwargs))
     inside.check(compile, lens, attention)
-    chosen = _draft(lm, draft, draft_tokens, compile, lens, attention)
+    chosen = _draft(lm, draft, draft_tokens, lens, attention)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     ids = [encode_prompt(lm, text, chat) for text in prompts]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
@@ -93,7 +94,7 @@ def generate(
     rows = [RowRecord(lm, p.stop) for _ in ids]
     tallies: dict[int, speculative.Tally] = {}
     if chosen is not None:
-        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens, watchers)
+        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens, watchers, compile)
     else:
         produced = ((r, step, None) for r, step in _iter_rows(lm, ids, p, rows, watchers, compile))
     for r, step, tally in produced:
@@ -107,14 +108,12 @@ def generate(
     return traces[0] if isinstance(prompt, str) else traces
 
 
-def _draft(
-    lm: LM, draft: Any, k: int, compile: bool = False, lens: bool = False, attention: bool | str = False
-) -> drafts.Draft | None:
+def _draft(lm: LM, draft: Any, k: int, lens: bool = False, attention: bool | str = False) -> drafts.Draft | None:
     """The draft model asked for (None: plain decoding), its arguments checked."""
     if draft is None:
         return None
     arguments.draft_tokens(k)
-    arguments.draft_alone(compile, lens, attention)
+    arguments.draft_alone(lens, attention)
     return drafts.draft_for(lm, draft)
 
 

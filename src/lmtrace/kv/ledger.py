@@ -64,7 +64,7 @@ class KVState:
 def new_cache(model: Any, static_len: int | None = None, croppable: bool = False) -> Any:
     """A DynamicCache, or a StaticCache of `static_len` positions (preallocated, for compiling).
     `croppable`: a sliding-window layer keeps its past until `crop` (speculative decoding)."""
-    if static_len is not None:
+    if static_len is not None:  # a static layer crops by moving its fill mark back
         from transformers import StaticCache
 
         return StaticCache(config=model.config, max_cache_len=static_len)
@@ -196,14 +196,15 @@ def state(cache: Any, expected: Any = None, layers: bool = True) -> KVState:
 
 def crop(cache: Any, length: int) -> dict[str, int] | None:
     """Cuts the cache back to its first `length` positions (DynamicCache.crop: speculative
-    decoding's rejected proposals); returns {from, to, bytes_before, bytes_after}, None when
-    nothing was cut."""
+    decoding's rejected proposals); returns {from, to, bytes_before, bytes_after} (bytes holding
+    tokens: a static cache keeps its allocation), None when nothing was cut."""
     seen = seq_length(cache)
     if length >= seen:
         return None
-    before = state(cache, layers=False).bytes
+    before = state(cache, layers=False).bytes_used
     cache.crop(length - seen)  # a negative count: the positions to remove
-    return {"from": seen, "to": length, "bytes_before": before, "bytes_after": state(cache, layers=False).bytes}
+    after = state(cache, layers=False).bytes_used
+    return {"from": seen, "to": length, "bytes_before": before, "bytes_after": after}
 
 
 def prefix_state(cache: Any, length: int, expected: Any = None) -> KVState:

@@ -118,7 +118,13 @@ def run_group(d: dict[str, Any]) -> Group:
 
 
 def trace_groups(d: dict[str, Any]) -> list[Group]:
-    return [model_group(d.get("model")), sampling_group(d.get("params") or {}), run_group(d)]
+    groups = [model_group(d.get("model")), sampling_group(d.get("params") or {}), run_group(d)]
+    spec = d.get("speculative")
+    if isinstance(spec, dict):  # speculative decoding: the draft and what it cost
+        keys = ("draft", "draft_tokens", "mean_accepted_per_block", "blocks", "target_forwards", "draft_forwards")
+        rows = [(k.replace("_", " "), value(spec.get(k), k)) for k in keys if spec.get(k) is not None]
+        groups.append(("Draft", rows))
+    return groups
 
 
 def scalars(d: dict[str, Any], skip: set[str]) -> list[tuple[str, str]]:
