@@ -10,9 +10,10 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from lmtrace.model.lm import LM
-from lmtrace.server import chat, completions, errors, models, tokenization, traces, viewer
+from lmtrace.server import chat, completions, errors, metrics, models, tokenization, traces, viewer
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.generation import ServerState
+from lmtrace.server.lane import DEFAULT_PREFIX_CACHE_BYTES
 from lmtrace.server.security import HostCheck, KeyCheck
 from lmtrace.server.worker import ModelWorker
 
@@ -36,16 +37,24 @@ def create_app(
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
     allowed_hosts: Iterable[str] = (),
     max_batch: int = DEFAULT_MAX_BATCH,
+    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
 ) -> FastAPI:
     """The server for one loaded model. `max_concurrency` requests are admitted at once; their
     rows (a choice of a prompt each) decode together, up to `max_batch` rows, a request that
     arrives joining the running batch at the next step (`max_batch` 1: one request at a time,
     its choices together, the others waiting); more requests get 429 with Retry-After. A request that arrives on
     a loopback address must name localhost, 127.0.0.1 or [::1] (or one of `allowed_hosts`,
-    say a reverse proxy's name) as its Host; with `api_key` every route but /health needs it."""
+    say a reverse proxy's name) as its Host; with `api_key` every route but /health needs it.
+    Prompts are prefilled together and share computed beginnings through a prefix cache of at
+    most `prefix_cache_bytes` (0: off; with `max_batch` 1 there is none)."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    worker = BatchingWorker(lm, max_concurrency, max_batch) if max_batch > 1 else ModelWorker(max_concurrency)
+    if prefix_cache_bytes < 0:
+        raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
+    if max_batch > 1:
+        worker: ModelWorker = BatchingWorker(lm, max_concurrency, max_batch, prefix_cache_bytes)
+    else:
+        worker = ModelWorker(max_concurrency)
     state = ServerState(lm, name or served_name(lm), worker)
 
     @asynccontextmanager
@@ -56,7 +65,7 @@ def create_app(
     app = FastAPI(title="lmtrace", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.lmtrace = state
     errors.install(app)
-    for module in (models, completions, chat, traces, tokenization, viewer):
+    for module in (models, completions, chat, traces, tokenization, viewer, metrics):
         app.include_router(module.router)
 
     @app.get("/health", include_in_schema=False)
