@@ -27,6 +27,9 @@ from lmtrace.logits import measure
 ROWS = 16  # rows per forward
 TOKENS = 1024  # padded tokens per forward: bounds the (rows, width, vocab) float logits
 MIN_GAIN = 8  # tokens a row must gain by waiting for another row of the same call to be cached
+# padded tokens a forward may waste before a longer row starts a forward of its own: about what
+# a forward's fixed cost (reading every weight once) is worth in tokens on a CPU
+SPLIT_TOKENS = 32
 
 
 @dataclass
@@ -138,12 +141,14 @@ def groups(
 ) -> list[list[int]]:
     """The rows in forwards: those measured apart from the others (they keep every position's
     logits), shortest first, at most `max_rows` rows and `max_tokens` padded tokens each (a
-    longer row goes alone)."""
+    longer row goes alone), and a longer row starts a new forward where padding the ones before
+    it to its length would waste more than SPLIT_TOKENS tokens."""
     flag = dict(zip(indices, measured))
     out: list[list[int]] = []
     for i in sorted(indices, key=lambda i: (flag[i], sizes[i])):
         last = out[-1] if out else None
-        if last and flag[last[0]] == flag[i] and len(last) < max_rows and (len(last) + 1) * sizes[i] <= max_tokens:
+        fits = last and flag[last[0]] == flag[i] and len(last) < max_rows and (len(last) + 1) * sizes[i] <= max_tokens
+        if fits and len(last) * (sizes[i] - sizes[last[-1]]) <= SPLIT_TOKENS:
             last.append(i)
         else:
             out.append([i])
