@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lmtrace.decode import engine
+from lmtrace.decode.packed import common
 from lmtrace.decode.prefill import PromptRow, groups, prefill_many
 from lmtrace.kv import ledger
 from lmtrace.kv.prefix import PrefixCache
@@ -51,13 +52,36 @@ def test_batched_and_cached_numbers_equal_lone_teacher_forcing(tiny_lm):
     ids = encode(tiny_lm, TEXTS)
     cache = PrefixCache(1 << 26)
     first = prefill_many(tiny_lm.model, [PromptRow(i, 3) for i in ids], pad_id=tiny_lm.pad_token_id, cache=cache)
-    # the four that begin alike waited for the shortest, which is all their beginning
-    assert [p.cached for p in first] == [16, 16, 0, 0, 16]
+    # the four that begin alike computed their beginning once (the shortest is all of it)
+    assert [p.cached >= 16 for p in first] == [True, True, False, False, True] and first[3].cached == 0
     assert max(gap(tiny_lm, i, p) for i, p in zip(ids, first)) < BOUND
     again = prefill_many(tiny_lm.model, [PromptRow(i, 3) for i in ids], pad_id=tiny_lm.pad_token_id, cache=cache)
     assert [p.cached for p in again] == [len(i) for i in ids]  # asked before: from the cache alone
     for a, b in zip(first, again):  # the same numbers to the bit
         assert a.numbers == b.numbers and torch.equal(a.logits, b.logits)
+
+
+def test_one_pack_computes_a_shared_beginning_once(tiny_lm):
+    """Duplicates, a prompt and its extension, and prompts parting after a common beginning,
+    in one call: one forward without padding, each prompt's own numbers."""
+    ids = encode(tiny_lm, [TEXTS[0], TEXTS[0], TEXTS[3], TEXTS[4], TEXTS[1], TEXTS[2]])
+    cache = PrefixCache(1 << 26)
+    calls = []
+    hook = tiny_lm.model.register_forward_pre_hook(
+        lambda m, a, k: calls.append(tuple(k["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        done = prefill_many(tiny_lm.model, [PromptRow(i, 3) for i in ids], pad_id=tiny_lm.pad_token_id, cache=cache)
+    finally:
+        hook.remove()
+    tree = sorted(ids[:5])  # side by side, each shares the most with the one before
+    unique = len(tree[0]) + sum(len(b) - common(a, b) for a, b in zip(tree, tree[1:])) + len(ids[5])
+    assert calls == [(1, unique)]  # every token of the tree once, no padding
+    order = sorted(range(len(ids)), key=lambda i: ids[i])  # each takes what it shares with the one before
+    shared = {b: common(ids[a], ids[b]) for a, b in zip(order, order[1:])}
+    assert [p.cached for p in done] == [shared.get(i, 0) if shared.get(i, 0) > 8 else 0 for i in range(len(ids))]
+    assert max(gap(tiny_lm, i, p) for i, p in zip(ids, done)) < BOUND
+    assert done[0].numbers == done[1].numbers and torch.equal(done[0].logits, done[1].logits)
 
 
 def test_a_row_alone_without_a_cache_is_the_engines_prefill_to_the_bit(tiny_lm):

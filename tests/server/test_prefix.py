@@ -175,7 +175,7 @@ def test_a_generation_is_computed_as_before_whatever_was_scored_before(chat_lm):
 
 
 def test_a_request_larger_than_the_cache_still_works(own_lm):
-    prompts = questions(own_lm)[:2]
+    prompts = [questions(own_lm)[i] for i in (0, 3)]  # two questions: nothing shared between them
     with TestClient(create_app(own_lm, name="tiny", prefix_cache_bytes=1000)) as c:
         for _ in range(2):
             answer = score(c, prompts)

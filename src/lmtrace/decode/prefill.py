@@ -1,16 +1,16 @@
-"""Many prompts prefilled together: padded forwards grouped by length, each prompt starting from
-the longest beginning a prefix cache holds (lmtrace.kv.prefix). The one batched teacher-forced
-path: a list of texts scored (lmtrace.score), the server's echo and scoring requests, and the
-server's generations before they join the running batch all run it.
+"""Many prompts prefilled together: the one batched teacher-forced path. A list of texts scored
+(lmtrace.score), the server's echo and scoring requests, and the server's generations before they
+join the running batch all run it.
 
-One forward holds k rows; row i reuses r_i cached tokens and computes its L_i = n_i - r_i others:
+Rows that do not share a prefix cache go in padded forwards grouped by length, each prompt
+right-aligned so that its last token sits in the last column:
 
-    row i:  [pad P - r_i][reused r_i] | [pad W - L_i][new L_i]     P = max r, W = max L
+    row i:  [pad W - n_i][its n_i tokens]
 
-The reused KV is left-padded to P, the new tokens right-aligned in W columns, so every row's
-last token sits in the last column; a row alone with nothing reused is exactly engine.prefill's
-forward (no mask, positions 0..n-1), the same numbers to the bit. Padding is masked out of
-every real position; rows are grouped by the length they compute, so padding stays small."""
+(a row alone is exactly engine.prefill's forward: no mask, positions 0..n-1, the same numbers
+to the bit). Rows that share the cache (lmtrace.kv.prefix) go in packed forwards
+(lmtrace.decode.packed): no padding, each prompt from its longest cached beginning or from the
+beginning another prompt of its pack computes, and kept in the cache afterwards."""
 
 from __future__ import annotations
 
@@ -20,18 +20,18 @@ from dataclasses import dataclass
 
 import torch
 
+from lmtrace.decode import packed
 from lmtrace.kv import ledger
 from lmtrace.kv.prefix import KV, Hit, PrefixCache
 from lmtrace.logits import measure
 
-ROWS = 16  # rows per forward
+ROWS = 16  # rows per padded forward
 TOKENS = 1024  # padded tokens per forward: bounds the (rows, width, vocab) float logits
-MIN_GAIN = 8  # tokens a row must gain by waiting for another row of the same call to be cached
+PACK_TOKENS = 512  # new tokens per packed forward: its attention is (tokens x columns) per head
+MIN_GAIN = 8  # tokens a row must share with an earlier row of its pack, beyond its cache hit, to take them
 # padded tokens a forward may waste before a longer row starts a forward of its own: about what
 # a forward's fixed cost (reading every weight once) is worth in tokens on a CPU
 SPLIT_TOKENS = 32
-
-
 @dataclass
 class PromptRow:
     """A prompt to prefill. `top_n`: measure its tokens teacher-forced (logprob, rank, entropy,
@@ -71,35 +71,102 @@ def prefill_many(
     cached beginning and is kept in the cache afterwards. `keep_kv`: every result carries its KV."""
     if cache is not None:
         cache.check_weights(model)
-    keep = keep_kv or cache is not None
     out: list[Prefilled | None] = [None] * len(rows)
+    sharing = [i for i, r in enumerate(rows) if cache is not None and r.share]
+    alone = [i for i, r in enumerate(rows) if cache is None or not r.share]
     with torch.inference_mode():
-        for wave in _waves(rows, cache):
-            hits = {i: _lookup(cache, rows[i]) for i in wave}
-            for i in [i for i in wave if hits[i] is not None and hits[i].reuse == len(rows[i].ids)]:
-                out[i] = _from_cache(rows[i], hits.pop(i))  # asked before: no forward at all
-            wave = [i for i in wave if i in hits]
-            sizes = {i: len(rows[i].ids) - (hits[i].reuse if hits[i] else 0) for i in wave}
-            for group in groups(wave, sizes, [rows[i].top_n is not None for i in wave], max_rows, max_tokens):
-                done = _forward(model, [rows[i] for i in group], [hits[i] for i in group], pad_id, keep)
-                for i, p in zip(group, done):
-                    out[i] = p
-                    if cache is not None and rows[i].share:
-                        measured = p.numbers if rows[i].first <= 1 else None  # a partial record is not kept
-                        cache.insert(p.ids, p.kv, measured, rows[i].top_n or 0, p.logits)
+        sizes = {i: len(rows[i].ids) for i in alone}
+        for group in groups(alone, sizes, [rows[i].top_n is not None for i in alone], max_rows, max_tokens):
+            for i, p in zip(group, _forward(model, [rows[i] for i in group], pad_id, keep_kv)):
+                out[i] = p
+        if sharing:
+            _shared(model, rows, sharing, cache, out, (pad_id, max_rows, min(max_tokens, PACK_TOKENS)))
     return out  # type: ignore[return-value]
 
 
-def _lookup(cache: PrefixCache | None, row: PromptRow) -> Hit | None:
-    if cache is None or not row.share:
-        return None
-    return cache.lookup(row.ids, row.top_n)
+def _shared(model, rows: Sequence[PromptRow], indices: list[int], cache: PrefixCache, out: list, limits: tuple) -> None:
+    """Rows that share the cache, in packed forwards of at most `limits[2]` new tokens: each
+    from its longest cached beginning, or from the beginning an earlier row of its pack computes."""
+    budget = limits[2]
+    planned = [cache.lookup(rows[i].ids, rows[i].top_n, count=False) for i in indices]
+    reuse = [h.reuse if h is not None else 0 for h in planned]
+    order = packed.families([rows[i].ids for i in indices], [rows[i].top_n for i in indices], reuse, MIN_GAIN)
+    packs: list[list[tuple[int, int | None, int]]] = [[]]
+    tokens = 0
+    for k, anchor, shared in order:
+        new = len(rows[indices[k]].ids) - (shared if anchor is not None else reuse[k])
+        if packs[-1] and tokens + new > budget:
+            packs.append([])
+            tokens = 0
+        lead = indices[anchor] if anchor is not None else None
+        if lead is not None and all(i != lead for i, _, _ in packs[-1]):
+            lead = None  # its anchor went in an earlier pack: it finds that one in the cache
+        packs[-1].append((indices[k], lead, shared))
+        tokens += new
+    for pack in packs:
+        _run_pack(model, rows, pack, cache, out, limits)
+
+
+def _run_pack(model, rows: Sequence[PromptRow], pack: list, cache: PrefixCache, out: list, limits: tuple) -> None:
+    """One packed forward; each row kept in the cache after it (the next pack reuses them).
+    A pack in which nothing is shared goes in padded forwards instead (no attention across the
+    whole pack to pay for)."""
+    started = time.perf_counter()
+    members: list[packed.Packed] = []
+    where: dict[int, int] = {}  # row index -> place in the pack
+    for i, anchor, shared in pack:
+        row = rows[i]
+        hit = cache.lookup(row.ids, row.top_n, count=False)
+        reuse = hit.reuse if hit is not None else 0
+        if hit is not None and reuse == len(row.ids):
+            out[i] = _from_cache(row, hit)  # asked before: no forward at all
+            cache.count(len(row.ids), reuse)
+            continue
+        lead = members[where[anchor]] if anchor in where else None
+        if lead is not None and shared - 1 >= max(reuse, lead.past):
+            member = packed.Packed(list(row.ids), row.top_n, anchor=where[anchor], shared=shared)
+            member.past = min(shared, lead.past)
+        else:
+            member = packed.Packed(list(row.ids), row.top_n, hit=hit)
+        where[i] = len(members)
+        members.append(member)
+    if not members:
+        return
+    if all(m.hit is None and m.anchor is None for m in members):
+        _unshared(model, rows, list(where), cache, out, limits)
+        return
+    results = packed.forward(model, members)
+    ms = (time.perf_counter() - started) * 1000 / len(members)
+    for i, member, (last, numbers, kv) in zip(where, members, results):
+        saved = member.shared if member.anchor is not None else member.reuse
+        cache.count(len(member.ids), saved)
+        whole = numbers if rows[i].first <= 1 else None  # a partial record is not kept
+        cache.insert(member.ids, kv, whole, rows[i].top_n or 0, last)
+        if numbers is not None and rows[i].first > 1:
+            numbers = _after(numbers, rows[i].first)
+        out[i] = Prefilled(member.ids, last, numbers, kv, saved, ms)
+
+
+def _unshared(model, rows: Sequence[PromptRow], indices: list[int], cache: PrefixCache, out: list, limits) -> None:
+    pad_id, max_rows, max_tokens = limits
+    sizes = {i: len(rows[i].ids) for i in indices}
+    for group in groups(indices, sizes, [rows[i].top_n is not None for i in indices], max_rows, max_tokens):
+        for i, p in zip(group, _forward(model, [rows[i] for i in group], pad_id, True)):
+            cache.count(len(p.ids), 0)
+            cache.insert(p.ids, p.kv, p.numbers if rows[i].first <= 1 else None, rows[i].top_n or 0, p.logits)
+            out[i] = p
+
+
+def _after(numbers: measure.Forced, first: int) -> measure.Forced:
+    """Targets first..n-1 of numbers that hold targets 1..n-1."""
+    a = first - 1
+    n = numbers
+    return measure.Forced(n.logprob[a:], n.rank[a:], n.entropy[a:], n.top_ids[a:], n.top_logprobs[a:])
 
 
 def _from_cache(row: PromptRow, hit: Hit) -> Prefilled:
     """A prompt that is a cached one: its numbers, distribution and KV as they were computed."""
-    t0 = max(row.first, 1)
-    numbers = hit.numbers(row.ids, row.top_n, t0) if row.top_n is not None else None
+    numbers = hit.numbers(row.ids, row.top_n, max(row.first, 1)) if row.top_n is not None else None
     return Prefilled(list(row.ids), hit.entry.last.clone(), numbers, hit.entry.kv, hit.reuse)
 
 
@@ -155,18 +222,16 @@ def groups(
     return out
 
 
-def _layout(rows: Sequence[PromptRow], reuse: list[int], pad_id: int, device) -> tuple:
-    """Input ids (k, W), attention mask (k, P + W) or None, position ids (k, W)."""
-    new = [len(r.ids) - u for r, u in zip(rows, reuse)]
-    p, w = max(reuse), max(new)
+def _layout(rows: Sequence[PromptRow], pad_id: int, device) -> tuple:
+    """Input ids (k, W) right-aligned, attention mask (k, W) or None when nothing is padded,
+    position ids (k, W)."""
+    w = max(len(r.ids) for r in rows)
     ids = torch.full((len(rows), w), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), p + w), dtype=torch.long)
-    pos = torch.zeros((len(rows), w), dtype=torch.long)
-    for i, (row, u, n) in enumerate(zip(rows, reuse, new)):
-        ids[i, w - n :] = torch.tensor(row.ids[u:], dtype=torch.long)
-        mask[i, p - u : p] = 1
-        mask[i, p + w - n :] = 1
-        pos[i, w - n :] = torch.arange(u, u + n)
+    mask = torch.zeros((len(rows), w), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, w - len(row.ids) :] = torch.tensor(row.ids, dtype=torch.long)
+        mask[i, w - len(row.ids) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
     padded = bool((mask == 0).any())
     return ids.to(device), (mask.to(device) if padded else None), pos.to(device)
 
@@ -187,49 +252,29 @@ def stack_left(parts: Sequence[KV | None], width: int) -> KV:
     return layers
 
 
-def _past(model, hits: Sequence[Hit | None], width: int):
-    """The reused KV of every row, left-padded to `width`, as one cache (None when none)."""
-    if width == 0:
-        return None
-    return ledger.cache_of(model, stack_left([h.kv() if h is not None else None for h in hits], width))
-
-
-def _forward(model, rows: Sequence[PromptRow], hits: Sequence[Hit | None], pad_id: int, keep: bool) -> list[Prefilled]:
+def _forward(model, rows: Sequence[PromptRow], pad_id: int, keep: bool) -> list[Prefilled]:
+    """One padded forward of rows that share nothing."""
     started = time.perf_counter()
-    reuse = [h.reuse if h is not None else 0 for h in hits]
-    p = max(reuse)
-    ids, mask, pos = _layout(rows, reuse, pad_id, model.device)
+    ids, mask, pos = _layout(rows, pad_id, model.device)
     w = ids.shape[1]
-    cache = _past(model, hits, p)
-    if cache is None and keep:
-        cache = ledger.new_cache(model)
+    cache = ledger.new_cache(model) if keep else None
     measured = any(r.top_n is not None for r in rows)
     kwargs = ledger.cache_kwargs(model, cache) if cache is not None else {"use_cache": False}
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=w if measured else 1, **kwargs)
     logits = out.logits  # (k, w or 1, vocab)
     layers = ledger.layers_of(cache) if keep else None
     results = []
-    for i, (row, hit, u) in enumerate(zip(rows, hits, reuse)):
-        n = len(row.ids) - u
+    for i, row in enumerate(rows):
+        n = len(row.ids)
         numbers = None
         if row.top_n is not None:
-            t0 = max(row.first, 1)
-            t = max(t0, u + 1)  # the first target this forward measures; those before come from the cache
-            fresh = measure.targets(logits[i, w - 1 - (len(row.ids) - t) : w - 1], torch.tensor(row.ids[t:]), row.top_n)
-            numbers = hit.numbers(row.ids, row.top_n, t0) if hit is not None and t0 <= u else measure.Forced()
-            numbers.extend(fresh)
+            t = max(row.first, 1)  # the first target; position t - 1 predicts it
+            numbers = measure.targets(logits[i, w - 1 - (n - t) : w - 1], torch.tensor(row.ids[t:]), row.top_n)
         kv = None
-        if layers is not None:  # the row's own positions: its reused part and its new tokens
-            kv = [(_own(k, i, p, u, w - n), _own(v, i, p, u, w - n)) for k, v in layers]
-        results.append(Prefilled(list(row.ids), logits[i, -1].float().clone(), numbers, kv, u))
+        if layers is not None:  # the row's own positions, a copy of its own
+            kv = [(k[i : i + 1, :, w - n :].clone(), v[i : i + 1, :, w - n :].clone()) for k, v in layers]
+        results.append(Prefilled(list(row.ids), logits[i, -1].float().clone(), numbers, kv))
     ms = (time.perf_counter() - started) * 1000 / len(rows)
     for r in results:
         r.ms = ms
     return results
-
-
-def _own(t: torch.Tensor, row: int, p: int, reused: int, start: int) -> torch.Tensor:
-    """Row `row`'s positions of a layer's (k, kv_heads, P + W, head_dim) keys or values: its
-    `reused` ones before column P and its new ones from column P + `start`, as (1, kv_heads,
-    n, head_dim), a copy of its own."""
-    return torch.cat([t[row : row + 1, :, p - reused : p], t[row : row + 1, :, p + start :]], dim=2)

@@ -164,6 +164,15 @@ class PrefixCache:
                 self.stats.hit_tokens += hit.reuse
         return hit
 
+    def count(self, queried: int, reused: int) -> None:
+        """Counts a prompt of `queried` tokens of which `reused` were not computed again (taken
+        from the cache, or from another prompt of the same forward)."""
+        self.stats.lookups += 1
+        self.stats.queried_tokens += queried
+        if reused:
+            self.stats.hits += 1
+            self.stats.hit_tokens += reused
+
     def insert(self, ids: Sequence[int], kv: KV, numbers: Forced | None, top_n: int, last: torch.Tensor) -> bool:
         """Keeps a computed prompt (KV of every token; numbers of targets 1..len-1; `last` the
         distribution after it); False when it is larger than the whole bound. Evicts the least
