@@ -117,10 +117,22 @@ def forward(model, rows: list[Packed]) -> list[tuple[torch.Tensor, measure.Force
     for row in rows:
         last = logits[row.columns[-1] - width].float().clone()
         numbers = _numbers(row, rows, results, logits, width) if row.top_n is not None else None
-        index = torch.tensor(row.columns, dtype=torch.long, device=device)
-        kv = [(k.index_select(2, index), v.index_select(2, index)) for k, v in layers]
+        spans = runs(row.columns)  # a few contiguous runs: copies of slices, no gather over the columns
+        kv = [(torch.cat([k[:, :, a:b] for a, b in spans], dim=2), torch.cat([v[:, :, a:b] for a, b in spans], dim=2))
+              for k, v in layers]  # fmt: skip
         results.append((last, numbers, kv))
     return results
+
+
+def runs(columns: Sequence[int]) -> list[tuple[int, int]]:
+    """[(start, stop)]: the columns as maximal runs of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for c in columns:
+        if out and out[-1][1] == c:
+            out[-1] = (out[-1][0], c + 1)
+        else:
+            out.append((c, c + 1))
+    return out
 
 
 def _numbers(row: Packed, rows: list[Packed], done: list, logits: torch.Tensor, width: int) -> measure.Forced:
@@ -137,10 +149,10 @@ def _numbers(row: Packed, rows: list[Packed], done: list, logits: torch.Tensor, 
         numbers, known = row.hit.numbers(row.ids, row.top_n), min(row.reuse, len(row.ids) - 1)
     else:
         numbers, known = measure.Forced(), 0
-    targets = list(range(known + 1, len(row.ids)))
-    if targets:
-        at = torch.tensor([row.columns[t - 1] - width for t in targets], device=logits.device)
-        numbers.extend(measure.targets(logits.index_select(0, at), torch.tensor(row.ids[known + 1 :]), row.top_n))
+    t = known + 1  # targets t.. are measured; position t - 1 predicts target t
+    for a, b in runs([c - width for c in row.columns[known : len(row.ids) - 1]]):  # slices of the logits
+        numbers.extend(measure.targets(logits[a:b], torch.tensor(row.ids[t : t + b - a]), row.top_n))
+        t += b - a
     return numbers
 
 

@@ -8,8 +8,14 @@ prompt scored, nothing generated) and `max_tokens` 1 (lm-evaluation-harness's sc
 requests: the one token is chosen from the prefill's distribution). The others' rows join the
 running batch with the KV their prefill made (ContinuousBatch.join_prefilled).
 
+Only the prompts of echo requests (whose prompt is scored: evaluation, perplexity) share the
+prefix cache and each other's beginnings: their numbers equal lone teacher forcing within float
+noise. A generation is computed as before any cache, so its answer does not depend on what was
+asked before it.
+
 Events a request gets from here, besides its steps: ("prompt", i, [PromptToken]) with echo and
-("cached", i, tokens), how many of prompt i's tokens came from the prefix cache."""
+("cached", i, tokens), how many of prompt i's tokens were not computed again (taken from the
+prefix cache, or computed once for several prompts of one forward)."""
 
 from __future__ import annotations
 
