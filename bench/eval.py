@@ -67,8 +67,8 @@ def rolling_docs(n: int = 24, seed: int = 1) -> list[dict]:
     return [{"text": " ".join(rng.choice(words) for _ in range(rng.randint(60, 220)))} for _ in range(n)]
 
 
-def write_tasks(where: Path) -> None:
-    for name, docs, kind in [("bench_mc", mc_docs(), "mc"), ("bench_rolling", rolling_docs(), "rolling")]:
+def write_tasks(where: Path, questions: int, texts: int) -> None:
+    for name, docs, kind in [("bench_mc", mc_docs(questions), "mc"), ("bench_rolling", rolling_docs(texts), "rolling")]:
         (where / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
         head = f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {where}/{name}.jsonl\ntest_split: test\n"  # noqa: E501
         if kind == "mc":
@@ -95,9 +95,10 @@ def loglikelihoods(out: dict, task: str) -> list[float]:
 
 
 def serve(folder: Path, port: int, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": SRC}
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     cmd = [sys.executable, "-m", "lmtrace.cli", "serve", "--model", str(folder), "--port", str(port), *extra]
-    proc = subprocess.Popen([*cmd, "--served-model-name", "m"], env=env, stderr=subprocess.DEVNULL)
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    proc = subprocess.Popen([*cmd, "--served-model-name", "m"], env=env, **quiet)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
@@ -121,10 +122,10 @@ def server_args(port: int, folder: Path) -> dict:
     }  # fmt: skip
 
 
-def run_eval(folder: Path, runs: int, tasks: list[str]) -> list[dict]:
+def run_eval(folder: Path, runs: int, tasks: list[str], questions: int = 60, docs: int = 24) -> list[dict]:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     tasks_dir = Path(tempfile.mkdtemp(prefix="lmtrace-bench-tasks-"))
-    write_tasks(tasks_dir)
+    write_tasks(tasks_dir, questions, docs)
     ports = {"serve": 8711, "serve, prefix cache off": 8712}
     procs = [serve(folder, ports["serve"]), serve(folder, ports["serve, prefix cache off"], "--prefix-cache-mb", "0")]
     rows = []
@@ -220,15 +221,21 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--folder", type=Path, default=None, help="lmtrace export's folder (made when missing)")
     ap.add_argument("--texts", type=int, default=1000)
+    ap.add_argument("--questions", type=int, default=60, help="of the multiple-choice task (4 choices each)")
+    ap.add_argument("--docs", type=int, default=24, help="of the rolling task")
     ap.add_argument("--task", action="append", choices=["bench_mc", "bench_rolling"], help="default: both")
     ap.add_argument("--skip-eval", action="store_true")
     ap.add_argument("--skip-score", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of every contender (servers too)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"{platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, runs {args.runs}")
     figures: dict[str, list] = {}
     if not args.skip_eval:
-        figures["eval"] = run_eval(export(args.folder), args.runs, args.task or ["bench_mc", "bench_rolling"])
+        tasks = args.task or ["bench_mc", "bench_rolling"]
+        figures["eval"] = run_eval(export(args.folder), args.runs, tasks, args.questions, args.docs)
         print("| task | backend | median s | req/s | ratio to hf | max ll diff | prefix hit rate |")
         print("|---|---|---:|---:|---:|---:|---:|")
         for r in figures["eval"]:
