@@ -92,6 +92,21 @@ def test_score_jsonl_batch(capsys, tiny_dir, tiny_lm, tmp_path):
     assert "3 scores written to" in out and "perplexity" in out
 
 
+def test_score_file_jsonl_is_a_list_into_one_json(capsys, tiny_dir, tiny_lm, tmp_path):
+    src, dst = tmp_path / "texts.jsonl", tmp_path / "scores.json"
+    src.write_text('{"text": "Hello world"}\n{"id": "b", "text": "很久很久以前"}\n')
+    code, out, _ = run(capsys, "score", "--file", src, "--model", tiny_dir, "--json", dst, "--top-logprobs", 2)
+    assert code == 0
+    d = json.loads(dst.read_text())
+    assert [x["id"] for x in d] == [1, "b"]
+    for x, text in zip(d, ["Hello world", "很久很久以前"]):
+        assert x["total_logprob"] == pytest.approx(lmtrace.score(tiny_lm, text).total_logprob, abs=1e-4)
+        assert all(len(t["top"]) == 2 for t in x["tokens"][1:])
+    assert "2 scores written to" in out
+    code, _, err = run(capsys, "score", "--file", src, "--html", tmp_path / "r.html", "--model", tiny_dir)
+    assert code == 2 and "file: a .jsonl list is scored into --json" in err
+
+
 @pytest.mark.parametrize(
     "content,message",
     [

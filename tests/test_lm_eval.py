@@ -2,8 +2,8 @@
 (`tokenized_requests=True`: prompts sent as lists of token-id lists), batch size 4 and 4
 concurrent requests, against a real `lmtrace serve` process, on three small local tasks
 (tests/lmeval/): multiple choice, loglikelihood_rolling and generate_until. Every per-sample
-log-likelihood equals lmtrace.score's on the same (context, continuation), and the greedy
-generations equal lmtrace.generate's."""
+log-likelihood equals lmtrace.score's on the same (context, continuation), with the server's
+prefix cache on and off, and the greedy generations equal lmtrace.generate's."""
 
 from __future__ import annotations
 
@@ -20,10 +20,14 @@ HERE = Path(__file__).parent / "lmeval"
 TASKS = ["lmtrace_mc", "lmtrace_rolling", "lmtrace_gen"]
 
 
-@pytest.fixture(scope="module")
-def evaluated(tiny_dir, tmp_path_factory):
-    """lm-eval's samples of the three tasks, run through `lmtrace serve` on the tiny model."""
+@pytest.fixture(scope="module", params=["prefix cache on", "prefix cache off"])
+def evaluated(request, tiny_dir, tmp_path_factory):
+    """lm-eval's samples of the three tasks (the scoring ones without the prefix cache), run
+    through `lmtrace serve` on the tiny model."""
     from lm_eval.tasks import TaskManager
+
+    cache_on = request.param == "prefix cache on"
+    tasks_run = TASKS if cache_on else TASKS[:2]
 
     tasks = tmp_path_factory.mktemp("lmeval-tasks")
     for name in TASKS:  # the task files name their data relative to the repository: made absolute
@@ -32,7 +36,8 @@ def evaluated(tiny_dir, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("HF_DATASETS_OFFLINE", "1")
     mp.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("datasets-cache")))
-    proc, url = start_serve(tiny_dir, free_port(), "--served-model-name", "tiny")
+    extra = [] if cache_on else ["--prefix-cache-mb", "0"]
+    proc, url = start_serve(tiny_dir, free_port(), "--served-model-name", "tiny", *extra)
     try:
         results = lm_eval.simple_evaluate(
             model="local-completions",
@@ -46,7 +51,7 @@ def evaluated(tiny_dir, tmp_path_factory):
                 "max_retries": 1,
                 "max_length": 256,  # the tiny model's context
             },
-            tasks=TASKS,
+            tasks=tasks_run,
             batch_size=4,
             log_samples=True,
             task_manager=TaskManager(include_path=str(tasks)),
@@ -90,6 +95,8 @@ def test_rolling_loglikelihoods_equal_lmtrace_score(evaluated, tiny_lm):
 
 
 def test_greedy_generations_equal_lmtrace_generate(evaluated, tiny_lm):
+    if "lmtrace_gen" not in evaluated["samples"]:
+        pytest.skip("generations are run once, with the prefix cache on")
     samples = evaluated["samples"]["lmtrace_gen"]
     assert len(samples) == 5
     for sample in samples:

@@ -129,6 +129,19 @@ def test_batch_equals_one_at_a_time(tiny_lm):
     assert long.total_logprob == pytest.approx(lmtrace.score(tiny_lm, LONG).total_logprob, abs=1e-4)
 
 
+def test_score_on_a_list_is_batched_and_equals_each_alone(tiny_lm):
+    items = [TEXT, ("Hello", " world"), "Once upon a time", ("很久很久以前，", "有一个小模型。")]
+    batched = lmtrace.score(tiny_lm, items, top_logprobs=2, batch_size=4)
+    assert isinstance(batched, list) and len(batched) == len(items)
+    for item, b in zip(items, batched):
+        one = lmtrace.score(tiny_lm, item, top_logprobs=2) if isinstance(item, str) else (
+            lmtrace.score(tiny_lm, prompt=item[0], continuation=item[1], top_logprobs=2))  # fmt: skip
+        assert b.token_ids == one.token_ids and [t.rank for t in b.tokens] == [t.rank for t in one.tokens]
+        assert b.total_logprob == pytest.approx(one.total_logprob, abs=1e-4)
+    with pytest.raises(InvalidParameter, match="a list of texts takes no prompt"):
+        lmtrace.score(tiny_lm, ["a"], prompt="b")
+
+
 def test_json_round_trip(tiny_lm):
     r = lmtrace.score(tiny_lm, prompt="Hello", continuation=" world 🙂")
     d = r.to_dict()

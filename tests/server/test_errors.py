@@ -157,7 +157,7 @@ def test_a_failure_while_generating_says_what_without_internals(chat_lm, monkeyp
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA out of memory in /home/someone/secret/model.py")
 
-    monkeypatch.setattr("lmtrace.decode.engine.prefill", broken)
+    monkeypatch.setattr(chat_lm.model, "forward", broken)  # every forward pass fails
     with TestClient(create_app(chat_lm, name="tiny"), raise_server_exceptions=False) as c:
         err = envelope(c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}), 500)
         assert err == {"message": "internal error (RuntimeError)", "type": "server_error", "param": None, "code": None}

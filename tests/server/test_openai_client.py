@@ -20,8 +20,10 @@ def test_completions_with_logprobs_and_echo(oai, chat_lm):
     lp = c.choices[0].logprobs
     n_prompt = c.usage.prompt_tokens
     assert lp.token_logprobs[0] is None and len(lp.tokens) == n_prompt + 6
-    trace = lmtrace.generate(chat_lm, "Hello world", max_new_tokens=6, temperature=0, top_logprobs=2)
+    # one pass: the prefill that scores the prompt starts the generation, as generate(echo=True)
+    trace = lmtrace.generate(chat_lm, "Hello world", max_new_tokens=6, temperature=0, top_logprobs=2, echo=True)
     assert lp.token_logprobs[n_prompt:] == [s.logprob for s in trace.steps]
+    assert lp.token_logprobs[1:n_prompt] == [t.logprob for t in trace.prompt_logprobs[1:]]
     assert c.choices[0].text == "Hello world" + trace.text
     assert isinstance(lp.top_logprobs[1], dict) and len(lp.text_offset) == len(lp.tokens)
 

@@ -75,10 +75,13 @@ def test_echo_puts_the_prompt_first_with_a_null_first_logprob(client, chat_lm):
         ref = torch.log_softmax(chat_lm.model(torch.tensor([ids])).logits[0].float(), -1)
     for i in range(1, len(ids)):
         assert lp["token_logprobs"][i] == pytest.approx(ref[i - 1, ids[i]].item(), abs=1e-5)
-    # and the completion's equal a plain generation
-    trace = lmtrace.generate(chat_lm, prompt, max_new_tokens=4, temperature=0, top_logprobs=2)
+    # and the completion's equal a generation with echo (one pass: the prefill that scores the
+    # prompt starts the generation), and a plain one within float noise
+    trace = lmtrace.generate(chat_lm, prompt, max_new_tokens=4, temperature=0, top_logprobs=2, echo=True)
     assert lp["token_logprobs"][len(ids) :] == [s.logprob for s in trace.steps]
     assert choice["text"] == prompt + trace.text
+    plain = lmtrace.generate(chat_lm, prompt, max_new_tokens=4, temperature=0, top_logprobs=2)
+    assert lp["token_logprobs"][len(ids) :] == pytest.approx([s.logprob for s in plain.steps], abs=1e-5)
 
 
 def test_echo_with_max_tokens_0_scores_the_prompt_only(client, chat_lm):

@@ -1,5 +1,6 @@
 """`lmtrace score`: how likely a given text is under the model, token by token (teacher forcing);
-`--jsonl IN OUT` scores one record per line, batched."""
+`--file TEXTS.jsonl` scores a list ({"text": ...} per line) in padded batches into one JSON list,
+`--jsonl IN OUT` one record per line into a JSON-lines file."""
 
 from __future__ import annotations
 
@@ -42,12 +43,13 @@ def _check(options: dict) -> None:
         check_integer("stride", options["stride"], low=1)
 
 
-def read_jsonl(path: str) -> list[tuple[object, str | tuple[str, str]]]:
-    """[(id, text or (prompt, continuation))], every line checked before the model loads."""
+def read_jsonl(path: str, name: str = "jsonl") -> list[tuple[object, str | tuple[str, str]]]:
+    """[(id, text or (prompt, continuation))], every line checked before the model loads;
+    `name` is the option that messages name."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as e:
-        raise InvalidParameter(f"jsonl: cannot read {path!r} ({e.strerror})") from e
+        raise InvalidParameter(f"{name}: cannot read {path!r} ({e.strerror})") from e
     records = []
     for n, line in enumerate(lines, start=1):
         if not line.strip():
@@ -55,9 +57,9 @@ def read_jsonl(path: str) -> list[tuple[object, str | tuple[str, str]]]:
         try:
             d = json.loads(line)
         except json.JSONDecodeError as e:
-            raise InvalidParameter(f"jsonl: line {n} of {path} is not JSON ({e.msg})") from e
+            raise InvalidParameter(f"{name}: line {n} of {path} is not JSON ({e.msg})") from e
         if not isinstance(d, dict):
-            raise InvalidParameter(f"jsonl: line {n} of {path} must be an object, got {type(d).__name__}")
+            raise InvalidParameter(f"{name}: line {n} of {path} must be an object, got {type(d).__name__}")
         key = d.get("id", n)
         if isinstance(d.get("text"), str) and "prompt" not in d and "continuation" not in d:
             records.append((key, d["text"]))
@@ -65,10 +67,10 @@ def read_jsonl(path: str) -> list[tuple[object, str | tuple[str, str]]]:
             records.append((key, (d["prompt"], d["continuation"])))
         else:
             raise InvalidParameter(
-                f"jsonl: line {n} of {path} needs a string 'text', or strings 'prompt' and 'continuation'"
+                f"{name}: line {n} of {path} needs a string 'text', or strings 'prompt' and 'continuation'"
             )
     if not records:
-        raise InvalidParameter(f"jsonl: no records in {path}")
+        raise InvalidParameter(f"{name}: no records in {path}")
     return records
 
 
@@ -77,8 +79,8 @@ def _progress(console, total: int) -> Progress:
     return Progress(*columns, console=console, transient=True)
 
 
-def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
-    from lmtrace.render.score import summary_table
+def _scored(lm, records, status, options) -> list:
+    """[(id, ScoreResult)] of every record, batched, with a progress bar."""
     from lmtrace.scoring.score import score_batch
 
     with _progress(status, len(records)) as progress:
@@ -86,7 +88,27 @@ def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
         results = score_batch(
             lm, [item for _, item in records], on_result=lambda i, r: progress.advance(task), **options
         )
-    keyed = [(key, r) for (key, _), r in zip(records, results)]
+    return [(key, r) for (key, _), r in zip(records, results)]
+
+
+def _score_list(lm, records, json_path: str | None, view, status, **options) -> None:
+    """--file TEXTS.jsonl: the results as one JSON list, each with its record's id."""
+    from lmtrace.cli.common import write_json
+    from lmtrace.render.score import summary_table
+
+    keyed = _scored(lm, records, status, options)
+    write_json(json_path, json.dumps([{"id": key, **r.to_dict()} for key, r in keyed], ensure_ascii=False, indent=2))
+    view.print(summary_table(keyed))
+    if len(records) > 20:
+        view.print(f"[dim]… and {len(records) - 20} more[/dim]")
+    if json_path and json_path != "-":
+        view.print(f"[dim]{len(records)} scores written to {json_path}[/dim]")
+
+
+def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
+    from lmtrace.render.score import summary_table
+
+    keyed = _scored(lm, records, status, options)
     lines = [json.dumps({"id": key, **r.to_dict()}, ensure_ascii=False, allow_nan=False) for key, r in keyed]
     if out_path == "-":
         click.echo("\n".join(lines))
@@ -101,7 +123,12 @@ def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
 
 @cli.command()
 @click.argument("text", required=False)
-@click.option("--file", "file", default=None, help="Read the text to score from this file.")
+@click.option(
+    "--file",
+    "file",
+    default=None,
+    help="Read the text to score from this file; a .jsonl file is a list to score ({\"text\": ...} per line), batched.",
+)
 @click.option("--prompt", default=None, help="Condition on this prompt and score only --continuation.")
 @click.option("--continuation", default=None, help="The text scored after --prompt.")
 @click.option(
@@ -113,7 +140,9 @@ def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
 )
 @click.option("--window", type=int, default=None, help="Tokens per forward pass. Default: the model's context.")
 @click.option("--stride", type=int, default=None, help="Tokens between sliding windows. Default: window / 2.")
-@click.option("--batch-size", type=int, default=8, show_default=True, help="Records per forward pass (--jsonl).")
+@click.option(
+    "--batch-size", type=int, default=8, show_default=True, help="Records per forward pass (a .jsonl --file, --jsonl)."
+)
 @click.option("--top-logprobs", type=int, default=5, show_default=True, help="Alternatives per token (0-100).")
 @model_options
 @device_map_option
@@ -141,6 +170,14 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
         announce(status, loading[0])
         lm = load_model(status, *loading)
         _score_jsonl(lm, records, jsonl[1], view, status, **options)
+        return
+    if file is not None and file.endswith(".jsonl"):
+        if any(x is not None for x in (text, prompt, continuation, html_path, plot_path)):
+            raise InvalidParameter("file: a .jsonl list is scored into --json; drop TEXT, --prompt, --html, --plot")
+        records = read_jsonl(file, "file")
+        view, status = consoles(json_path, no_color)
+        lm = load_model(status, *loading)
+        _score_list(lm, records, json_path, view, status, **options)
         return
     source = _text(text, file, prompt, continuation)
     check_report_paths(html_path, plot_path)

@@ -66,6 +66,14 @@ def check_options(
     help="Rows (a prompt's choice each) decoded together; a request that arrives joins the running batch "
     "at the next step. 1: one request at a time.",
 )
+@click.option(
+    "--prefix-cache-mb",
+    type=int,
+    default=1024,
+    show_default=True,
+    help="Bound of the prefix cache in MiB: a prompt whose beginning was computed before reuses that part's KV "
+    "and numbers (least recently used out first). 0: off.",
+)
 @click.option("--served-model-name", default=None, help="Model id clients send (default: the model file's name).")
 @click.option(
     "--allow-host",
@@ -91,6 +99,7 @@ def serve(
     api_key,
     max_concurrency,
     max_batch,
+    prefix_cache_mb,
     served_model_name,
     allow_host,
     shutdown_timeout,
@@ -104,6 +113,8 @@ def serve(
     draft, draft_tokens = draft_from(kw)
     if max_batch < 1:
         raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
+    if prefix_cache_mb < 0:
+        raise InvalidParameter(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
     from lmtrace.server import create_app
     from lmtrace.server.run import Runner
 
@@ -119,6 +130,7 @@ def serve(
         max_batch=max_batch,
         draft=chosen,
         draft_tokens=draft_tokens,
+        prefix_cache_bytes=prefix_cache_mb << 20,
     )
     name = app.state.lmtrace.name
     shown = f"[{host}]" if ":" in host else host

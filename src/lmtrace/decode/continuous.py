@@ -16,56 +16,23 @@ batched matrix products (the documented batched-versus-alone bound).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from lmtrace.decode import constrained, engine
+from lmtrace.decode import engine
 from lmtrace.decode import step as one_step
-from lmtrace.decode.rows import RowRecord, seeded, step_record, to_trace
+from lmtrace.decode.prefill import Prefilled, stack_left
+from lmtrace.decode.rows import Row, RowSpec, record
 from lmtrace.detokenize import TokenBytes
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger as kv
 from lmtrace.kv import rows as rowkv
 from lmtrace.model.lm import LM
-from lmtrace.params import SamplingParams
-from lmtrace.records import Step, Trace
+from lmtrace.records import Trace
 
-
-@dataclass
-class RowSpec:
-    """One row to decode: its prompt (ids and text) and its own params. `on_step(step)` is
-    called with each of its steps on the decoding thread; an exception it raises takes the row
-    out of the batch (a server uses this when the client has gone)."""
-
-    ids: list[int]
-    params: SamplingParams
-    text: str = ""
-    chat: bool = False
-    on_step: Callable[[Step], None] | None = None
-    tag: Any = None  # the caller's own reference (a request, a line)
-
-
-class Row:
-    """A row while it decodes: its records, generator, penalty mask, grammar and position."""
-
-    def __init__(self, lm: LM, spec: RowSpec):
-        self.spec = spec
-        self.params = seeded(spec.params)
-        found = constrained.matchers(lm, [self.params])
-        self.grammar = found[0] if found else None  # the row's grammar matcher (None: unconstrained)
-        self.record = RowRecord(lm, self.params.stop)
-        self.generator = None
-        if not self.params.greedy:
-            self.generator = torch.Generator(device=lm.model.device).manual_seed(self.params.seed)
-        self.seen: torch.Tensor | None = None  # (1, vocab) bool, with a repetition penalty
-        self.index = 0  # steps produced so far
-        self.position = len(spec.ids)  # of the next token fed
-        self.step_ms = 0.0
-        self.trace: Trace | None = None
-        self.error: BaseException | None = None
+__all__ = ["ContinuousBatch", "Row", "RowSpec", "first_steps", "generate_rows"]
 
 
 class ContinuousBatch:
@@ -82,7 +49,6 @@ class ContinuousBatch:
         self.mask: torch.Tensor | None = None  # (batch, width): 0 on each row's left padding
         self.logits: torch.Tensor | None = None  # (batch, vocab): each row's next distribution
         self.tb = TokenBytes(lm.tokenizer)
-        self.eos = set(lm.eos_token_ids)
         self._expected: dict[int, Any] = {}  # batch size -> the cache formula at that size
 
     @property
@@ -120,6 +86,24 @@ class ContinuousBatch:
                 row.seen[0, ids[k][mask[k].bool()]] = True
             row.step_ms = (time.perf_counter() - started) * 1000
         self._merge(rows, cache, logits, mask)
+        return rows
+
+    def join_prefilled(self, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]) -> list[Row]:
+        """Adds rows whose prompts were prefilled elsewhere (lmtrace.decode.prefill: batched,
+        from a prefix cache, each with its KV), one Prefilled per spec (the choices of one
+        prompt share one): their caches left-padded into one and merged into the batch's."""
+        if len(specs) > self.free:
+            raise RuntimeError(f"the batch has room for {self.free} rows, not {len(specs)}")
+        model = self.lm.model
+        rows = [Row(self.lm, spec) for spec in specs]
+        width = max(len(p.ids) for p in prefilled)
+        cache = kv.cache_of(model, stack_left([p.kv for p in prefilled], width))  # (k, kv_heads, width, head_dim)
+        mask = torch.zeros((len(rows), width), dtype=torch.long, device=model.device)
+        for k, (row, p) in enumerate(zip(rows, prefilled)):
+            mask[k, width - len(p.ids) :] = 1
+            row.seen = _seen(model, row, p.ids)
+            row.step_ms, row.cached = p.ms, p.cached
+        self._merge(rows, cache, torch.stack([p.logits for p in prefilled]), mask)
         return rows
 
     def _merge(self, rows: list[Row], cache: Any, logits: torch.Tensor, own: torch.Tensor) -> None:
@@ -171,34 +155,9 @@ class ContinuousBatch:
 
     def _record(self, r: int, bs: one_step.BatchStep, choose_ms: float) -> bool:
         """Row r's Step for this batch step; True when the row leaves the batch."""
-        row, token = self.rows[r], bs.token_ids[r]
-        if row.error is not None:  # its grammar allowed nothing: it leaves without this step
-            return True
-        p = row.params
-        is_eos = p.stop_on_eos and token in self.eos
-        hit = row.record.add(token, is_eos)
-        finish = one_step.finish_reason(is_eos, hit, row.index == p.max_new_tokens - 1)
-        piece = row.record.piece + (row.record.detok.flush() if finish else "")
-        if finish == "eos":
-            row.record.stop_reason = token
-        bs.index = row.index
-        bs.time_ms = row.step_ms + choose_ms
-        step = step_record(self.lm, bs, r, piece, self.tb)
         pad = int((self.mask[r] == 0).sum())
-        step.kv = rowkv.own_part(step.kv, pad, len(self.rows), self._formula(1))
-        row.record.steps.append(step)
-        row.index += 1
-        try:
-            if row.spec.on_step is not None:
-                row.spec.on_step(step)
-        except BaseException as e:  # the row's consumer stopped it: it alone leaves
-            row.error = e
-            return True
-        if finish is not None:
-            s = row.spec
-            row.trace = to_trace(self.lm, s.text, s.ids, p, row.record, s.chat)
-            return True
-        return False
+        kv = rowkv.own_part(bs.kv.to_dict(), pad, len(self.rows), self._formula(1))
+        return record(self.lm, self.rows[r], bs, r, kv, choose_ms, self.tb)
 
     def _formula(self, batch: int) -> Any:
         if batch not in self._expected:
@@ -233,6 +192,39 @@ class ContinuousBatch:
         for row in self.rows:
             row.position += 1
             row.step_ms = (time.perf_counter() - started) * 1000
+
+
+def _seen(model, row: Row, ids: Sequence[int]) -> torch.Tensor | None:
+    """The prompt's tokens as seen, for a repetition penalty (None without one)."""
+    if row.params.repetition_penalty == 1.0:
+        return None
+    seen = torch.zeros((1, model.config.vocab_size), dtype=torch.bool, device=model.device)
+    seen[0, list(ids)] = True
+    return seen
+
+
+def first_steps(lm: LM, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]) -> list[Row]:
+    """Rows whose only step is the first (max_new_tokens 1: an evaluation's scoring request):
+    chosen from the prefill's distribution, no decode forward, no batch joined; each step's
+    `kv` is the row's own cache after its prefill. Each row comes back with its trace (or its
+    `error`, when its `on_step` raised)."""
+    rows = [Row(lm, spec) for spec in specs]
+    for row, p in zip(rows, prefilled):
+        if row.params.max_new_tokens != 1:
+            raise ValueError(f"first_steps takes rows with max_new_tokens 1, got {row.params.max_new_tokens}")
+        row.seen = _seen(lm.model, row, p.ids)
+        row.step_ms, row.cached = p.ms, p.cached
+    started = time.perf_counter()
+    states = {id(p): kv.state(kv.cache_of(lm.model, p.kv), engine.expected_bytes(lm.model, 1)) for p in prefilled}
+    how = one_step.Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows])
+    with torch.inference_mode():
+        logits = torch.stack([p.logits for p in prefilled])  # (k, vocab)
+        _, bs = one_step.take(0, logits, how, [True] * len(rows), states[id(prefilled[0])])
+    choose_ms = (time.perf_counter() - started) * 1000
+    tb = TokenBytes(lm.tokenizer)
+    for r, (row, p) in enumerate(zip(rows, prefilled)):
+        record(lm, row, bs, r, states[id(p)].to_dict(), choose_ms, tb)
+    return rows
 
 
 def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:

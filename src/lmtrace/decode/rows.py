@@ -5,13 +5,14 @@ at the end. Shared by generate, branch and continuous batching."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from lmtrace.decode import constrained
-from lmtrace.decode.step import BatchStep
+from lmtrace.decode.step import BatchStep, finish_reason
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.errors import InvalidParameter
 from lmtrace.inside import probe as inside
@@ -22,6 +23,41 @@ from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.records import Alternative, Step, Trace
 from lmtrace.versions import versions
+
+
+@dataclass
+class RowSpec:
+    """One row to decode: its prompt (ids and text) and its own params. `on_step(step)` is
+    called with each of its steps on the decoding thread; an exception it raises takes the row
+    out of the batch (a server uses this when the client has gone)."""
+
+    ids: list[int]
+    params: SamplingParams
+    text: str = ""
+    chat: bool = False
+    on_step: Callable[[Step], None] | None = None
+    tag: Any = None  # the caller's own reference (a request, a line)
+
+
+class Row:
+    """A row while it decodes: its records, generator, penalty mask, grammar and position."""
+
+    def __init__(self, lm: LM, spec: RowSpec):
+        self.spec = spec
+        self.params = seeded(spec.params)
+        found = constrained.matchers(lm, [self.params])
+        self.grammar = found[0] if found else None  # the row's grammar matcher (None: unconstrained)
+        self.record = RowRecord(lm, self.params.stop)
+        self.generator = None
+        if not self.params.greedy:
+            self.generator = torch.Generator(device=lm.model.device).manual_seed(self.params.seed)
+        self.seen: torch.Tensor | None = None  # (1, vocab) bool, with a repetition penalty
+        self.index = 0  # steps produced so far
+        self.position = len(spec.ids)  # of the next token fed
+        self.step_ms = 0.0
+        self.cached = 0  # prompt tokens whose KV came from a prefix cache
+        self.trace: Trace | None = None
+        self.error: BaseException | None = None
 
 
 def make_params(params: SamplingParams | None = None, **kwargs: Any) -> SamplingParams:
@@ -202,3 +238,38 @@ def seeded(params: SamplingParams) -> SamplingParams:
     return make_params(params, seed=random.randrange(2**31))
 
 
+
+
+def record(lm: LM, row: Row, bs: BatchStep, r: int, kv: dict[str, Any], choose_ms: float, tb: TokenBytes) -> bool:
+    """Row `row`'s Step from row `r` of the batch step, with `kv` its own part of the cache;
+    calls its `on_step`. True when the row leaves: it finished (its trace is set) or its
+    consumer raised (its `error` is set)."""
+    if row.error is not None:  # its grammar allowed nothing: it leaves without this step
+        return True
+    token, p = bs.token_ids[r], row.params
+    is_eos = p.stop_on_eos and token in lm.eos_token_ids
+    hit = row.record.add(token, is_eos)
+    finish = finish_reason(is_eos, hit, row.index == p.max_new_tokens - 1)
+    piece = row.record.piece + (row.record.detok.flush() if finish else "")
+    if finish == "eos":
+        row.record.stop_reason = token
+    bs.index = row.index
+    bs.time_ms = row.step_ms + choose_ms
+    step = step_record(lm, bs, r, piece, tb)
+    step.kv = kv
+    if row.index == 0 and row.cached:
+        step.kv = {**kv, "cached_tokens": row.cached}
+    row.record.steps.append(step)
+    row.index += 1
+    try:
+        if row.spec.on_step is not None:
+            row.spec.on_step(step)
+    except BaseException as e:  # the row's consumer stopped it: it alone leaves
+        row.error = e
+        return True
+    if finish is not None:
+        s = row.spec
+        row.trace = to_trace(lm, s.text, s.ids, p, row.record, s.chat)
+        row.trace.timing["cached_tokens"] = row.cached
+        return True
+    return False

@@ -86,6 +86,21 @@ def cache_kwargs(model: Any, cache: DynamicCache) -> dict[str, Any]:
     return {_forward_kwarg(type(model)): cache, "use_cache": True}
 
 
+def cache_of(model: Any, layers: Any) -> DynamicCache:
+    """A DynamicCache holding the given keys and values, per layer (batch, kv_heads, len,
+    head_dim), without copying them (a cache made from rows computed elsewhere)."""
+    cache = DynamicCache(config=model.config)
+    for layer, (keys, values) in zip(cache.layers, layers):
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+    return cache
+
+
+def layers_of(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (keys, values), (batch, kv_heads, len, head_dim)."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
 def find_cache(kwargs: dict[str, Any]) -> Any:
     """The cache a forward call was given, under either name."""
     found = kwargs.get("cache")

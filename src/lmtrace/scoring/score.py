@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from lmtrace.decode.prefill import PromptRow, prefill_many
 from lmtrace.detokenize import TokenBytes
 from lmtrace.errors import InvalidParameter
 from lmtrace.logits import forced, measure
@@ -25,6 +27,8 @@ from lmtrace.records import SCHEMA_VERSION, TokenScore
 from lmtrace.versions import versions
 
 FALLBACK_WINDOW = 2048  # for a model whose config does not say its context length
+
+Item = str | tuple[str, str]  # what a list to score holds: a text, or a (prompt, continuation) pair
 
 
 def resolve_window(model, window: int | None, stride: int | None) -> tuple[int, int]:
@@ -151,16 +155,23 @@ def _windowed(lm: LM, ids: list[int], first: int, ws: tuple[int, int], top_n: in
 
 def score(
     lm: LM,
-    text: str | None = None,
+    text: str | Sequence[Item] | None = None,
     *,
     prompt: str | None = None,
     continuation: str | None = None,
     top_logprobs: int = 5,
     window: int | None = None,
     stride: int | None = None,
-) -> ScoreResult:
+    batch_size: int = 8,
+) -> ScoreResult | list[ScoreResult]:
     """Scores `text` (its first token has no logprob), or `continuation` conditioned on
-    `prompt` (only the continuation's tokens are scored), teacher-forced."""
+    `prompt` (only the continuation's tokens are scored), teacher-forced. A list of texts (or
+    of (prompt, continuation) pairs) is scored in padded batches of `batch_size`, grouped by
+    length (score_batch), and gives a list of results in its order."""
+    if isinstance(text, (list, tuple)):
+        if prompt is not None or continuation is not None:
+            raise InvalidParameter("text: a list of texts takes no prompt or continuation (give pairs in the list)")
+        return score_batch(lm, text, batch_size=batch_size, top_logprobs=top_logprobs, window=window, stride=stride)
     check_integer("top_logprobs", top_logprobs, low=0, high=MAX_TOP_LOGPROBS)
     ws = resolve_window(lm.model, window, stride)
     ids, first = encode_pair(lm, text, prompt, continuation)
@@ -172,23 +183,11 @@ def score(
 
 
 def _batched(lm: LM, batch: list[tuple[list[int], int]], top_n: int) -> list[measure.Forced]:
-    """One right-padded forward for sequences that fit in one window: padding only ever
-    follows a row's real tokens, so the causal mask keeps them out of every scored position."""
-    width = max(len(ids) for ids, _ in batch)
-    input_ids = torch.full((len(batch), width), lm.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, (ids, _) in enumerate(batch):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        mask[row, : len(ids)] = 1
-    out = lm.model(input_ids=input_ids.to(lm.model.device), attention_mask=mask.to(lm.model.device), use_cache=False)
-    numbers = []
-    for row, (ids, first) in enumerate(batch):
-        t = max(first, 1)
-        numbers.append(measure.targets(out.logits[row, t - 1 : len(ids) - 1], torch.tensor(ids[t:]), top_n))
-    return numbers
-
-
-Item = str | tuple[str, str]
+    """Sequences that fit in one window, in one padded forward (lmtrace.decode.prefill, the
+    server's path too): padding is masked out of every scored position."""
+    rows = [PromptRow(ids, top_n, first) for ids, first in batch]
+    done = prefill_many(lm.model, rows, pad_id=lm.pad_token_id, max_rows=len(rows), max_tokens=sys.maxsize)
+    return [d.numbers for d in done]
 
 
 def _triple(index: int, item: Item) -> tuple[str | None, str | None, str | None]:

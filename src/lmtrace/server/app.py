@@ -11,9 +11,10 @@ from typing import Any
 from fastapi import FastAPI
 
 from lmtrace.model.lm import LM
-from lmtrace.server import chat, completions, errors, extensions, models, tokenization, traces, viewer
+from lmtrace.server import chat, completions, errors, extensions, metrics, models, tokenization, traces, viewer
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.generation import ServerState
+from lmtrace.server.lane import DEFAULT_PREFIX_CACHE_BYTES
 from lmtrace.server.security import HostCheck, KeyCheck
 from lmtrace.server.worker import ModelWorker
 
@@ -39,6 +40,7 @@ def create_app(
     max_batch: int = DEFAULT_MAX_BATCH,
     draft: Any = None,
     draft_tokens: int = 4,
+    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
 ) -> FastAPI:
     """The server for one loaded model. `max_concurrency` requests are admitted at once; their
     rows (a choice of a prompt each) decode together, up to `max_batch` rows, a request that
@@ -47,10 +49,17 @@ def create_app(
     a loopback address must name localhost, 127.0.0.1 or [::1] (or one of `allowed_hosts`,
     say a reverse proxy's name) as its Host; with `api_key` every route but /health needs it.
     With a `draft` (lmtrace.model.draft.draft_for) every request decodes speculatively, one row
-    at a time, proposing `draft_tokens` a block (a request's `draft_tokens` overrides it)."""
+    at a time, proposing `draft_tokens` a block (a request's `draft_tokens` overrides it).
+    Prompts are prefilled together and share computed beginnings through a prefix cache of at
+    most `prefix_cache_bytes` (0: off; with `max_batch` 1 there is none)."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    worker = BatchingWorker(lm, max_concurrency, max_batch) if max_batch > 1 else ModelWorker(max_concurrency)
+    if prefix_cache_bytes < 0:
+        raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
+    if max_batch > 1:
+        worker: ModelWorker = BatchingWorker(lm, max_concurrency, max_batch, prefix_cache_bytes)
+    else:
+        worker = ModelWorker(max_concurrency)
     state = ServerState(lm, name or served_name(lm), worker, draft=draft, draft_tokens=draft_tokens)
 
     @asynccontextmanager
@@ -61,7 +70,7 @@ def create_app(
     app = FastAPI(title="lmtrace", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.lmtrace = state
     errors.install(app)
-    for module in (models, completions, chat, traces, extensions, tokenization, viewer):
+    for module in (models, completions, chat, traces, extensions, tokenization, viewer, metrics):
         app.include_router(module.router)
 
     @app.get("/health", include_in_schema=False)

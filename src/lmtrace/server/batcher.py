@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from lmtrace.decode.continuous import ContinuousBatch, Row, RowSpec
 from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
-from lmtrace.server.logprobs import prompt_logprobs
+from lmtrace.server.lane import DEFAULT_PREFIX_CACHE_BYTES, Lane
 from lmtrace.server.worker import END, Cancelled, Handle, ModelWorker, ShuttingDown, Work
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ class _Request:
         self.left = job.choices
         self.closed = False
         self.started = time.perf_counter()
+        self.announced: set[int] = set()  # prompts whose echo and cached count were sent
 
     def on_step(self, choice: int):
         def hook(step: Step) -> None:
@@ -52,9 +53,10 @@ class _Request:
 class BatchingWorker(ModelWorker):
     """Admits at most `limit` requests; decodes up to `max_batch` rows together."""
 
-    def __init__(self, lm: LM, limit: int, max_batch: int):
+    def __init__(self, lm: LM, limit: int, max_batch: int, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
         super().__init__(limit)
         self.lm, self.max_batch = lm, max_batch
+        self.lane = Lane(lm, prefix_cache_bytes)
         self._waiting: deque[_Request] = deque()
         self._rows: deque[tuple[_Request, RowSpec]] = deque()  # admitted, not yet in the batch
         # whole works that need the model to themselves (lens / attention swap its attention
@@ -111,8 +113,7 @@ class BatchingWorker(ModelWorker):
                 self._exclusive.clear()
             for handle, work in exclusive:
                 self._run_exclusive(handle, work)
-            for req in arrived:
-                self._open(req)
+            self._open(arrived)
             self._join(batch)
             if batch.empty:
                 continue
@@ -130,28 +131,66 @@ class BatchingWorker(ModelWorker):
         for handle, work in list(self._exclusive):
             self._run_exclusive(handle, work, run=False)
 
-    def _open(self, req: _Request) -> None:
-        """Echo's prompt logprobs, then the request's rows into the line for the batch."""
-        job = req.job
+    def _open(self, arrived: list[_Request]) -> None:
+        """Requests that need no decode step are answered now, their prompts prefilled
+        together; the others' rows wait in line for room in the batch."""
+        at_once = []
+        for req in arrived:
+            if req.handle.cancelled:
+                self._close(req, Cancelled())
+            elif self.lane.at_once(req.job):
+                at_once.append(req)
+            else:
+                self._line_up(req)
+        if at_once:
+            self._answer(at_once)
+
+    def _answer(self, reqs: list[_Request]) -> None:
+        wanted = [(req, i) for req in reqs for i in range(len(req.job.prompts))]
         try:
-            req.handle.check()
-            if job.echo:
-                for i, p in enumerate(job.prompts):
-                    req.handle.emit(("prompt", i, prompt_logprobs(self.lm, p.ids, job.top_n if job.logprobs else 0)))
-            if not job.generate:
+            found = self.lane.prefill(wanted, keep_kv=any(req.job.generate for req in reqs))
+        except BaseException as e:  # one of them is at fault: each alone, so the others still answer
+            if len(reqs) > 1:
+                for req in reqs:
+                    self._answer([req])
+            else:
+                self._close(reqs[0], e)
+            return
+        for req in reqs:
+            try:
+                rows = self.lane.answer(req, found, [spec for _, spec in self._specs(req)])
+            except BaseException as e:
+                self._close(req, e)
+                continue
+            for row in rows:
+                self._leave(row)
+            if not req.job.generate:
                 req.handle.emit(("done", []))
                 self._close(req, None)
-                return
-        except BaseException as e:
-            self._close(req, e)
-            return
+
+    def _specs(self, req: _Request) -> list[tuple[_Request, RowSpec]]:
+        job = req.job
+        out = []
         for choice in range(job.choices):
             p, j = job.prompt_of(choice), choice % job.n
             params = job.params
             if params.seed is not None and j:
                 params = dataclasses.replace(params, seed=(params.seed + j) % 2**64)
-            spec = RowSpec(p.ids, params, p.text, job.chat, req.on_step(choice), (req, choice))
-            self._rows.append((req, spec))
+            out.append((req, RowSpec(p.ids, params, p.text, job.chat, req.on_step(choice), (req, choice))))
+        return out
+
+    def _line_up(self, req: _Request) -> None:
+        """The request's rows into the line for the batch (a model whose cache cannot take
+        rows prefilled apart: its echo now, from a forward of its own)."""
+        if req.job.echo and not self.lane.reuse_kv:
+            try:
+                wanted = [(req, i) for i in range(len(req.job.prompts))]
+                for (_, i), p in zip(wanted, self.lane.prefill(wanted, keep_kv=False).values()):
+                    self.lane.announce(req, i, p)
+            except BaseException as e:
+                self._close(req, e)
+                return
+        self._rows.extend(self._specs(req))
 
     def _join(self, batch: ContinuousBatch) -> None:
         if any(req.handle.cancelled for req, _ in self._rows):  # gone while waiting for room
@@ -164,15 +203,29 @@ class BatchingWorker(ModelWorker):
             req, spec = self._rows.popleft()
             if not req.closed:
                 arriving.append((req, spec))
-        try:  # the rows that arrived together are prefilled in one forward
-            batch.join_many([spec for _, spec in arriving])
-        except BaseException:  # one of them is at fault: each alone, so the others still join
-            for req, spec in arriving:
-                try:
-                    batch.join(spec)
-                except BaseException as e:
-                    self._close(req, e)
+        if arriving:
+            self._join_rows(batch, arriving, retry=True)
         self.peak_rows = max(self.peak_rows, len(batch.rows))
+
+    def _join_rows(self, batch: ContinuousBatch, arriving: list[tuple[_Request, RowSpec]], retry: bool) -> None:
+        """The rows that arrived together, prefilled together and joined; when that fails, one
+        of them is at fault: each request alone, so the others still join."""
+        try:
+            if self.lane.reuse_kv:
+                wanted = [(req, spec.tag[1] // req.job.n) for req, spec in arriving]
+                found = self.lane.prefill(wanted, keep_kv=True)
+                for req, i in wanted:
+                    self.lane.announce(req, i, found[(id(req.handle), i)])
+                batch.join_prefilled([s for _, s in arriving], [found[(id(r.handle), i)] for r, i in wanted])
+            else:
+                batch.join_many([spec for _, spec in arriving])
+        except BaseException as e:
+            if not retry:
+                self._close(arriving[0][0], e)
+                return
+            for req in dict.fromkeys(req for req, _ in arriving):
+                if not req.closed:
+                    self._join_rows(batch, [item for item in arriving if item[0] is req], retry=False)
 
     def _leave(self, row: Row) -> None:
         req, choice = row.spec.tag

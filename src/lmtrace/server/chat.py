@@ -30,7 +30,8 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Any:
     if body.stream:
         with_usage = body.stream_options is not None and body.stream_options.include_usage
         return SSEResponse(_chunks(state, job, handle, request, head, with_usage), handle.cancel)
-    _, traces = await collect(handle, request)
+    answer = await collect(handle, request)
+    traces = answer.traces
     choices = [
         {
             "index": i,
@@ -40,7 +41,7 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Any:
         }
         for i, t in enumerate(traces)
     ]
-    return {**head, "object": "chat.completion", "choices": choices, "usage": usage(job, traces)}
+    return {**head, "object": "chat.completion", "choices": choices, "usage": usage(job, traces, answer.cached)}
 
 
 def _chunks(

@@ -33,9 +33,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     if body.stream:
         with_usage = body.stream_options is not None and body.stream_options.include_usage
         return SSEResponse(_chunks(state, job, handle, request, head, with_usage), handle.cancel)
-    prompt, traces = await collect(handle, request)
-    choices = [_choice(job, i, t, prompt.get(i // job.n)) for i, t in enumerate(traces or [None] * job.choices)]
-    return {**head, "choices": choices, "usage": usage(job, traces)}
+    answer = await collect(handle, request)
+    traces = answer.traces
+    choices = [_choice(job, i, t, answer.prompt.get(i // job.n)) for i, t in enumerate(traces or [None] * job.choices)]
+    return {**head, "choices": choices, "usage": usage(job, traces, answer.cached)}
 
 
 def _choice(job: Job, index: int, trace: Trace | None, prompt: list[PromptToken] | None) -> dict[str, Any]:

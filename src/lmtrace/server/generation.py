@@ -13,12 +13,13 @@ from typing import Any
 
 from starlette.requests import Request
 
+from lmtrace.decode.prefill import PromptRow, prefill_many
 from lmtrace.decode.tracing import generate_ids
 from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.errors import APIError, failure
-from lmtrace.server.logprobs import PromptToken, prompt_logprobs
+from lmtrace.server.logprobs import PromptToken, prompt_tokens
 from lmtrace.server.prepare import Job
 from lmtrace.server.sse import DONE, ChoiceStream, sse
 from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, ShuttingDown, Work
@@ -57,9 +58,11 @@ def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
     the end (one Trace per choice, choice i * n + j being prompt i's j-th)."""
 
     def run(emit: Emit, check) -> None:
-        if job.echo:
-            for i, p in enumerate(job.prompts):
-                emit(("prompt", i, prompt_logprobs(lm, p.ids, job.top_n if job.logprobs else 0)))
+        if job.echo:  # the prompts scored together, in one padded forward where they fit
+            top_n = job.top_n if job.logprobs else 0
+            rows = [PromptRow(p.ids, top_n) for p in job.prompts]
+            for i, done in enumerate(prefill_many(lm.model, rows, pad_id=lm.pad_token_id)):
+                emit(("prompt", i, prompt_tokens(lm, done.ids, done.numbers)))
         if not job.generate:
             emit(("done", []))
             return
@@ -112,15 +115,27 @@ def _busy(e: Busy) -> APIError:
     )
 
 
-async def collect(handle: Handle, request: Request) -> tuple[dict[int, list[PromptToken]], list[Trace]]:
-    """Waits for the whole answer ({prompt index: its echoed tokens}, a Trace per choice);
-    cancels the work if the client goes away meanwhile."""
+@dataclass
+class Answer:
+    """A whole answer: {prompt index: its echoed tokens}, a Trace per choice, and {prompt
+    index: how many of its tokens came from the prefix cache}."""
+
+    prompt: dict[int, list[PromptToken]]
+    traces: list[Trace]
+    cached: dict[int, int]
+
+
+async def collect(handle: Handle, request: Request) -> Answer:
+    """Waits for the whole answer; cancels the work if the client goes away meanwhile."""
     prompt: dict[int, list[PromptToken]] = {}
+    cached: dict[int, int] = {}
     traces = None
     try:
         async for event in handle.events(request):
             if event[0] == "prompt":
                 prompt[event[1]] = event[2]
+            elif event[0] == "cached":
+                cached[event[1]] = event[2]
             elif event[0] == "done":
                 traces = event[1]
     except ShuttingDown as e:  # an answer (503), not a failure to log with its traceback
@@ -130,7 +145,7 @@ async def collect(handle: Handle, request: Request) -> tuple[dict[int, list[Prom
             handle.cancel()
     if traces is None:  # the client left; nobody reads this answer
         raise APIError(499, "client closed the request", code="client_closed_request")
-    return prompt, traces
+    return Answer(prompt, traces, cached)
 
 
 @dataclass
@@ -150,8 +165,11 @@ async def stream_parts(state: ServerState, job: Job, handle: Handle, request: Re
     """The answer as Parts, holding back text (and its tokens) until it is final; ends with
     one Part per choice carrying its finish reason, then one carrying the usage."""
     streams = [ChoiceStream(job.params.stop) for _ in range(job.choices)]
+    cached: dict[int, int] = {}
     async for event in handle.events(request):
-        if event[0] == "prompt":
+        if event[0] == "cached":
+            cached[event[1]] = event[2]
+        elif event[0] == "prompt":
             _, p, tokens = event
             for i in range(p * job.n, (p + 1) * job.n):
                 yield Part(i, job.prompts[p].text, prompt=tokens)
@@ -165,18 +183,24 @@ async def stream_parts(state: ServerState, job: Job, handle: Handle, request: Re
             for i, trace in enumerate(traces):
                 text, ready = streams[i].finish(trace.text) if trace else ("", [])
                 yield Part(i, text, ready, finish_reason=trace.finish_reason if trace else "length")
-            yield Part(-1, "", usage=usage(job, event[1]))
+            yield Part(-1, "", usage=usage(job, event[1], cached))
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(job: Job, traces: list[Trace]) -> dict[str, int]:
-    """Tokens of every prompt (each counted once, whatever `n`) and of every choice."""
+def usage(job: Job, traces: list[Trace], cached: dict[int, int] | None = None) -> dict[str, Any]:
+    """Tokens of every prompt (each counted once, whatever `n`) and of every choice; where the
+    prefix cache served some prompt tokens, how many (OpenAI's prompt_tokens_details)."""
     prompt = sum(len(p.ids) for p in job.prompts)
     completion = sum(len(t.steps) for t in traces)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
+    out["total_tokens"] = prompt + completion
+    hit = sum((cached or {}).values())
+    if hit:
+        out["prompt_tokens_details"] = {"cached_tokens": hit}
+    return out
 
 
 async def openai_chunks(

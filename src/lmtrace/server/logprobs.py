@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from lmtrace.decode.prefill import PromptRow, prefill_many
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.logits import measure
 from lmtrace.model.lm import LM
@@ -52,23 +51,26 @@ class PromptToken:
     top: list[Alternative] = field(default_factory=list)
 
 
-def prompt_logprobs(lm: LM, ids: list[int], top_n: int) -> list[PromptToken]:
-    """One teacher-forced forward over the prompt: token i's logprob is read from the
-    distribution after tokens 0..i-1 (lmtrace.logits.measure.targets, as score and echo read
-    it); the first token has none (null), as OpenAI."""
+def prompt_tokens(lm: LM, ids: list[int], numbers: measure.Forced) -> list[PromptToken]:
+    """The echoed prompt from its teacher-forced numbers (targets 1..len-1, as
+    lmtrace.decode.prefill measures them): token i's logprob under the distribution after
+    tokens 0..i-1; the first token has none (null), as OpenAI."""
     tb = TokenBytes(lm.tokenizer)
     detok = IncrementalDetokenizer(lm.tokenizer)
     pieces = [detok.add(t) for t in ids]
     pieces[-1] += detok.flush()
-    with torch.inference_mode():
-        x = torch.tensor([ids], device=lm.model.device)
-        logits = lm.model(input_ids=x, use_cache=False).logits[0, :-1]  # (len - 1, vocab)
-        numbers = measure.targets(logits, torch.tensor(ids[1:]), top_n)
     out = [PromptToken(ids[0], pieces[0], list(tb(ids[0])), None)]
     for i, value, alt_ids, alts in zip(range(1, len(ids)), numbers.logprob, numbers.top_ids, numbers.top_logprobs):
         top = [Alternative(t, tb.text(t), list(tb(t)), a, a) for t, a in zip(alt_ids, alts)]
         out.append(PromptToken(ids[i], pieces[i], list(tb(ids[i])), value, top))
     return out
+
+
+def prompt_logprobs(lm: LM, ids: list[int], top_n: int) -> list[PromptToken]:
+    """One teacher-forced forward over the prompt alone (lmtrace.decode.prefill, as score and
+    echo read it), as PromptTokens."""
+    (done,) = prefill_many(lm.model, [PromptRow(ids, top_n)], pad_id=lm.pad_token_id)
+    return prompt_tokens(lm, ids, done.numbers)
 
 
 def chat_entry(step: Step, sampled: bool) -> dict[str, Any]:

@@ -38,7 +38,7 @@ async def create_trace(body: TraceRequest, request: Request) -> Any:
     handle = start(state, job)
     if body.stream:
         return SSEResponse(_events(state, handle, request), handle.cancel)
-    _, traces = await collect(handle, request)
+    traces = (await collect(handle, request)).traces
     if job.many:
         return {"traces": [served(t, state.name) for t in traces]}
     return served(traces[0], state.name)
