@@ -32,6 +32,8 @@ MIN_GAIN = 8  # tokens a row must share with an earlier row of its pack, beyond 
 # padded tokens a forward may waste before a longer row starts a forward of its own: about what
 # a forward's fixed cost (reading every weight once) is worth in tokens on a CPU
 SPLIT_TOKENS = 32
+
+
 @dataclass
 class PromptRow:
     """A prompt to prefill. `top_n`: measure its tokens teacher-forced (logprob, rank, entropy,
@@ -168,39 +170,6 @@ def _from_cache(row: PromptRow, hit: Hit) -> Prefilled:
     """A prompt that is a cached one: its numbers, distribution and KV as they were computed."""
     numbers = hit.numbers(row.ids, row.top_n, max(row.first, 1)) if row.top_n is not None else None
     return Prefilled(list(row.ids), hit.entry.last.clone(), numbers, hit.entry.kv, hit.reuse)
-
-
-def common(a: Sequence[int], b: Sequence[int]) -> int:
-    """The number of tokens two sequences share at their beginning."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def _waves(rows: Sequence[PromptRow], cache: PrefixCache | None) -> list[list[int]]:
-    """[indices] in the order to run: a row that shares a long beginning with an earlier row of
-    this call (but not with the cache) waits for a second wave, which reuses what the first
-    computed (the choices of a multiple-choice question arrive together)."""
-    if cache is None or len(rows) < 2 or cache.max_bytes == 0:
-        return [list(range(len(rows)))]
-    cached = [h.reuse if (h := cache.lookup(r.ids, r.top_n, count=False)) else 0 for r in rows]
-    first: list[int] = [i for i, r in enumerate(rows) if not r.share]
-    second: list[int] = []
-    anchor = None
-    for i in sorted((i for i, r in enumerate(rows) if r.share), key=lambda i: rows[i].ids):  # side by side
-        row = rows[i]
-        if anchor is not None:
-            a = rows[anchor]
-            serves = row.top_n is None or (a.top_n is not None and a.first <= 1 and a.top_n >= row.top_n)
-            if serves and common(a.ids, row.ids) - 1 >= cached[i] + MIN_GAIN:
-                second.append(i)
-                continue
-        first.append(i)
-        anchor = i
-    return [sorted(first), sorted(second)] if second else [sorted(first)]
 
 
 def groups(
