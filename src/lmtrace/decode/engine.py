@@ -163,11 +163,13 @@ def prefill_observed(model, input_ids, prompt_mask, padded: bool, cache, observe
 
 
 def compiled_decode(model) -> Callable[..., torch.Tensor]:
-    """decode_step over a torch.compile'd forward, compiled once per model and kept on it."""
-    forward = getattr(model, "_lmtrace_compiled_forward", None)
-    if forward is None:
+    """decode_step over a torch.compile'd forward, compiled once per model and kept on it (with
+    the model's id: a shallow copy, such as a `layers:N` draft, carries the attribute but is
+    another model and compiles its own)."""
+    owner, forward = getattr(model, "_lmtrace_compiled_forward", (None, None))
+    if owner != id(model):
         forward = torch.compile(model.forward, dynamic=False)
-        model._lmtrace_compiled_forward = forward
+        model._lmtrace_compiled_forward = (id(model), forward)
 
     def decode(model, token_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         out = forward(input_ids=token_ids[:, None], attention_mask=attention_mask, position_ids=position_ids,
