@@ -127,18 +127,21 @@ def run_eval(folder: Path, runs: int, tasks: list[str], questions: int = 60, doc
     tasks_dir = Path(tempfile.mkdtemp(prefix="lmtrace-bench-tasks-"))
     write_tasks(tasks_dir, questions, docs)
     ports = {"serve": 8711, "serve, prefix cache off": 8712}
-    procs = [serve(folder, ports["serve"]), serve(folder, ports["serve, prefix cache off"], "--prefix-cache-mb", "0")]
     rows = []
-    try:
-        for task in tasks:
-            times: dict[str, list[float]] = {"hf": [], **{k: [] for k in ports}}
-            lls: dict[str, list[float]] = {}
-            hits = [0.0, 0.0]
-            for _ in range(runs):
-                hf_args = {"pretrained": str(folder), "dtype": "float32", "device": "cpu"}
-                seconds, out = evaluate(task, tasks_dir, "hf", hf_args)
-                times["hf"].append(seconds)
-                lls["hf"], requests = loglikelihoods(out, task), len(loglikelihoods(out, task))
+    for task in tasks:
+        times: dict[str, list[float]] = {"hf": [], **{k: [] for k in ports}}
+        lls: dict[str, list[float]] = {}
+        hits = [0.0, 0.0]
+        for _ in range(runs):
+            hf_args = {"pretrained": str(folder), "dtype": "float32", "device": "cpu"}
+            seconds, out = evaluate(task, tasks_dir, "hf", hf_args)
+            times["hf"].append(seconds)
+            lls["hf"], requests = loglikelihoods(out, task), len(loglikelihoods(out, task))
+            # fresh servers each round (started before the clock): a round must not find the
+            # previous round's prompts in the prefix cache
+            procs = {name: serve(folder, port, *([] if name == "serve" else ["--prefix-cache-mb", "0"]))
+                     for name, port in ports.items()}  # fmt: skip
+            try:
                 for name, port in ports.items():
                     before = metrics(port)
                     seconds, out = evaluate(task, tasks_dir, "local-completions", server_args(port, folder))
@@ -149,17 +152,17 @@ def run_eval(folder: Path, runs: int, tasks: list[str], questions: int = 60, doc
                         key = "lmtrace_prefix_cache_{}_total"
                         hits[0] += after[key.format("hit_tokens")] - before[key.format("hit_tokens")]
                         hits[1] += after[key.format("queried_tokens")] - before[key.format("queried_tokens")]
-            hf = statistics.median(times["hf"])
-            for name, t in times.items():
-                med = statistics.median(t)
-                diff = max(abs(a - b) for a, b in zip(lls[name], lls["hf"]))
-                rate = hits[0] / hits[1] if name == "serve" and hits[1] else None
-                rows.append({"task": task, "backend": name, "seconds": med, "all": t, "requests_per_s": requests / med,
-                             "ratio_to_hf": med / hf, "max_ll_diff_to_hf": diff, "prefix_hit_rate": rate})  # fmt: skip
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(timeout=60)
+            finally:
+                for p in procs.values():
+                    p.terminate()
+                    p.wait(timeout=60)
+        hf = statistics.median(times["hf"])
+        for name, t in times.items():
+            med = statistics.median(t)
+            diff = max(abs(a - b) for a, b in zip(lls[name], lls["hf"]))
+            rate = hits[0] / hits[1] if name == "serve" and hits[1] else None
+            rows.append({"task": task, "backend": name, "seconds": med, "all": t, "requests_per_s": requests / med,
+                         "ratio_to_hf": med / hf, "max_ll_diff_to_hf": diff, "prefix_hit_rate": rate})  # fmt: skip
     return rows
 
 
