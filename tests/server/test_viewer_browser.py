@@ -37,6 +37,7 @@ def test_generate_and_hover_in_the_viewer(chat_lm, tmp_path):
             browser.wait_for("document.getElementById('tip').style.display === 'block'", timeout=5)
             tip = browser.js("document.getElementById('tip').textContent")
             assert "alternatives:" in tip and "rank" in tip and "kv" in tip
+            assert "\ufffd" not in tip, tip  # bytes that are not whole characters read <0xNN>, as in the report
             assert browser.js("document.getElementById('chart').toDataURL().length") > 1000  # the KV chart is drawn
             shot = base64.b64decode(browser.send("Page.captureScreenshot", {"format": "png"})["data"])
             (tmp_path / "viewer.png").write_bytes(shot)
