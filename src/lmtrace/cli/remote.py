@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 import click
 
+from lmtrace.comparison.audit.client import event_data
 from lmtrace.errors import InvalidParameter, LmtraceError
 from lmtrace.params import SamplingParams
 
@@ -79,13 +80,7 @@ def post(base: str, path: str, body: dict[str, Any]) -> Any:
 def events(base: str, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """POSTs a streaming request and yields each server-sent event's JSON until [DONE]."""
     with _request(base, path, {**body, "stream": True}) as response:
-        for raw in response:
-            line = raw.decode("utf-8").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[len("data:") :].strip()
-            if data == "[DONE]":
-                return
+        for data in event_data(response):
             event = json.loads(data)
             if "error" in event:
                 raise LmtraceError(f"server: {event['error'].get('message')}")

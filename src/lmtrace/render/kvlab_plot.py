@@ -3,14 +3,11 @@ bytes measured per step, one line per policy (Figure + Agg, no pyplot)."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 from lmtrace.files import write_atomic_bytes
-
-# the report's series colours (report.css --c0 .. --c5): a policy has one colour in the PNG and the page
-PALETTE = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626", "#0891b2"]
+from lmtrace.render.plots import PALETTE, figure_png
 
 
 def lab_png(result: Any, dpi: int = 110) -> bytes:
@@ -35,10 +32,7 @@ def lab_png(result: Any, dpi: int = 110) -> bytes:
         ax.legend(fontsize=7, loc="best")
     axes[-1].set_xlabel("step")
     source = (d["reference"].get("model") or {}).get("source", "")
-    fig.suptitle(f"lmtrace kv-lab: {source}", fontsize=10, parse_math=False)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
+    return figure_png(fig, f"lmtrace kv-lab: {source}", dpi)
 
 
 def write_lab_plot(path: str | Path, result: Any) -> None:

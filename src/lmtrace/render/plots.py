@@ -17,6 +17,17 @@ from lmtrace.render import views
 from lmtrace.render.kinds import BRANCHES, SCORE, as_record
 
 RAW, SAMPLED = "#2563eb", "#ea580c"
+# the report's series colours (report.css --c0 .. --c5): a series has one colour in a PNG and on its page
+PALETTE = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626", "#0891b2"]
+
+
+def figure_png(fig: Any, title: str, dpi: int) -> bytes:
+    """`fig` titled and saved as PNG bytes (parse_math=False: a model name or text with "$" must
+    not be read as TeX)."""
+    fig.suptitle(title, fontsize=10, parse_math=False)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
 
 
 def _xs(values: list[Any]) -> tuple[list[int], list[float]]:
@@ -87,14 +98,10 @@ def plot_png(obj: Any, dpi: int = 110) -> bytes:
         )
         model = d.get("model")
     source = model.get("source") if isinstance(model, dict) else model
-    # parse_math=False: a model name or text with "$" must not be read as TeX
-    fig.suptitle(f"lmtrace {kind}: {source or ''}", fontsize=10, parse_math=False)
     for ax in fig.axes:
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
+    return figure_png(fig, f"lmtrace {kind}: {source or ''}", dpi)
 
 
 def write_plot(path: str | Path, obj: Any) -> None:

@@ -12,7 +12,7 @@ from markupsafe import Markup
 
 from lmtrace.files import write_atomic
 from lmtrace.render.kvlab_html import delta_colour
-from lmtrace.render.kvlab_plot import PALETTE
+from lmtrace.render.plots import PALETTE
 from lmtrace.render.templating import env
 
 WIDTH, HEIGHT, PAD = 760, 240, 44

@@ -4,12 +4,11 @@ logprob, its flips marked."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 from lmtrace.files import write_atomic_bytes
-from lmtrace.render.kvlab_plot import PALETTE
+from lmtrace.render.plots import PALETTE, figure_png
 from lmtrace.render.stability_html import FLOOR
 
 NAN = float("nan")
@@ -47,10 +46,7 @@ def stability_png(result: Any, dpi: int = 110) -> bytes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="best")
     source = (d["reference"].get("model") or {}).get("source", "")
-    fig.suptitle(f"lmtrace stability: {source}", fontsize=10, parse_math=False)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
+    return figure_png(fig, f"lmtrace stability: {source}", dpi)
 
 
 def write_stability_plot(path: str | Path, result: Any) -> None:

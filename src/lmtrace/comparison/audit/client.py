@@ -8,6 +8,7 @@ import json
 import shlex
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,17 +86,8 @@ class Client:
 
     def stream(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         """The data of each server-sent event up to `data: [DONE]`, in order."""
-        events = []
         with self._open("POST", path, body) as response:
-            for raw in response:
-                line = raw.decode("utf-8").strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    break
-                events.append(self._json(data.encode("utf-8"), "POST", path, body))
-        return events
+            return [self._json(data.encode("utf-8"), "POST", path, body) for data in event_data(response)]
 
     def _json(self, data: bytes, method: str, path: str, body: dict[str, Any] | None) -> Any:
         try:
@@ -112,3 +104,15 @@ class Client:
         line = " ".join(shlex.quote(p) for p in parts)
         line = line.replace("'Authorization: Bearer $OPENAI_API_KEY'", '"Authorization: Bearer $OPENAI_API_KEY"')
         return f"{line} -d {shlex.quote(json.dumps(body, ensure_ascii=False))}"
+
+
+def event_data(lines: Iterable[bytes]) -> Iterator[str]:
+    """The `data:` payload of each server-sent event in a response's lines, up to `data: [DONE]`."""
+    for raw in lines:
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        yield data
