@@ -44,6 +44,8 @@ _NAMES = {
     "generate": "lmtrace.decode.tracing",
     "generate_steps": "lmtrace.decode.tracing",
     "stream": "lmtrace.decode.tracing",
+    "Observer": "lmtrace.decode.observers",
+    "StopRow": "lmtrace.decode.rows",
     "CacheMisuseWarning": "lmtrace.external.watch",
     "watch": "lmtrace.external.watch",
 }
@@ -51,6 +53,8 @@ _NAMES = {
 if TYPE_CHECKING:
     from lmtrace.comparison.core import compare  # noqa: F401
     from lmtrace.decode.branch import Branches, branch  # noqa: F401
+    from lmtrace.decode.observers import Observer  # noqa: F401
+    from lmtrace.decode.rows import StopRow  # noqa: F401
     from lmtrace.decode.tracing import encode_prompt, generate, generate_steps, stream  # noqa: F401
     from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError  # noqa: F401
     from lmtrace.external.from_generate import from_generate  # noqa: F401

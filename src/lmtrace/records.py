@@ -90,6 +90,17 @@ class Step:
     # logprob (the draft's processed q), target_logprob (p), accept_prob, accepted, position,
     # block}; None for a bonus token (written as null in a speculative trace)
     draft: dict[str, Any] | None = None
+    # what the observers a generation ran wrote at this step, one entry per observer name
+    # (lmtrace.decode.observers.Observer: `uncertainty`, `attribution`, a user's own): written in
+    # the step's JSON under that name, read as `step.NAME`
+    entries: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        """An observer's entry by its name (`step.uncertainty`)."""
+        entries = self.__dict__.get("entries")
+        if entries is not None and name in entries:
+            return entries[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute or observer entry {name!r}")
 
     @property
     def prob(self) -> float | None:
@@ -100,17 +111,18 @@ class Step:
         return f"Step({self.index}, {self.text!r}, id={self.token_id}, p={p}, rank={self.rank}, top={len(self.top)})"
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "top"}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("top", "entries")}
         d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
         d["top"] = [a.to_dict() for a in self.top]
         for name in ("waterfall", "problems", "lens", "attention", "grammar", "draft"):  # written only when present
             if d[name] is None:
                 del d[name]
+        d.update(self.entries)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Step:
-        skip = ("top", "logprob", "sampled_logprob", *_OPTIONAL)
+        skip = ("top", "logprob", "sampled_logprob", "entries", *_OPTIONAL)
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k not in skip}
         return cls(
             **fields,
@@ -123,12 +135,17 @@ class Step:
             problems=d.get("problems"),
             grammar=d.get("grammar"),
             draft=d.get("draft"),
+            entries={k: v for k, v in d.items() if k not in cls.__dataclass_fields__},
         )
 
 
 # fields added after schema 1 was first written: absent from older JSON, omitted when unset
 _OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention", "grammar", "fields", "choices", "draft",
              "speculative")
+
+
+# keys that records written around a trace add to its dict (a branch's column label): not entries
+_NOT_ENTRIES = ("label",)
 
 
 def _forget(steps: list[Step], distributions: str) -> None:
@@ -223,9 +240,18 @@ class Trace:
     # acceptance_by_position, conditional_acceptance_by_position, mean_accepted_per_block, blocks,
     # target_forwards, draft_forwards, draft_model}; then every step has `draft` (null: a bonus token)
     speculative: dict[str, Any] | None = None
+    # the observers' trace-level entries (Observer.summarize), by name: `uncertainty`, ...
+    entries: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        """An observer's trace-level entry by its name (`trace.uncertainty`)."""
+        entries = self.__dict__.get("entries")
+        if entries is not None and name in entries:
+            return entries[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute or observer entry {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("steps", *_OPTIONAL)}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("steps", "entries", *_OPTIONAL)}
         d["steps"] = [s.to_dict() for s in self.steps]
         if self.prompt_logprobs is not None:
             d["prompt_logprobs"] = [t.to_dict() for t in self.prompt_logprobs]
@@ -238,6 +264,7 @@ class Trace:
             if self.speculative.get("proposals_recorded", True):  # from_generate's assisted runs hold none
                 for step, out in zip(self.steps, d["steps"]):
                     out["draft"] = step.draft
+        d.update(self.entries)
         return d
 
     def to_json(self, indent: int | None = None) -> str:
@@ -248,7 +275,8 @@ class Trace:
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {version!r}")
-        fields = {k: d[k] for k in cls.__dataclass_fields__ if k not in ("steps", *_OPTIONAL) and k in d}
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k not in ("steps", "entries", *_OPTIONAL) and k in d}
+        entries = {k: v for k, v in d.items() if k not in cls.__dataclass_fields__ and k not in _NOT_ENTRIES}
         prompt_logprobs = d.get("prompt_logprobs")
         if prompt_logprobs is not None:
             prompt_logprobs = [TokenScore.from_dict(t) for t in prompt_logprobs]
@@ -258,7 +286,7 @@ class Trace:
         if choices is not None:
             choices = [{**c, "logprob": _inf(c["logprob"])} for c in choices]
         return cls(**fields, steps=steps, prompt_logprobs=prompt_logprobs, fields=d.get("fields"), choices=choices,
-                   speculative=d.get("speculative"))
+                   speculative=d.get("speculative"), entries=entries)
 
     @classmethod
     def from_json(cls, s: str) -> Trace:

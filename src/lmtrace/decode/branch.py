@@ -97,8 +97,7 @@ def _decode(
         tokens, step = one_step.take(index, logits, how, [True], kv.state(cache))
         if at.fork is not None and index == at.fork[0]:
             _save(at.fork[1], logits, how, probe)
-        for observer in watchers:
-            observer.observe(step, logits, tokens, how)
+        observers.run(watchers, step, logits, tokens, how)
         one_step.finish(step, eos, p, hook)
         step.time_ms = (time.perf_counter() - started) * 1000
         yield step

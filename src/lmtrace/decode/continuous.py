@@ -150,8 +150,20 @@ class ContinuousBatch:
         tokens, bs = one_step.take(0, self.logits, how, [True] * len(rows), state)
         for r, error in one_step.nothing_allowed(bs, how, [r.index for r in rows]).items():  # that row alone fails
             rows[r].error = error
+        self._observe(bs, tokens, how)
         how.saw(tokens)
         return tokens, bs
+
+    def _observe(self, bs: one_step.BatchStep, tokens: torch.Tensor, how: one_step.Choosing) -> None:
+        """Each observer some row asked for, run over the batch; only the asking rows keep its entry."""
+        wanted: dict[int, Any] = {}
+        for row in self.rows:
+            for o in row.spec.observers:
+                wanted[id(o)] = o
+        for o in wanted.values():
+            entries = o.observe(bs, self.logits, tokens, how)
+            if entries is not None:
+                bs.entries[o.name] = [e if o in row.spec.observers else None for e, row in zip(entries, self.rows)]
 
     def _record(self, r: int, bs: one_step.BatchStep, choose_ms: float) -> bool:
         """Row r's Step for this batch step; True when the row leaves the batch."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lmtrace.decode import observers
 from lmtrace.decode import step as one_step
 from lmtrace.decode.observers import Observer, attached
 from lmtrace.decode.step import BatchStep, Choosing, TokenHook
@@ -135,8 +136,7 @@ def generate_steps(
             tokens, step = one_step.take(index, logits, how, active, ledger.state(cache, expected))
             for error in one_step.nothing_allowed(step, how).values():
                 raise error
-            for observer in setup.observers:
-                observer.observe(step, logits, tokens, how)
+            observers.run(setup.observers, step, logits, tokens, how)
             one_step.finish(step, setup.eos_token_ids, params, setup.on_token)
             step.time_ms = (time.perf_counter() - started) * 1000
             yield step

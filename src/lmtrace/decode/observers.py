@@ -6,38 +6,98 @@ step's logits, tokens and choosing rule, and an observer writes its own field of
     Waterfall     the distribution after each sampling stage at the selected steps (`waterfall`)
     inside.Probe  the logit lens and the attention over the cache (`lens`, `attention`)
 
-Adding an observer: a class with the four members of `Observer` in the module that owns its
-idea, and one line in `build` below."""
+Adding an observer: a subclass of `Observer` in the module that owns its idea, returning its
+entry from `observe` (a record field of its own needs none), and one line in `build` below (or
+passed by the caller: `observers=[...]`)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from lmtrace.arguments import step_selector
 from lmtrace.decode.step import BatchStep, Choosing
+from lmtrace.errors import InvalidParameter
 from lmtrace.inside.probe import Probe
 from lmtrace.logits import measure, waterfall
+from lmtrace.records import Step
 
 
-class Observer(Protocol):
+class Observer:
+    """Something recorded at each decoding step beside the chosen token's numbers; public: pass
+    instances as `lmtrace.generate(lm, prompt, observers=[...])`. Subclass it and override what
+    you need:
+
+        class Top1Margin(lmtrace.Observer):
+            name = "margin"                        # the entry: step.margin, "margin" in the JSON
+            def observe(self, step, logits, tokens, how):
+                top2 = logits.float().log_softmax(-1).topk(2).values  # (batch, 2)
+                return (top2[:, 0] - top2[:, 1]).tolist()             # one entry per row
+
+    The loop hands every observer the prefill's logits once and, at each step, the raw logits
+    (batch, vocab), the chosen tokens (batch,) and the choosing rule (`how.params[row]`). What
+    `observe` returns (one JSON-able entry per row, None for a row without one; None: nothing at
+    this step) is the step's entry under `name`; `summarize(steps)` returns the trace's entry under
+    the same name (None: none). An observer that writes a BatchStep field of its own (the built-in
+    lens, attention, waterfall, echo) returns None."""
+
+    name: str = ""
     # True: the prefill keeps the logits of every prompt position (batch, len, vocab)
-    all_positions: bool
+    all_positions: bool = False
 
     def attached(self, model: Any) -> contextlib.AbstractContextManager:
         """Hooks around the generation's forwards (a null context when none are needed)."""
+        return contextlib.nullcontext()
 
     def prefill(self, logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> None:
         """The prefill's logits: (batch, len, vocab) with all_positions, else (batch, vocab)."""
 
-    def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> None:
+    def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> list[Any] | None:
         """Step `step.index`: its raw `logits` (batch, vocab) and chosen `tokens` (batch,)."""
+        return None
+
+    def summarize(self, steps: list[Step]) -> Any:
+        """The trace's entry from a finished row's steps (None: no trace-level entry)."""
+        return None
 
 
-class Echo:
+def run(observers: Sequence[Observer], step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor,
+        how: Choosing) -> None:  # fmt: skip
+    """Every observer at one step; what each returns becomes the step's entry under its name."""
+    for observer in observers:
+        entry = observer.observe(step, logits, tokens, how)
+        if entry is not None:
+            step.entries[observer.name] = entry
+
+
+def summaries(observers: Sequence[Observer], steps: list[Step]) -> dict[str, Any]:
+    """The trace-level entries of a finished row: {name: summary} for every observer that has one."""
+    out = {}
+    for observer in observers:
+        summary = observer.summarize(steps)
+        if summary is not None:
+            out[observer.name] = summary
+    return out
+
+
+def checked(observers: Sequence[Any]) -> list[Observer]:
+    """The user's observers checked: each an Observer with a name of its own that no record
+    field already has."""
+    out, names = [], set()
+    for o in observers:
+        if not isinstance(o, Observer):
+            raise InvalidParameter(f"observers: each must be an lmtrace.Observer, got {type(o).__name__}")
+        if not o.name or o.name in Step.__dataclass_fields__ or o.name in names:
+            raise InvalidParameter(f"observers: name must be set, new and unique, got {o.name!r}")
+        names.add(o.name)
+        out.append(o)
+    return out
+
+
+class Echo(Observer):
     """The prompt tokens' numbers from the prefill pass, on step 0 (`BatchStep.prompt`)."""
 
     all_positions = True
@@ -61,7 +121,7 @@ class Echo:
             step.prompt = self.numbers
 
 
-class Waterfall:
+class Waterfall(Observer):
     """The distribution after each sampling stage, at the steps `at(index)` selects."""
 
     all_positions = False
@@ -80,7 +140,7 @@ class Waterfall:
             step.waterfall = waterfall.stages(logits, how.params[0], how.batch_seen(), tokens, self.top_n, step.allowed)
 
 
-class Inside:
+class Inside(Observer):
     """The logit lens and the attention over the cache (inside/probe.py, Probe) at every step."""
 
     all_positions = False

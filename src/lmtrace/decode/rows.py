@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from lmtrace.decode import constrained
+from lmtrace.decode import constrained, observers
 from lmtrace.decode.step import BatchStep, finish_reason
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.errors import InvalidParameter
@@ -37,6 +37,18 @@ class RowSpec:
     chat: bool = False
     on_step: Callable[[Step], None] | None = None
     tag: Any = None  # the caller's own reference (a request, a line)
+    # what this row records beside its numbers (decode/observers.py; observers that need no
+    # hooks on the forward: they see the batch's logits, and only this row's entries are kept)
+    observers: Sequence[observers.Observer] = ()
+
+
+class StopRow(Exception):
+    """Raised by a row's `on_step` to end the row after this step (an early stop, such as
+    DeepConf's): the row leaves the batch with its trace, whose finish_reason is `reason`."""
+
+    def __init__(self, reason: str = "stop"):
+        super().__init__(reason)
+        self.reason = reason
 
 
 class Row:
@@ -129,6 +141,7 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         attention=inside.with_texts(bs.attention[row], tb.text) if bs.attention else None,
         grammar=bs.grammar[row] if bs.grammar else None,
         draft=draft,
+        entries={name: rows[row] for name, rows in bs.entries.items() if rows[row] is not None},
     )
 
 
@@ -173,6 +186,7 @@ def to_trace(
     chat: bool,
     compile: bool = False,
     probe: inside.Probe | None = None,
+    watchers: Sequence[observers.Observer] = (),
 ) -> Trace:
     full = row.detok.emitted
     if row.cut is not None:
@@ -210,6 +224,7 @@ def to_trace(
         prompt_logprobs=row.prompt_logprobs,
         fields=fields,
         choices=choices,
+        entries=observers.summaries(watchers, row.steps),
     )
 
 
@@ -261,15 +276,20 @@ def record(lm: LM, row: Row, bs: BatchStep, r: int, kv: dict[str, Any], choose_m
         step.kv = {**kv, "cached_tokens": row.cached}
     row.record.steps.append(step)
     row.index += 1
+    stopped = None
     try:
         if row.spec.on_step is not None:
             row.spec.on_step(step)
+    except StopRow as e:  # the row's consumer ended it early: it leaves with its trace
+        stopped = e.reason
     except BaseException as e:  # the row's consumer stopped it: it alone leaves
         row.error = e
         return True
-    if finish is not None:
+    if finish is not None or stopped is not None:
         s = row.spec
-        row.trace = to_trace(lm, s.text, s.ids, p, row.record, s.chat)
+        row.trace = to_trace(lm, s.text, s.ids, p, row.record, s.chat, watchers=s.observers)
         row.trace.timing["cached_tokens"] = row.cached
+        if stopped is not None and finish is None:
+            row.trace.finish_reason = stopped
         return True
     return False

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lmtrace.decode import engine
+from lmtrace.decode import engine, observers
 from lmtrace.decode import step as one_step
 from lmtrace.decode.observers import attached
 from lmtrace.decode.rows import RowRecord, generator, records
@@ -214,8 +214,7 @@ class _Loop:
             kv = ledger.prefix_state(self.target.cache, len(seq), self.expected)
             tokens, step = one_step.take(index + i, rows[i : i + 1], how, [True], kv)
             step.draft = step.draft or [None]
-            for observer in self.setup.observers:
-                observer.observe(step, rows[i : i + 1], tokens, how)
+            observers.run(self.setup.observers, step, rows[i : i + 1], tokens, how)
             one_step.finish(step, self.setup.eos_token_ids, self.params, self.setup.on_token)
             seq.append(int(tokens[0]))
             how.saw(tokens)

@@ -11,7 +11,7 @@ the masked logits, so `sampled_logprob` is under the distribution the token was 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -59,6 +59,8 @@ class BatchStep:
     draft: list[dict | None] | None = None
     # speculative decoding: the target's and the draft's caches cropped after a rejection
     crop: dict | None = None
+    # the observers' entries: {name: one entry per row (None: that row has none)}
+    entries: dict[str, list] = field(default_factory=dict)
 
 
 @dataclass

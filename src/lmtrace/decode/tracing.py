@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from lmtrace import arguments
-from lmtrace.decode import constrained, engine, observers, speculative
+from lmtrace.decode import constrained, engine, speculative
+from lmtrace.decode.observers import Observer, build, checked
 from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
 from lmtrace.decode.step import BatchStep
 from lmtrace.inside import probe as inside
@@ -37,7 +38,7 @@ def _iter_rows(
     prompts: Sequence[list[int]],
     params: SamplingParams,
     rows: list[RowRecord],
-    watchers: Sequence[observers.Observer] = (),
+    watchers: Sequence[Observer] = (),
     compile: bool = False,
     rng: sampling.Rng = None,
 ) -> Iterator[tuple[int, Step]]:
@@ -68,6 +69,7 @@ def generate(
     attention: bool | str = False,
     draft: str | LM | drafts.Draft | None = None,
     draft_tokens: int = 4,
+    observers: Sequence[Observer] = (),
     **kwargs: Any,
 ) -> Trace | list[Trace]:
     """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
@@ -82,15 +84,18 @@ def generate(
     `compile` uses a static cache and a torch.compile'd decode step (a one-off compile);
     `lens` records every layer's prediction at each step (the logit lens) and `attention` what
     each step's token attended to in the cache, the mean over heads (True) and also each head
-    ("heads") (lmtrace.inside.lens, lmtrace.inside.attention)."""
+    ("heads") (lmtrace.inside.lens, lmtrace.inside.attention). `observers`: your own
+    lmtrace.Observer instances, each writing its entry at every step (`step.NAME`) and, where it
+    summarizes, on the trace (`trace.NAME`)."""
     p = seeded(make_params(params, **kwargs))
     inside.check(compile, lens, attention)
     chosen = _draft(lm, draft, draft_tokens, lens, attention)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     ids = [encode_prompt(lm, text, chat) for text in prompts]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
-    watchers = observers.build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens,
-                               top_n=p.top_logprobs)  # fmt: skip
+    own = checked(observers)
+    watchers = build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens,
+                               top_n=p.top_logprobs) + own  # fmt: skip
     rows = [RowRecord(lm, p.stop) for _ in ids]
     tallies: dict[int, speculative.Tally] = {}
     if chosen is not None:
@@ -102,7 +107,7 @@ def generate(
             tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
-    traces = [to_trace(lm, text, i, p, row, chat, compile, probe) for text, i, row in zip(prompts, ids, rows)]
+    traces = [to_trace(lm, text, i, p, row, chat, compile, probe, own) for text, i, row in zip(prompts, ids, rows)]
     for r, tally in tallies.items():  # a row's speculative summary: its draft, acceptance, forwards
         traces[r].speculative = tally.to_dict()
     return traces[0] if isinstance(prompt, str) else traces
@@ -127,11 +132,12 @@ def generate_each(
     on_step: Callable[[int, Step], None] | None = None,
     lens: bool = False,
     attention: bool | str = False,
+    observers: Sequence[Observer] = (),
 ) -> list[Trace]:
     """Decodes prompts (their text and token ids) as one left-padded batch, each row as it would
     decode alone: one generator per row seeded by its own params' seed, and each step's `kv` the
     row's own part of the cache (no padding, batch 1). The rows' params may differ only in seed.
-    `lens` and `attention` as in generate."""
+    `lens`, `attention` and `observers` as in generate."""
     ps = [seeded(p) for p in params]
     shared = ps[0]
     if any({**p.to_dict(), "seed": None} != {**shared.to_dict(), "seed": None} for p in ps):
@@ -139,7 +145,8 @@ def generate_each(
     rng = None if shared.greedy else [generator(lm, p) for p in ps]
     rows = [RowRecord(lm, shared.stop) for _ in prompt_ids]
     probe = inside.Probe(prompt_ids, shared.top_logprobs, lens, attention)
-    for r, step in _iter_rows(lm, prompt_ids, shared, rows, observers.build(probe), rng=rng):
+    own = checked(observers)
+    for r, step in _iter_rows(lm, prompt_ids, shared, rows, build(probe) + own, rng=rng):
         if on_step is not None:
             on_step(r, step)
     width, expected = max(len(i) for i in prompt_ids), engine.expected_bytes(lm.model, 1)
@@ -147,7 +154,7 @@ def generate_each(
     for text, ids, p, row in zip(prompts, prompt_ids, ps, rows):
         for step in row.steps:
             step.kv = kv_rows.own_part(step.kv, width - len(ids), len(rows), expected)
-        traces.append(to_trace(lm, text, ids, p, row, chat, probe=probe))
+        traces.append(to_trace(lm, text, ids, p, row, chat, probe=probe, watchers=own))
     return traces
 
 
@@ -162,14 +169,17 @@ def stream(
     attention: bool | str = False,
     draft: str | LM | drafts.Draft | None = None,
     draft_tokens: int = 4,
+    observers: Sequence[Observer] = (),
     **kwargs: Any,
 ) -> Iterator[Step]:
-    """Steps with text and timing, as they are produced (`lens`, `attention`, `draft` as in generate)."""
+    """Steps with text and timing, as they are produced (`lens`, `attention`, `draft`, `observers`
+    as in generate)."""
     p = seeded(make_params(params, **kwargs))
     chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
     ids = encode_prompt(lm, prompt, chat)
     probe = inside.Probe([ids], p.top_logprobs, lens, attention)
-    watchers = observers.build(probe, waterfall=waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
+    watchers = build(probe, waterfall=waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
+    watchers += checked(observers)
     if chosen is not None:
         for _, step, _tally in speculative.iter_rows(lm, chosen, [ids], p, [RowRecord(lm, p.stop)], draft_tokens,
                                                      watchers):  # fmt: skip
@@ -201,29 +211,31 @@ def generate_ids(
     attention: bool | str = False,
     draft: str | LM | drafts.Draft | None = None,
     draft_tokens: int = 4,
+    observers: Sequence[Observer] = (),
     **kwargs: Any,
 ) -> list[Trace]:
     """Like `generate` for prompts already tokenized (a server's token-id prompts, a chat
     template applied by the caller): one left-padded batch, one Trace per prompt. An exception
     raised by `on_step` stops the generation (a server uses this when its client goes away).
-    `draft` as in generate."""
+    `draft` and `observers` as in generate."""
     p = seeded(make_params(params, **kwargs))
     chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
+    own = checked(observers)
     ids = [list(i) for i in prompt_ids]
     texts = list(prompt_texts) if prompt_texts is not None else [lm.tokenizer.decode(i) for i in ids]
     rows = [RowRecord(lm, p.stop) for _ in ids]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
     tallies: dict[int, speculative.Tally] = {}
     if chosen is not None:
-        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens)
+        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens, own)
     else:
-        produced = ((r, step, None) for r, step in _iter_rows(lm, ids, p, rows, observers.build(probe)))
+        produced = ((r, step, None) for r, step in _iter_rows(lm, ids, p, rows, build(probe) + own))
     for r, step, tally in produced:
         if tally is not None:
             tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
-    traces = [to_trace(lm, text, i, p, row, chat, probe=probe) for text, i, row in zip(texts, ids, rows)]
+    traces = [to_trace(lm, text, i, p, row, chat, probe=probe, watchers=own) for text, i, row in zip(texts, ids, rows)]
     for r, tally in tallies.items():
         traces[r].speculative = tally.to_dict()
     return traces
