@@ -17,7 +17,7 @@ import torch
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger
-from lmtrace.logits import acceptance, grammar, measure, sampling
+from lmtrace.logits import acceptance, grammar, measure, processors, sampling
 from lmtrace.params import SamplingParams
 
 # on_token(row, token_id) -> True when the row must stop (a stop string was completed)
@@ -110,6 +110,10 @@ class Choosing:
     forced: torch.Tensor | None = None
     grammars: Sequence[grammar.Matcher | None] | None = None
     draft: Proposal | None = None
+    # the user's own processors (run first, each over one row) and each row's tokens generated
+    # so far, which they are handed (kept up to date by `saw`)
+    user: Sequence[processors.UserProcessor] = ()
+    history: list[list[int]] | None = None
 
     @property
     def shared(self) -> bool:
@@ -143,11 +147,14 @@ class Choosing:
         without a penalty or grammar (one distribution, measured once)."""
         if allowed is not None:
             logits = grammar.mask(logits, allowed)
+        user, history = self.user, self.history
         if self.shared:
-            return sampling.process_logits(logits, self.params[0], self.batch_seen())
-        if all(p.greedy for p in self.params) and all(self._seen(r) is None for r in range(len(self.params))):
+            return sampling.process_logits(logits, self.params[0], self.batch_seen(), user, history)
+        plain = not user and all(self._seen(r) is None for r in range(len(self.params)))
+        if plain and all(p.greedy for p in self.params):
             return logits
-        rows = [sampling.process_logits(logits[r : r + 1], p, self._seen(r)) for r, p in enumerate(self.params)]
+        rows = [sampling.process_logits(logits[r : r + 1], p, self._seen(r), user, history and history[r : r + 1])
+                for r, p in enumerate(self.params)]  # fmt: skip
         return torch.cat(rows)
 
     def choose(self, processed: torch.Tensor) -> torch.Tensor:
@@ -162,7 +169,11 @@ class Choosing:
         return torch.cat(rows)
 
     def saw(self, tokens: torch.Tensor) -> None:
-        """Marks the chosen tokens (batch,) as seen, for the next step's repetition penalty."""
+        """Marks the chosen tokens (batch,) as seen, for the next step's repetition penalty (and
+        the user's processors)."""
+        if self.history is not None:
+            for row, token in zip(self.history, tokens.tolist()):
+                row.append(token)
         if isinstance(self.seen, torch.Tensor):
             self.seen.scatter_(1, tokens[:, None], True)
         elif self.seen is not None:
