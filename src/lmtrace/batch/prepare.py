@@ -20,6 +20,8 @@ from lmtrace.params import CONSTRAINTS, SamplingParams
 # the per-line fields that override the command's defaults (plus `chat`); a constraint's keys
 # (json_schema, regex, choice, grammar, json_whitespace) among them
 OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
+# generate's options that a batch line cannot have: refused, never silently dropped
+NOT_IN_A_LINE = ("echo", "waterfall", "compile", "logits_processors", "observers")
 
 
 @dataclass
@@ -94,6 +96,9 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
     """The job of one input line, or the one-line reason it cannot be done."""
     try:
         params, chat = line_params(line.data, defaults)
+        for name in NOT_IN_A_LINE:
+            if name in line.data:
+                raise InvalidParameter(f"{name}: a batch line does not take {name} (lmtrace generate does)")
         grammar.check(params)  # a constraint that does not compile is the line's error
         text, ids, messages = _encode(lm, line.data, chat or "messages" in line.data)
         inside_of(line.data, defaults)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lmtrace.errors import InvalidParameter
+from lmtrace.errors import GenerationError, InvalidParameter
 from lmtrace.kv import ledger
 from lmtrace.logits import acceptance, grammar, measure, processors, sampling
 from lmtrace.params import SamplingParams
@@ -147,14 +147,16 @@ class Choosing:
         without a penalty or grammar (one distribution, measured once)."""
         if allowed is not None:
             logits = grammar.mask(logits, allowed)
-        user, history = self.user, self.history
+        if self.user:  # first, once (the waterfall, an observer, calls them again: they must be pure)
+            logits = user_only(logits, self.user, self.history)
+            if not torch.isfinite(logits).any(-1).all():
+                names = ", ".join(u.name for u in self.user)
+                raise GenerationError(f"logits_processors: {names} left no token to choose (every logit -inf)")
         if self.shared:
-            return sampling.process_logits(logits, self.params[0], self.batch_seen(), user, history)
-        plain = not user and all(self._seen(r) is None for r in range(len(self.params)))
-        if plain and all(p.greedy for p in self.params):
+            return sampling.process_logits(logits, self.params[0], self.batch_seen())
+        if all(p.greedy for p in self.params) and all(self._seen(r) is None for r in range(len(self.params))):
             return logits
-        rows = [sampling.process_logits(logits[r : r + 1], p, self._seen(r), user, history and history[r : r + 1])
-                for r, p in enumerate(self.params)]  # fmt: skip
+        rows = [sampling.process_logits(logits[r : r + 1], p, self._seen(r)) for r, p in enumerate(self.params)]
         return torch.cat(rows)
 
     def choose(self, processed: torch.Tensor) -> torch.Tensor:
@@ -180,6 +182,14 @@ class Choosing:
             for row, token in enumerate(tokens.tolist()):
                 if self.seen[row] is not None:
                     self.seen[row][0, token] = True
+
+
+def user_only(logits: torch.Tensor, user: Sequence[processors.UserProcessor], history: list[list[int]] | None
+              ) -> torch.Tensor:  # fmt: skip
+    """The logits after the user's processors alone (batch, vocab)."""
+    for u in user:
+        logits = u(logits, history or [[]] * logits.shape[0])
+    return logits
 
 
 def take(

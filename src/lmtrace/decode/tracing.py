@@ -9,7 +9,7 @@ from typing import Any
 from lmtrace import arguments
 from lmtrace.decode import constrained, engine, speculative
 from lmtrace.decode.observers import Observer, build, checked
-from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
+from lmtrace.decode.rows import RowRecord, generator, make_params, records, row_params, seeded, to_trace
 from lmtrace.decode.step import BatchStep
 from lmtrace.inside import probe as inside
 from lmtrace.kv import rows as kv_rows
@@ -44,13 +44,16 @@ def _iter_rows(
     user: Sequence[processors.UserProcessor] = (),
 ) -> Iterator[tuple[int, Step]]:
     """Runs the engine and yields (row, Step) for every row still generating at each step.
-    `rng` None means one generator seeded by `params.seed`."""
+    `rng` None means a generator per row, row r seeded by `params.seed + r` (`row_params`), so
+    that every row draws as the same prompt would alone with its own seed."""
     eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
 
     def hook(row: int, token: int) -> bool:
         return rows[row].add(token, token in eos)
 
-    rng = rng if rng is not None else generator(lm, params)
+    if rng is None:
+        own = row_params(params, len(prompts))
+        rng = generator(lm, params) if len(prompts) == 1 else [generator(lm, p) for p in own]
     grammars = constrained.matchers(lm, [params] * len(prompts))
     setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, compile, list(watchers), grammars, user)
     yield from records(lm, prompts, engine.generate_steps(lm.model, prompts, params, rng, setup), rows)
@@ -111,7 +114,8 @@ def generate(
             tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
-    traces = [to_trace(lm, text, i, p, row, chat, compile, probe, own) for text, i, row in zip(prompts, ids, rows)]
+    traces = [to_trace(lm, text, i, rp, row, chat, compile, probe, own)
+              for text, i, rp, row in zip(prompts, ids, row_params(p, len(ids)), rows)]  # fmt: skip
     _name_processors(traces, user)
     for r, tally in tallies.items():  # a row's speculative summary: its draft, acceptance, forwards
         traces[r].speculative = tally.to_dict()
@@ -187,7 +191,7 @@ def stream(
 ) -> Iterator[Step]:
     """Steps with text and timing, as they are produced (`lens`, `attention`, `draft`, `observers`,
     `logits_processors` as in generate)."""
-    p = seeded(make_params(params, **kwargs))
+    p = seeded(make_params(params, "stream", **kwargs))
     chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
     ids = encode_prompt(lm, prompt, chat)
     probe = inside.Probe([ids], p.top_logprobs, lens, attention)
@@ -233,7 +237,7 @@ def generate_ids(
     template applied by the caller): one left-padded batch, one Trace per prompt. An exception
     raised by `on_step` stops the generation (a server uses this when its client goes away).
     `draft`, `observers` and `logits_processors` as in generate."""
-    p = seeded(make_params(params, **kwargs))
+    p = seeded(make_params(params, "generate_ids", **kwargs))
     chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
     own, user = checked(observers), processors.user_processors(logits_processors)
     ids = [list(i) for i in prompt_ids]
@@ -250,7 +254,8 @@ def generate_ids(
             tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
-    traces = [to_trace(lm, text, i, p, row, chat, probe=probe, watchers=own) for text, i, row in zip(texts, ids, rows)]
+    traces = [to_trace(lm, text, i, rp, row, chat, probe=probe, watchers=own)
+              for text, i, rp, row in zip(texts, ids, row_params(p, len(ids)), rows)]  # fmt: skip
     _name_processors(traces, user)
     for r, tally in tallies.items():
         traces[r].speculative = tally.to_dict()
