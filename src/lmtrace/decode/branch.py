@@ -28,6 +28,7 @@ from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import GenerationError, InvalidParameter
 from lmtrace.inside import probe as inside
 from lmtrace.kv import ledger as kv
+from lmtrace.logits import processors
 from lmtrace.model.draft import draft_for
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams, check_integer
@@ -168,10 +169,7 @@ class _Session:
 
     def original(self, at: int) -> tuple[Trace, _Fork]:
         lm, p, fork = self.lm, self.p, _Fork()
-        seen = None
-        if p.repetition_penalty != 1.0:
-            seen = torch.zeros((1, lm.model.config.vocab_size), dtype=torch.bool, device=lm.model.device)
-            seen[0, self.ids] = True
+        seen = processors.seen_mask(p, [self.ids], lm.model.config.vocab_size, lm.model.device)
         logits = engine.prefill(lm.model, torch.tensor([self.ids], device=lm.model.device), None, self.cache)
         rng, n = generator(lm, p), len(self.ids)
         start, how = _From(logits, 0, n, fork=(at, fork)), Choosing([p], rng, seen)

@@ -118,10 +118,7 @@ def generate_steps(
     batch = len(prompt_ids)
     input_ids, mask = left_pad(prompt_ids, setup.pad_token_id, model.device)
     padded = bool((mask == 0).any())
-    seen = None
-    if params.repetition_penalty != 1.0:
-        seen = torch.zeros((batch, model.config.vocab_size), dtype=torch.bool, device=model.device)
-        seen.scatter_(1, input_ids, mask.bool())
+    seen = processors.seen_mask(params, prompt_ids, model.config.vocab_size, model.device)  # (batch, vocab)
     history = [[] for _ in prompt_ids] if setup.user else None
     how = Choosing([params], rng, seen, grammars=setup.grammars, user=setup.user, history=history)
     next_pos = positions(mask)[:, -1:] + 1  # (batch, 1)

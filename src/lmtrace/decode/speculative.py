@@ -179,10 +179,7 @@ def generate_steps(
     if compile:  # room for the prompt, the tokens and a block past them, in whole buckets
         static = -(-(len(seq) + params.max_new_tokens + k + 1) // STATIC_BUCKET) * STATIC_BUCKET
     target, proposer = Side(model), Side(draft, static)
-    seen = None
-    if params.repetition_penalty != 1.0:
-        seen = torch.zeros((1, model.config.vocab_size), dtype=torch.bool, device=model.device)
-        seen[0, seq] = True
+    seen = processors.seen_mask(params, [seq], model.config.vocab_size, model.device)
     loop = _Loop(target, proposer, params, rng, setup, tally, engine.expected_bytes(model, 1),
                  [[]] if setup.user else None)  # fmt: skip
     with torch.inference_mode(), attached(setup.observers, model):

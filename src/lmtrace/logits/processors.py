@@ -80,6 +80,20 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(remove, NEG_INF)
 
 
+def seen_mask(
+    params: SamplingParams, rows: Sequence[Sequence[int]], vocab: int, device: torch.device | str = "cpu"
+) -> torch.Tensor | None:
+    """The repetition penalty's view: (len(rows), vocab) bool, True at each token a row has seen
+    (its prompt, and whatever it generated so far); None without a penalty (nothing to keep)."""
+    if params.repetition_penalty == 1.0:
+        return None
+    seen = torch.zeros((len(rows), vocab), dtype=torch.bool, device=device)
+    for r, ids in enumerate(rows):
+        if len(ids):
+            seen[r, list(ids)] = True
+    return seen
+
+
 @dataclass(frozen=True)
 class Processor:
     """One built-in stage: `name` is its SamplingParams field; `applies(params, seen)` says
