@@ -16,7 +16,7 @@ from lmtrace.scoring.score import score
 from lmtrace.server.errors import APIError, bad_request, failure
 from lmtrace.server.generation import ServerState
 from lmtrace.server.prepare import check_model, params_for
-from lmtrace.server.schemas import Sampling, Text
+from lmtrace.server.schemas import Int, Sampling, Text
 from lmtrace.server.traces import served
 from lmtrace.server.worker import Busy, ShuttingDown
 
@@ -33,9 +33,9 @@ class ScoreRequest(BaseModel):
     prompt: Text | None = None
     continuation: Text | None = None
     # Alternatives per token (0-100); tokens per forward pass and between windows (default: the context).
-    top_logprobs: int = 5
-    window: int | None = None
-    stride: int | None = None
+    top_logprobs: Int = 5
+    window: Int | None = None
+    stride: Int | None = None
 
 
 class BranchRequest(Sampling):
@@ -44,10 +44,10 @@ class BranchRequest(Sampling):
     chat: bool = False
     # The step (0-based) whose token is replaced, by the raw distribution's ranks in
     # `alternatives` (default [2]) or by each of the `fan` most likely others.
-    at: int
-    alternatives: list[int] | None = None
-    fan: int | None = None
-    top_logprobs: int = 5
+    at: Int
+    alternatives: list[Int] | None = None
+    fan: Int | None = None
+    top_logprobs: Int = 5
     lens: bool = False
     attention: bool | str = False
 

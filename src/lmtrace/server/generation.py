@@ -20,7 +20,7 @@ from lmtrace.records import Step, Trace
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.errors import APIError, failure
 from lmtrace.server.logprobs import PromptToken, prompt_tokens
-from lmtrace.server.prepare import Job
+from lmtrace.server.prepare import Job, check_rows
 from lmtrace.server.sse import DONE, ChoiceStream, sse
 from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, ShuttingDown, Work
 
@@ -39,6 +39,7 @@ class ServerState:
     # speculative decoding (lmtrace serve --draft): the draft model and its default block size
     draft: Any = None
     draft_tokens: int = 4
+    max_rows: int = 1024  # rows (prompts times n) one request may ask for
     front: LM = field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,13 +77,14 @@ def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
             traces += generate_ids(
                 lm, [p.ids] * job.n, job.params, prompt_texts=[p.text] * job.n, chat=job.chat, on_step=on_step,
                 **job.inside, **({"draft": draft, "draft_tokens": draft_tokens} if draft is not None else {}),
-            )
+            )  # fmt: skip
         emit(("done", traces))
 
     return run
 
 
 def start(state: ServerState, job: Job) -> Handle:
+    check_rows(job, state.max_rows)
     if state.draft is not None:  # speculative decoding runs one row at a time, on the model thread
         return _submit(state, work(state.lm, job, state.draft, job.draft_tokens or state.draft_tokens))
     if job.draft_tokens is not None:

@@ -18,6 +18,7 @@ from lmtrace.server.schemas import ChatRequest, CompletionRequest, Message, Samp
 MAX_LOGPROBS = 20  # OpenAI's cap on alternatives per token, for both routes
 MAX_N = 16
 MAX_PROMPTS = 256  # prompts in one request (times n: rows queued at once)
+DEFAULT_MAX_ROWS = 1024  # rows (prompts times n) of one request, lmtrace serve --max-rows-per-request
 MAX_STOP = 4
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 TRACE_MAX_TOKENS = 64  # the CLI's default
@@ -64,6 +65,17 @@ class Job:
     @property
     def choices(self) -> int:
         return len(self.prompts) * self.n
+
+
+def check_rows(job: Job, limit: int) -> None:
+    """A request of more rows (prompts times `n`) than the server takes is a 400."""
+    if job.choices > limit:
+        name = "n" if job.n > 1 else "prompt"
+        raise bad_request(
+            f"{name}: the request asks for {job.choices} rows ({len(job.prompts)} prompts times n {job.n}); "
+            f"this server takes at most {limit} per request (lmtrace serve --max-rows-per-request)",
+            name,
+        )
 
 
 def check_model(body: Sampling, served: str) -> None:
@@ -120,18 +132,37 @@ def context_size(lm: LM) -> int | None:
     return getattr(lm.model.config, "max_position_embeddings", None)
 
 
-def check_fits(lm: LM, ids: list[int], max_tokens: int, name: str = "prompt") -> None:
+def check_fits(lm: LM, ids: list[int], max_tokens: int, name: str = "prompt", param: str = "prompt") -> None:
+    """The prompt and `max_tokens` fit the model's context. A prompt that leaves no room for
+    `max_tokens` is blamed on the prompt (its tokens, the limit, what max_tokens leaves it); a
+    prompt that fits, on max_tokens (what this prompt leaves it)."""
     limit = context_size(lm)
-    if limit and len(ids) + max_tokens > limit:
+    if not limit or len(ids) + max_tokens <= limit:
+        return
+    if len(ids) >= limit or len(ids) > max_tokens:  # the prompt is the larger part
+        room = max(0, limit - max_tokens)
         raise bad_request(
-            f"max_tokens is too large: the {name} has {len(ids)} tokens and max_tokens is {max_tokens}, "
-            f"{len(ids) + max_tokens} in all, but the model's context holds {limit} tokens",
-            "max_tokens",
+            f"{name} is too long: it has {len(ids)} tokens and the model's context holds {limit} tokens; "
+            f"with max_tokens {max_tokens} the prompt may have at most {room}",
+            param,
         )
+    raise bad_request(
+        f"max_tokens is too large: the {name} has {len(ids)} tokens and max_tokens is {max_tokens}, "
+        f"{len(ids) + max_tokens} in all, but the model's context holds {limit} tokens "
+        f"(max_tokens {limit - len(ids)} at most with this {name})",
+        "max_tokens",
+    )
+
+
+def _is_id(t: object) -> bool:
+    """A token id: an integer, or a float with no fraction (JSON Schema counts 3.0 an integer)."""
+    if isinstance(t, bool):
+        return False
+    return isinstance(t, int) or (isinstance(t, float) and t.is_integer())
 
 
 def _is_ids(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    return isinstance(value, list) and all(_is_id(t) for t in value)
 
 
 def encode(lm: LM, prompt: object, name: str = "prompt") -> tuple[list[int], str]:
@@ -151,11 +182,12 @@ def encode(lm: LM, prompt: object, name: str = "prompt") -> tuple[list[int], str
     if _is_ids(prompt):
         if not prompt:
             raise bad_request(f"{name} must not be empty", "prompt")
+        ids = [int(t) for t in prompt]
         vocab = lm.model.config.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
+        bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise bad_request(f"{name} token ids must be in [0, {vocab - 1}], got {bad[0]}", "prompt")
-        return list(prompt), lm.tokenizer.decode(prompt)
+        return ids, lm.tokenizer.decode(ids)
     raise bad_request(f"{name} must be a string or a list of token ids (integers)", "prompt")
 
 
@@ -212,7 +244,7 @@ def chat_job(lm: LM, body: ChatRequest) -> Job:
     if limit is None:  # as OpenAI: up to the end of the context
         limit = max(1, (context_size(lm) or len(ids) + 512) - len(ids))
     params = params_for(body, limit, (body.top_logprobs or 0) if body.logprobs else 0, "top_logprobs")
-    check_fits(lm, ids, limit)
+    check_fits(lm, ids, limit, "chat prompt", "messages")
     job = Job([Prompt(ids, text)], params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
     job.draft_tokens = body.draft_tokens
     return job

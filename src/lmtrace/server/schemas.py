@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 
 def unicode_text(value: str) -> str:
@@ -20,6 +20,20 @@ def unicode_text(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(unicode_text)]
+
+
+def whole_number(value: Any) -> Any:
+    """JSON Schema counts 2.0 an integer: a float with no fraction is taken as one; 2.5 is
+    refused in one line (a bool or a string is left for the strict check to refuse)."""
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise ValueError("must be an integer")
+    return value
+
+
+# an integer field: 3 or 3.0
+Int = Annotated[int, BeforeValidator(whole_number)]
 
 
 class StreamOptions(BaseModel):
@@ -74,23 +88,23 @@ class Sampling(BaseModel):
     # The served model's id (GET /v1/models); optional, any other value is a 404.
     model: Text | None = None
     # Tokens to generate at most; the prompt plus this must fit the model's context.
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
     # 0 means greedy; otherwise logits are divided by it before sampling.
     temperature: float = 1.0
     # Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p.
     top_p: float = 1.0
     # Extension: keep only the k most likely tokens; 0 (or -1, vLLM's spelling) disables.
-    top_k: int = 0
+    top_k: Int = 0
     # Extension: drop tokens whose probability is below min_p times the top token's.
     min_p: float = 0.0
     # Extension: divide positive logits (multiply negative ones) of tokens already seen.
     repetition_penalty: float = 1.0
     # Seed of the sampler; the same seed and request give the same output.
-    seed: int | None = None
+    seed: Int | None = None
     # Up to 4 strings that end the generation; the text is cut before the first one.
     stop: Text | list[Text] | None = None
     # Choices to generate for the prompt (decoded together as one batch).
-    n: int = 1
+    n: Int = 1
     # Answer with server-sent events, ending with `data: [DONE]`.
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -101,7 +115,7 @@ class Sampling(BaseModel):
     ignore_eos: bool = False
     # Extension: tokens the draft proposes per block (1-16), on a server started with --draft
     # (speculative decoding; the numbers stay the model's). Default: the server's --draft-tokens.
-    draft_tokens: int | None = None
+    draft_tokens: Int | None = None
     # Accepted for compatibility and ignored.
     user: Text | None = None
     # Accepted only at their neutral value 0: lmtrace does not implement them.
@@ -122,11 +136,11 @@ class CompletionRequest(Sampling):
     # A string, or a list of token ids.
     prompt: Any = Field(...)
     # Return the logprob of each token and of this many alternatives (0-20).
-    logprobs: int | None = None
+    logprobs: Int | None = None
     # Answer with the prompt before the completion (and its tokens first in logprobs).
     echo: bool = False
     # Accepted only at OpenAI's neutral values.
-    best_of: int | None = None
+    best_of: Int | None = None
     suffix: Text | None = None
 
 
@@ -153,9 +167,9 @@ class ChatRequest(Sampling):
     messages: list[Message]
     # Return each generated token's logprob (and `top_logprobs` alternatives, 0-20).
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = None
     # OpenAI's newer name for max_tokens.
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int | None = None
 
 
 class TraceRequest(Sampling):
@@ -163,7 +177,7 @@ class TraceRequest(Sampling):
     prompt: Any = None
     messages: list[Message] | None = None
     # Alternatives recorded per step (0-100, as the CLI's --top-logprobs).
-    top_logprobs: int = 5
+    top_logprobs: Int = 5
     # Record every layer's prediction per step (the logit lens) / the attention over the cache
     # (true: the mean over heads; "heads": also each head's own).
     lens: bool = False
@@ -206,4 +220,4 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: Text | None = None
-    tokens: list[int]
+    tokens: list[Int]
