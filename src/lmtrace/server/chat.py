@@ -24,7 +24,7 @@ router = APIRouter()
 async def create_chat_completion(body: ChatRequest, request: Request) -> Any:
     state: ServerState = request.app.state.lmtrace
     check_model(body, state.name)
-    job = chat_job(state.front, body)
+    job = await state.prepare(chat_job, body)
     handle = start(state, job)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": state.name}
     if body.stream:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from lmtrace.decode.prefill import PromptRow, prefill_many
@@ -30,7 +32,7 @@ class ServerState:
     """What the routes share: the model, the name it is served under, the worker, and `front`:
     the same model with its own tokenizer copy, for encoding requests on the event loop while
     the model thread decodes (a fast tokenizer used from two threads can fail "Already
-    borrowed")."""
+    borrowed"). Requests are prepared with it off the event loop, one at a time (`prepare`)."""
 
     lm: LM
     name: str
@@ -41,6 +43,18 @@ class ServerState:
     draft_tokens: int = 4
     max_rows: int = 1024  # rows (prompts times n) one request may ask for
     front: LM = field(init=False)
+    front_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+
+    async def prepare(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(front, *args)` (tokenizing, templating, compiling a constraint) in a worker
+        thread, so that a large prompt never holds up the event loop; one at a time, as the
+        front tokenizer is one."""
+
+        def locked() -> Any:
+            with self.front_lock:
+                return fn(self.front, *args)
+
+        return await run_in_threadpool(locked)
 
     def __post_init__(self) -> None:
         try:

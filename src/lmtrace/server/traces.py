@@ -34,7 +34,7 @@ def served(trace: Trace, name: str) -> dict[str, Any]:
 async def create_trace(body: TraceRequest, request: Request) -> Any:
     state: ServerState = request.app.state.lmtrace
     check_model(body, state.name)
-    job = trace_job(state.front, body)
+    job = await state.prepare(trace_job, body)
     handle = start(state, job)
     if body.stream:
         return SSEResponse(_events(state, handle, request), handle.cancel)
