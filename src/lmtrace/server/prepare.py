@@ -11,9 +11,10 @@ from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
-from lmtrace.server import constraints
+from lmtrace.server import constraints, messages, tools
 from lmtrace.server.errors import APIError, bad_request, from_invalid
 from lmtrace.server.schemas import ChatRequest, CompletionRequest, Message, Sampling, TraceRequest, unicode_text
+from lmtrace.server.tools import ToolPlan
 
 MAX_LOGPROBS = 20  # OpenAI's cap on alternatives per token, for both routes
 MAX_N = 16
@@ -46,6 +47,7 @@ class Job:
     many: bool = False
     inside: dict = field(default_factory=dict)  # /v1/traces: lens, attention
     draft_tokens: int | None = None  # speculative decoding on a server with a draft (None: its default)
+    tools: ToolPlan | None = None  # chat with tools: the answer's calls are read back (lmtrace.server.tools)
 
     @property
     def top_n(self) -> int:
@@ -104,10 +106,18 @@ def _common(body: Sampling) -> None:
         _range("draft_tokens", body.draft_tokens, 1, MAX_DRAFT_TOKENS)
 
 
-def params_for(body: Sampling, max_tokens: int, top_logprobs: int, top_name: str) -> SamplingParams:
-    """SamplingParams with the CLI's validation, the constraint compiled; errors name the
-    request's fields."""
+def params_for(
+    body: Sampling, max_tokens: int, top_logprobs: int, top_name: str, plan: ToolPlan | None = None
+) -> SamplingParams:
+    """SamplingParams with the CLI's validation, the constraint compiled (a forced tool call's
+    schema under `plan`); errors name the request's fields."""
     fields, renames = constraints.constraint_fields(body)
+    if plan is not None and plan.forced:
+        if fields.get("json_schema") or any(fields.get(k) for k in constraints.OWN_KEYS):
+            other = next(iter(fields))
+            other = renames.get(other, other).split(".")[0]
+            raise bad_request(f"tool_choice: one constraint at a time, got {other} and tool_choice", "tool_choice")
+        fields, renames = {"json_schema": plan.call_schema()}, {"json_schema": "tools"}
     try:
         params = SamplingParams(
             max_new_tokens=max_tokens,
@@ -201,15 +211,26 @@ def encode_many(lm: LM, prompt: object) -> tuple[list[Prompt], bool]:
     return [Prompt(*encode(lm, prompt))], False
 
 
-def encode_chat(lm: LM, messages: list[Message]) -> tuple[list[int], str]:
-    """The conversation through the chat template, as `lmtrace generate --chat` does."""
-    if not messages:
-        raise bad_request("messages must hold at least one message", "messages")
+def encode_chat(lm: LM, history: list[Message], plan: ToolPlan | None = None) -> tuple[list[int], str]:
+    """The conversation through the chat template, as `lmtrace generate --chat` does; with
+    tools, as lmtrace.server.tools says."""
     tok = lm.tokenizer
     if not getattr(tok, "chat_template", None):
         raise bad_request("messages: this model has no chat template; use /v1/completions", "messages")
-    turns = [{"role": m.role, "content": m.text()} for m in messages]
-    text = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+    turns = messages.turns(history, native=plan is not None and plan.native)
+    kw = {}
+    if plan is not None and plan.native:
+        kw["tools"] = plan.tools
+    elif plan is not None:  # the tools in the system prompt, before its own text
+        if turns[0]["role"] in ("system", "developer"):
+            turns[0] = {**turns[0], "content": plan.system() + "\n\n" + turns[0]["content"]}
+        else:
+            turns.insert(0, {"role": "system", "content": plan.system()})
+    try:
+        text = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False, **kw)
+    except Exception as e:  # the model's template refused these messages (roles, an order)
+        raise bad_request(f"messages: the chat template failed: {' '.join(str(e).split())[:300]}", "messages") from e
+    text += plan.prefix() if plan is not None else ""
     return list(tok(text, add_special_tokens=False)["input_ids"]), text
 
 
@@ -239,14 +260,15 @@ def chat_job(lm: LM, body: ChatRequest) -> Job:
         _range("top_logprobs", body.top_logprobs, 0, MAX_LOGPROBS)
         if not body.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
-    ids, text = encode_chat(lm, body.messages)
+    plan = tools.plan(body, getattr(lm.tokenizer, "chat_template", None))
+    ids, text = encode_chat(lm, body.messages, plan)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if limit is None:  # as OpenAI: up to the end of the context
         limit = max(1, (context_size(lm) or len(ids) + 512) - len(ids))
-    params = params_for(body, limit, (body.top_logprobs or 0) if body.logprobs else 0, "top_logprobs")
+    params = params_for(body, limit, (body.top_logprobs or 0) if body.logprobs else 0, "top_logprobs", plan)
     check_fits(lm, ids, limit, "chat prompt", "messages")
     job = Job([Prompt(ids, text)], params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
-    job.draft_tokens = body.draft_tokens
+    job.draft_tokens, job.tools = body.draft_tokens, plan
     return job
 
 
@@ -256,16 +278,20 @@ def trace_job(lm: LM, body: TraceRequest) -> Job:
         raise bad_request(f"n must be 1 for /v1/traces, got {body.n}", "n")
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("give either prompt or messages", "prompt")
+    plan = None
     if body.messages is not None:
-        prompts, many = [Prompt(*encode_chat(lm, body.messages))], False
+        plan = tools.plan(body, getattr(lm.tokenizer, "chat_template", None))
+        prompts, many = [Prompt(*encode_chat(lm, body.messages, plan))], False
     else:
+        if body.tools is not None or body.tool_choice is not None:
+            raise bad_request("tools need messages (a chat), not a prompt", "tools")
         prompts, many = encode_many(lm, body.prompt)
     max_tokens = TRACE_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    params = params_for(body, max_tokens, body.top_logprobs, "top_logprobs")
+    params = params_for(body, max_tokens, body.top_logprobs, "top_logprobs", plan)
     for i, p in enumerate(prompts):
         check_fits(lm, p.ids, max_tokens, f"prompt[{i}]" if many else "prompt")
     sampled = body.logprobs_mode == "sampled"
     job = Job(prompts, params, 1, body.messages is not None, True, sampled, many=many)
     job.inside = {"lens": body.lens, "attention": body.attention}
-    job.draft_tokens = body.draft_tokens
+    job.draft_tokens, job.tools = body.draft_tokens, plan
     return job

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 
 def unicode_text(value: str) -> str:
@@ -144,25 +144,102 @@ class CompletionRequest(Sampling):
     suffix: Text | None = None
 
 
-class ContentPart(BaseModel):
+# a message's content: a string, or content parts (only text ones: this server's models read
+# text); null for an assistant turn that only calls tools. Checked in lmtrace.server.messages,
+# which answers in OpenAI's words ("messages[0].content[0]: a text part needs \"text\"").
+CONTENT_SCHEMA = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                "required": ["type", "text"],
+            },
+        },
+        {"type": "null"},
+    ]
+}
+
+
+class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    type: Literal["text"]
-    text: Text
+    name: Text
+    # The arguments as JSON text, as OpenAI writes them.
+    arguments: Text
+
+
+class ToolCall(BaseModel):
+    """A call an assistant turn made (in the history sent back)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[ContentPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[Any, WithJsonSchema(CONTENT_SCHEMA)] = None
     name: Text | None = None
+    # An assistant turn's tool calls; a tool turn's answer names the call it answers.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: Text | None = None
+    # Accepted for compatibility (an assistant turn that refused).
+    refusal: Text | None = None
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Annotated[Text, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: Text | None = None
+    # The arguments' JSON schema (default: an object with any properties).
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
-class ChatRequest(Sampling):
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    """tool_choice {"type": "function", "function": {"name": ...}}: call that one function."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class Tools(BaseModel):
+    """The tool fields of chat and /v1/traces (lmtrace.server.tools)."""
+
+    # Functions the model may call; their schemas go into the prompt through the chat template.
+    tools: list[Tool] | None = None
+    # "auto" (the default with tools): the model decides; "none": no call; "required": one call
+    # of one of the tools; {"type": "function", ...}: a call of that one. With "required" or a
+    # named function the arguments are decoded under the function's parameter schema.
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # Accepted; one call at most is made per answer.
+    parallel_tool_calls: bool | None = None
+
+
+class ChatRequest(Tools, Sampling):
     # The conversation, rendered with the model's chat template.
     messages: list[Message]
     # Return each generated token's logprob (and `top_logprobs` alternatives, 0-20).
@@ -172,7 +249,7 @@ class ChatRequest(Sampling):
     max_completion_tokens: Int | None = None
 
 
-class TraceRequest(Sampling):
+class TraceRequest(Tools, Sampling):
     # One of: a prompt (string or token ids) or chat messages.
     prompt: Any = None
     messages: list[Message] | None = None

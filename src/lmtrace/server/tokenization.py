@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lmtrace.model.lm import LM
+from lmtrace.server import messages
 from lmtrace.server.errors import bad_request
 from lmtrace.server.generation import ServerState
 from lmtrace.server.prepare import check_model, context_size
@@ -28,7 +29,7 @@ def _chat_ids(front: LM, body: TokenizeRequest) -> list[int]:
             "continue_final_message: set at most one of add_generation_prompt and continue_final_message",
             "continue_final_message",
         )
-    turns = [{"role": m.role, "content": m.text()} for m in body.messages]
+    turns = messages.turns(body.messages, native=True)
     extra = dict(body.chat_template_kwargs or {})
     taken = {"messages", "tools", "add_generation_prompt", "continue_final_message", "tokenize", "chat_template"}
     clash = sorted(taken & set(extra))
