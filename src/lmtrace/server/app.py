@@ -12,7 +12,19 @@ from fastapi import FastAPI
 
 from lmtrace import __version__
 from lmtrace.model.lm import LM
-from lmtrace.server import chat, completions, errors, extensions, metrics, models, openapi, tokenization, traces, viewer
+from lmtrace.server import (
+    chat,
+    completions,
+    errors,
+    extensions,
+    metrics,
+    models,
+    openapi,
+    responses,
+    tokenization,
+    traces,
+    viewer,
+)
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.generation import ServerState
 from lmtrace.server.lane import DEFAULT_PREFIX_CACHE_BYTES
@@ -84,7 +96,7 @@ def create_app(
     )
     app.state.lmtrace = state
     errors.install(app)
-    for module in (models, completions, chat, traces, extensions, tokenization, viewer, metrics):
+    for module in (models, completions, chat, responses, traces, extensions, tokenization, viewer, metrics):
         app.include_router(module.router)
     openapi.install(app, keyed=bool(api_key))
 

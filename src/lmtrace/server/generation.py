@@ -175,6 +175,7 @@ class Part:
     prompt: list[PromptToken] | None = None
     finish_reason: str | None = None
     usage: dict[str, int] | None = None  # only on the last Part, whose choice is -1
+    trace: Trace | None = None  # on the Part that finishes its choice: the choice's whole trace
 
 
 async def stream_parts(state: ServerState, job: Job, handle: Handle, request: Request) -> AsyncIterator[Part]:
@@ -198,7 +199,7 @@ async def stream_parts(state: ServerState, job: Job, handle: Handle, request: Re
             traces = event[1] or [None] * job.choices  # echo with max_tokens 0 generates nothing
             for i, trace in enumerate(traces):
                 text, ready = streams[i].finish(trace.text) if trace else ("", [])
-                yield Part(i, text, ready, finish_reason=trace.finish_reason if trace else "length")
+                yield Part(i, text, ready, finish_reason=trace.finish_reason if trace else "length", trace=trace)
             yield Part(-1, "", usage=usage(job, event[1], cached))
 
 
