@@ -140,21 +140,13 @@ def test_calls_read_from_free_text():
          'messages[0].content[1].type: a content part is of type "text", got none', "messages.[0].content.[1].type"),
         ({"messages": [{"role": "user", "content": 5}]},
          "messages[0].content must be a string or a list of content parts, got 5", "messages.[0].content"),
-        ({"messages": [{"role": "user"}]}, "messages[0].content is required", "messages.[0].content"),
-        ({"messages": [*USER, {"role": "tool", "content": "x"}]},
-         "messages[1].tool_call_id is required in a tool turn", "messages.[1].tool_call_id"),
         ({"tool_choice": "required"}, "tool_choice needs tools", "tool_choice"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "fly"}}},
          "tool_choice names 'fly', which is not one of the tools", "tool_choice"),
         ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
          "tool_choice: one constraint at a time, got response_format and tool_choice", "tool_choice"),
-        ({"messages": [*USER, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
-          "function": {"name": "get_time", "arguments": "{oops"}}]}]},
-         "messages[1].tool_calls[0].function.arguments must be JSON text, got '{oops'",
-         "messages.[1].tool_calls.[0].function.arguments"),
     ],
-    ids=["no-text", "image", "no-type", "content-number", "no-content", "tool-id", "choice-alone", "unknown-name",
-         "two-constraints", "bad-arguments"],
+    ids=["no-text", "image", "no-type", "content-number", "choice-alone", "unknown-name", "two-constraints"],
 )  # fmt: skip
 def test_errors_in_openais_words(client, fields, message, param):
     err = envelope(client.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 2, **fields}), 400)

@@ -15,7 +15,7 @@ from lmtrace.decode.branch import branch
 from lmtrace.scoring.score import score
 from lmtrace.server.errors import APIError, bad_request, failure
 from lmtrace.server.generation import ServerState
-from lmtrace.server.prepare import check_model, params_for
+from lmtrace.server.prepare import check_common, check_model, params_for
 from lmtrace.server.schemas import Int, Sampling, Text
 from lmtrace.server.traces import served
 from lmtrace.server.worker import Busy, ShuttingDown
@@ -90,6 +90,7 @@ async def create_score(body: ScoreRequest, request: Request) -> Any:
 async def create_branch(body: BranchRequest, request: Request) -> Any:
     state: ServerState = request.app.state.lmtrace
     check_model(body, state.name)
+    check_common(body)
     params = params_for(body, 64 if body.max_tokens is None else body.max_tokens, body.top_logprobs, "top_logprobs")
     kw = {"fan": body.fan, "params": params, "chat": body.chat, "lens": body.lens, "attention": body.attention}
     result = await _run(state, request, lambda: branch(state.lm, body.prompt, body.at, body.alternatives, **kw))

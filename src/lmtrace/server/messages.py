@@ -50,13 +50,11 @@ def _unicode(text: str, where: str, param: str) -> str:
         raise bad_request(f"{where} {e}", param) from None
 
 
-def content_text(content: Any, i: int, required: bool = True) -> str:
-    """The text of message i's content (a string or text parts); "" for a null content where
-    none is required (an assistant turn that calls tools)."""
+def content_text(content: Any, i: int) -> str:
+    """The text of message i's content (a string or text parts); "" for a null content (an
+    assistant turn that only calls tools)."""
     where, param = _where(i)
     if content is None:
-        if required:
-            raise bad_request(f"{where}.content is required", f"{param}.content")
         return ""
     if isinstance(content, str):
         return _unicode(content, f"{where}.content", f"{param}.content")
@@ -66,15 +64,12 @@ def content_text(content: Any, i: int, required: bool = True) -> str:
     raise bad_request(f"{where}.content must be a string or a list of content parts, got {got}", f"{param}.content")
 
 
-def _arguments(text: str, i: int, k: int) -> Any:
+def _arguments(text: str) -> Any:
+    """A call's arguments as an object for the template; text that is not JSON stays text."""
     try:
         return json.loads(text)
     except ValueError:
-        where, param = _where(i)
-        raise bad_request(
-            f"{where}.tool_calls[{k}].function.arguments must be JSON text, got {text[:60]!r}",
-            f"{param}.tool_calls.[{k}].function.arguments",
-        ) from None
+        return text
 
 
 def call_text(name: str, arguments: Any) -> str:
@@ -90,13 +85,8 @@ def turns(messages: Sequence[Message], native: bool) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(messages):
         calls = m.tool_calls or []
-        where, param = _where(i)
-        if calls and m.role != "assistant":
-            raise bad_request(f"{where}.tool_calls: only an assistant turn calls tools", f"{param}.tool_calls")
-        if m.role == "tool" and m.tool_call_id is None:
-            raise bad_request(f"{where}.tool_call_id is required in a tool turn", f"{param}.tool_call_id")
-        text = content_text(m.content, i, required=not calls)
-        parsed = [(c, _arguments(c.function.arguments, i, k)) for k, c in enumerate(calls)]
+        text = content_text(m.content, i)
+        parsed = [(c, _arguments(c.function.arguments)) for c in calls]
         if native:
             turn: dict[str, Any] = {"role": m.role, "content": text}
             if parsed:

@@ -95,7 +95,8 @@ def _range(name: str, value: int, low: int, high: int) -> None:
         raise bad_request(f"{name} must be in [{low}, {high}], got {value}", name)
 
 
-def _common(body: Sampling) -> None:
+def check_common(body: Sampling) -> None:
+    """The fields every generating route checks: n, the penalties, stop, draft_tokens."""
     _range("n", body.n, 1, MAX_N)
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(body, name) != 0:
@@ -235,7 +236,7 @@ def encode_chat(lm: LM, history: list[Message], plan: ToolPlan | None = None) ->
 
 
 def completion_job(lm: LM, body: CompletionRequest) -> Job:
-    _common(body)
+    check_common(body)
     if body.best_of not in (None, 1) or body.suffix is not None:
         name = "best_of" if body.best_of not in (None, 1) else "suffix"
         raise bad_request(f"{name} is not supported by lmtrace serve", name)
@@ -255,13 +256,17 @@ def completion_job(lm: LM, body: CompletionRequest) -> Job:
 
 
 def chat_job(lm: LM, body: ChatRequest) -> Job:
-    _common(body)
+    check_common(body)
     if body.top_logprobs is not None:
         _range("top_logprobs", body.top_logprobs, 0, MAX_LOGPROBS)
         if not body.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     plan = tools.plan(body, getattr(lm.tokenizer, "chat_template", None))
     ids, text = encode_chat(lm, body.messages, plan)
+    for name in ("max_tokens", "max_completion_tokens"):  # both checked, whichever is used
+        value = getattr(body, name)
+        if value is not None:
+            _range(name, value, 1, context_size(lm) or value)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if limit is None:  # as OpenAI: up to the end of the context
         limit = max(1, (context_size(lm) or len(ids) + 512) - len(ids))
@@ -273,7 +278,7 @@ def chat_job(lm: LM, body: ChatRequest) -> Job:
 
 
 def trace_job(lm: LM, body: TraceRequest) -> Job:
-    _common(body)
+    check_common(body)
     if body.n != 1:
         raise bad_request(f"n must be 1 for /v1/traces, got {body.n}", "n")
     if (body.prompt is None) == (body.messages is None):

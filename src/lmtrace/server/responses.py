@@ -115,6 +115,8 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
     elif fmt is not None:
         response_format = ResponseFormat(type=fmt.type)
     logprobs = LOGPROBS in (body.include or [])
+    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
+        raise bad_request(f"top_logprobs must be in [0, 20], got {body.top_logprobs}", "top_logprobs")
     # top_logprobs without the include asks for nothing (as OpenAI's)
     fields = {"messages": _messages(body), "max_tokens": body.max_output_tokens, "temperature": body.temperature,
               "top_p": body.top_p, "seed": body.seed, "logprobs": logprobs,

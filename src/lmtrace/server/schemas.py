@@ -190,8 +190,12 @@ class Message(BaseModel):
     # An assistant turn's tool calls; a tool turn's answer names the call it answers.
     tool_calls: list[ToolCall] | None = None
     tool_call_id: Text | None = None
-    # Accepted for compatibility (an assistant turn that refused).
+    # Accepted for compatibility, as OpenAI's client sends an answer's message back: a refusal,
+    # annotations, and audio / function_call (only null).
     refusal: Text | None = None
+    annotations: list[dict[str, Any]] | None = None
+    audio: None = None
+    function_call: None = None
 
 
 class FunctionDef(BaseModel):
