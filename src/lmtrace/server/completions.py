@@ -27,7 +27,7 @@ router = APIRouter()
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     state: ServerState = request.app.state.lmtrace
     check_model(body, state.name)
-    job = completion_job(state.front, body)
+    job = await state.prepare(completion_job, body)
     handle = start(state, job)
     head = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": state.name}
     if body.stream:
