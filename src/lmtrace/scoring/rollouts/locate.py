@@ -13,24 +13,11 @@ from typing import Any
 
 import torch
 
-from lmtrace.errors import InvalidParameter
 from lmtrace.model.lm import LM
 from lmtrace.scoring import variants
+from lmtrace.scoring.rollouts.options import check_locate
 from lmtrace.scoring.rollouts.rollout import Rollout
 from lmtrace.scoring.variant_spec import VariantSpec
-
-KINDS = ("dtype", "weights", "attention", "threads", "model")  # variants with a model or a setting to hook
-
-
-def check_threshold(threshold: float) -> None:
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < math.inf:
-        raise InvalidParameter(f"locate_threshold must be a number > 0, got {threshold!r}")
-
-
-def check_spec(spec: VariantSpec) -> None:
-    if spec.kind not in KINDS:
-        raise InvalidParameter(f"locate: {spec.spec!r} has no model of its own to compare layer by layer "
-                               f"(use a {', '.join(k + ':' for k in KINDS)} variant)")  # fmt: skip
 
 
 def modules(model) -> list[tuple[str, torch.nn.Module]]:
@@ -87,7 +74,7 @@ def in_world(world: variants.World, ids: Sequence[int]) -> dict[str, torch.Tenso
 
 def locate_at(lm: LM, rollout: Rollout, index: int, spec: VariantSpec, threshold: float = 0.01) -> dict[str, Any]:
     """Reference against `spec` at the position that predicts completion token `index`."""
-    check_spec(spec)
+    check_locate(spec)
     ids = rollout.prompt_ids + rollout.completion_ids[:index]
     reference = hidden(lm.model, ids)
     world = variants.build(lm, spec)

@@ -64,15 +64,3 @@ def cap_row(cap: float, ratios: Sequence[float], seq_log: Sequence[float]) -> di
         "tokens_masked": sum(1 for r in ratios if not lo <= r <= hi) / n if n else None,
         "sequences_masked": sum(1 for s in seq_log if not log_lo <= s <= log_hi) / m if m else None,
     }
-
-
-def check_caps(caps: Sequence[Any]) -> list[float]:
-    """Each cap a number > 1 (a cap of C bounds the ratio to [1/C, C])."""
-    from lmtrace.errors import InvalidParameter
-
-    out = []
-    for c in caps:
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 1:
-            raise InvalidParameter(f"cap must be a number > 1 (the ratio is bounded to [1/C, C]), got {c!r}")
-        out.append(float(c))
-    return out

@@ -5,6 +5,7 @@ frameworks' summary metrics, the causes with their figures, and where two comput
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ import torch
 
 from lmtrace.model.lm import LM
 from lmtrace.scoring import variants
-from lmtrace.scoring.rollouts import causes, computed, metrics, probes, readers, tokens
+from lmtrace.scoring.rollouts import causes, computed, metrics, options, probes, readers, tokens
 from lmtrace.scoring.rollouts.rollout import Rollout, check, encode
 from lmtrace.scoring.variant_spec import VariantSpec, parse_variant
 from lmtrace.versions import versions
@@ -85,17 +86,45 @@ def _diagnose(lm: LM, run: Pass, trainer: VariantSpec | None, status: Callable[[
     return found, skipped
 
 
-def _token_rows(r: Rollout, raw: list[float], processed: list[float], trainer: list[float]) -> list[dict[str, Any]]:
+class Texts:
+    """Each token id's own text, decoded once."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, self.known = tokenizer, {}
+
+    def __call__(self, token_id: int) -> str:
+        if token_id not in self.known:
+            self.known[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.known[token_id]
+
+
+def _token_rows(r: Rollout, raw: list[float], processed: list[float], trainer: list[float],
+                text: Texts) -> list[dict[str, Any]]:  # fmt: skip
     rows = []
     for j, (tid, e, a, p, t) in enumerate(zip(r.completion_ids, r.logprobs, raw, processed, trainer)):
-        ratio = math.exp(t - e) if t != -math.inf else 0.0
+        ratio = math.exp(min(t - e, 700.0)) if t != -math.inf else 0.0  # 700: float64's exp stays finite
         rows.append({
-            "index": j, "token_id": tid, "engine_logprob": e, "raw_logprob": a, "processed_logprob": _num(p),
-            "trainer_logprob": _num(t), "processing": _num(p - a) if p != -math.inf else None,
-            "residual": e - p if p != -math.inf else None, "ratio": ratio,
-            "flagged": not FLAG_LOW <= ratio <= FLAG_HIGH,
+            "index": j, "token_id": tid, "text": text(tid), "engine_logprob": e, "raw_logprob": a,
+            "processed_logprob": _num(p), "trainer_logprob": _num(t),
+            "processing": _num(p - a) if p != -math.inf else None, "residual": e - p if p != -math.inf else None,
+            "ratio": ratio, "flagged": not FLAG_LOW <= ratio <= FLAG_HIGH,
         })  # fmt: skip
     return rows
+
+
+def to_json(report: dict[str, Any], indent: int | None = 2) -> str:
+    """The report as JSON; a number that is not finite (an overflowing ratio) is written null."""
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(report), ensure_ascii=False, indent=indent, allow_nan=False)
 
 
 def prepare(lm: LM, records: Sequence[Any] | str | Path, fmt: str = "lmtrace") -> list[Rollout]:
@@ -123,13 +152,15 @@ def rollouts(
     `trainer`: a stability variant spec whose processed logprobs stand for the trainer's (None:
     the reference's own float32 ones); `caps`: the TIS/MIS caps to tally; `locate`: a variant
     compared with the reference layer by layer at the worst flagged token."""
-    from lmtrace.scoring.rollouts.locate import check_threshold, locate_worst
+    from lmtrace.scoring.rollouts.locate import locate_worst
 
     status = on_status or (lambda _line: None)
-    cap_list = metrics.check_caps(list(caps))
+    cap_list = options.check_caps(list(caps))
     trainer_spec = parse_variant(trainer) if trainer is not None else None
     locate_spec = parse_variant(locate) if locate is not None else None
-    check_threshold(locate_threshold)
+    options.check_threshold(locate_threshold)
+    if locate_spec is not None:
+        options.check_locate(locate_spec)
     rs = prepare(lm, records, fmt)
     params = [r.params() for r in rs]
     started = time.perf_counter()
@@ -146,8 +177,10 @@ def rollouts(
         finally:
             world.close()
     found, skipped = _diagnose(lm, run, trainer_spec, status)
+    text = Texts(lm.tokenizer)
     out_rollouts = [{"id": r.id, "line": r.line, "prompt_tokens": len(r.prompt_ids), "sampling": dict(r.sampling),
-                     "causes": found[i], "tokens": _token_rows(r, run.raw[i], run.processed[i], trainer_values[i])}
+                     "prompt_text": lm.tokenizer.decode(r.prompt_ids, skip_special_tokens=False), "causes": found[i],
+                     "tokens": _token_rows(r, run.raw[i], run.processed[i], trainer_values[i], text)}
                     for i, r in enumerate(rs)]  # fmt: skip
     summary = metrics.summary([list(zip(r.logprobs, trainer_values[i])) for i, r in enumerate(rs)], cap_list)
     summary["flagged"] = sum(t["flagged"] for r in out_rollouts for t in r["tokens"])
