@@ -11,7 +11,8 @@ against the processed logprobs of the same ids). The checks, in order, first mat
 - `retokenized` (lmtrace.scoring.rollouts.probes): they fit the prompt as its own text
   tokenizes, where the record's ids differ from it (a sampled split that differs is normal:
   only a misfit that the text's own tokenization removes is labelled);
-- `numeric`: aligned, and a dtype/batch variant fits best (the detail names it);
+- `numeric`: aligned, and a dtype/batch variant fits, or the misfit has that variant's own
+  noise's size (the detail names it);
 - `weights`: aligned, and no variant explains it (stale or different weights)."""
 
 from __future__ import annotations
@@ -88,18 +89,25 @@ def processing(engine: Sequence[float], processed: Sequence[float], on: Sequence
 
 def numeric_or_weights(aligned: float, variant_fits: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Aligned and unexplained so far. A variant explains the misfit when it fits the engine at
-    most NUMERIC_FIT times the aligned fit, or when it fits better than the reference and the
-    misfit is no more than NOISE_SCALE times the variant's own noise (how far the variant moves
-    the reference's numbers: the engine differs from the reference as that variant does). The
-    best-fitting such variant is the detail; none: weights."""
+    most NUMERIC_FIT times the aligned fit (the engine computes what the variant does), or when
+    the misfit has the size of the variant's own noise (how far the variant moves the reference's
+    numbers), within a factor NOISE_SCALE: two computations in bfloat16 each move the numbers by
+    their own rounding, so an engine in bfloat16 need not fit a bfloat16 teacher forcing, only be
+    as far from float32 as it is. The detail: the best exact fit, else the variant whose noise is
+    nearest the misfit; none: weights."""
     evidence: dict[str, Any] = {"aligned_fit": aligned, "variants": {k: dict(v) for k, v in variant_fits.items()}}
-    explains = [k for k, v in variant_fits.items()
-                if v["fit"] <= NUMERIC_FIT * aligned or (v["fit"] < aligned and aligned <= NOISE_SCALE * v["noise"])]
-    if explains:
-        best = min(explains, key=lambda k: variant_fits[k]["fit"])
-        evidence["best_variant"] = best
-        return cause("numeric", best, evidence)
-    return cause("weights", None, evidence)
+    exact = [k for k, v in variant_fits.items() if v["fit"] <= NUMERIC_FIT * aligned]
+    sized = [k for k, v in variant_fits.items()
+             if v["noise"] > 0 and v["noise"] / NOISE_SCALE <= aligned <= NOISE_SCALE * v["noise"]]
+    if exact:
+        best = min(exact, key=lambda k: variant_fits[k]["fit"])
+    elif sized:
+        best = min(sized, key=lambda k: abs(math.log(aligned / variant_fits[k]["noise"])))
+    else:
+        return cause("weights", None, evidence)
+    evidence["best_variant"] = best
+    evidence["by"] = "fit" if exact else "noise"
+    return cause("numeric", best, evidence)
 
 
 def tally(per_rollout: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
