@@ -123,3 +123,26 @@ def test_bad_options(tiny_lm):
         lmtrace.rollouts(tiny_lm, good, caps=[0.5])
     with pytest.raises(InvalidParameter, match="variant: unknown kind"):
         lmtrace.rollouts(tiny_lm, good, trainer="fp8")
+
+
+def test_trainer_with_a_float32_lm_head(tiny_lm):
+    """--trainer lm_head:float32: the model in bfloat16, its lm_head in float32 — the trainer's
+    numbers equal the bf16 model's final hidden state (transformers' own, after the norm) through
+    the float32 lm_head, processed by transformers' warpers."""
+    from lmtrace.scoring.variants import cast
+
+    records = world.decode(tiny_lm, world.prompt_ids(tiny_lm)[:2], n=8, seed=4, temperature=0.7)
+    bf16 = cast(tiny_lm.model, torch.bfloat16)
+    head = tiny_lm.model.lm_head.weight.float()
+    for rec in records:  # one at a time: one unpadded forward each, as the hand computation (bf16 rounds by shape)
+        rep = lmtrace.rollouts(tiny_lm, [rec], trainer="lm_head:float32")
+        out = rep["rollouts"][0]
+        ids = torch.tensor([rec["prompt_ids"] + rec["completion_ids"]])
+        with torch.no_grad():
+            hidden = bf16(input_ids=ids, output_hidden_states=True).hidden_states[-1][0].float()  # (seq, hidden)
+        p = len(rec["prompt_ids"])
+        logits = (hidden @ head.T)[p - 1 : -1] / 0.7  # (n, vocab)
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(rec["completion_ids"])[:, None])[:, 0]
+        got = torch.tensor([t["trainer_logprob"] for t in out["tokens"]])
+        assert (got - expected).abs().max() < 1e-4
+    assert rep["trainer"] == "lm_head:float32"

@@ -13,7 +13,8 @@ from lmtrace.cli.reports import check_report_paths
 from lmtrace.errors import InvalidParameter
 
 FORMATS = ("lmtrace", "trl", "verl", "vllm", "openai")
-SPEC_HELP = "dtype:bfloat16, dtype:float16, weights:packed, attention:eager, batch:N, threads:N, compile, model:PATH"
+SPEC_HELP = ("dtype:bfloat16, dtype:float16, lm_head:float32, weights:packed, attention:eager, batch:N, threads:N, "
+             "compile, model:PATH")
 
 
 @cli.command("rollouts")

@@ -10,7 +10,8 @@ from typing import Any
 from lmtrace.errors import InvalidParameter
 from lmtrace.scoring.variant_spec import VariantSpec
 
-LOCATE_KINDS = ("dtype", "weights", "attention", "threads", "model")  # variants with a model or a setting to hook
+# the variants with a model or a setting of their own to hook
+LOCATE_KINDS = ("dtype", "weights", "attention", "threads", "model", "lm_head")
 
 
 def check_caps(caps: Sequence[Any]) -> list[float]:
