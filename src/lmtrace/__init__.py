@@ -35,6 +35,7 @@ _NAMES = {
     "TokenScore": "lmtrace.records",
     "Trace": "lmtrace.records",
     "rescore": "lmtrace.scoring.rescore",
+    "rollouts": "lmtrace.scoring.rollouts.report",
     "ScoreResult": "lmtrace.scoring.score",
     "score": "lmtrace.scoring.score",
     "score_batch": "lmtrace.scoring.score",
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from lmtrace.params import SamplingParams  # noqa: F401
     from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace  # noqa: F401
     from lmtrace.scoring.rescore import rescore  # noqa: F401
+    from lmtrace.scoring.rollouts.report import rollouts  # noqa: F401
     from lmtrace.scoring.score import ScoreResult, score, score_batch  # noqa: F401
     from lmtrace.scoring.stability import StabilityResult, stability  # noqa: F401
 
