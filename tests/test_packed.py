@@ -57,7 +57,8 @@ def test_packed_head_refines_the_top_logits_in_float32(qtype):
     """The lm_head's kernel output is bfloat16; its best `refine` logits per row are recomputed
     from the exact weights, so they equal float32 to rounding, the rest stay coarse."""
     raw, reference = _blocks(qtype, 256, 64, seed=2)
-    head = packed.PackedHead(int4_form(qtype.name, raw, 256, 64), None, torch.bfloat16, qtype.name, refine=16)
+    form = int4_form(qtype.name, raw, 256, 64)
+    head = packed.PackedHead(form, None, torch.bfloat16, qtype.name, refine=16, raw=raw.reshape(256, -1))
     x = torch.randn(2, 3, 64) * 4
     got, want = head(x), torch.nn.functional.linear(x, reference)
     top = want.topk(8, dim=-1).indices  # well inside the 16 refined ones
@@ -66,8 +67,8 @@ def test_packed_head_refines_the_top_logits_in_float32(qtype):
 
 
 def test_unsupported_type_has_no_int4_form():
-    with pytest.raises(ValueError, match="Q6_K"):
-        int4_form("Q6_K", np.zeros((4, 210), np.uint8), 4, 256)
+    with pytest.raises(ValueError, match="no packed form for Q2_K"):
+        int4_form("Q2_K", np.zeros((4, 84), np.uint8), 4, 256)
 
 
 def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -142,7 +143,7 @@ def test_every_quantized_linear_is_packed_and_the_rest_said(tiny_packed):
     assert packed.report_of(fast) is report and packed.report_of(model) is None
     from lmtrace.model.arch import summarize
 
-    want = "packed 4-bit (Q4_0 x2, Q4_1 x11, Q8_0 x1), bfloat16 activations; kept float: 1"
+    want = "packed (Q4_0 x2, Q4_1 x11, Q8_0 x1), bfloat16 activations; kept float: 1"
     assert summarize(fast.config, fast).weights == want
     assert summarize(fast.config, fast).parameters == summarize(model.config, model).parameters
     assert summarize(model.config, model).weights is None
@@ -257,7 +258,7 @@ def test_cli_verify_packed_on_the_bundled_model(capsys):
     d = json.loads(out.out)
     brief = {k: d[k] for k in ("ok", "max_logprob_diff", "first_divergence", "float32_mean_logprob_diff")}
     assert code == 0 and d["weights"] == "packed" and d["float32_top1_agreement"] == 1.0, brief
-    assert "packed weights: 211 linear layers at 4 bits" in out.err
+    assert "packed weights: 211 of 211 linear layers (Q4_1 x210, Q8_0 x1;" in out.err
 
 
 def test_fused_mlp_gives_the_same_numbers(tiny_packed):
