@@ -53,7 +53,7 @@ def _weights_map(model: nn.Module, processor: Any, arch: str | None) -> dict[str
 def _row_order(processor: Any, name: str, out_features: int, in_features: int) -> tuple[torch.Tensor | None, str]:
     """(the row order transformers' processor gives this tensor, or None for as stored; a reason
     when it does more than reorder rows)."""
-    if type(processor).process is _base_process():
+    if type(processor).process is _base_process() or out_features == 1:  # one row has one order
         return None, ""
     for shape in ((out_features, 1), (out_features, in_features)):
         rows = np.broadcast_to(np.arange(out_features, dtype=np.int64)[:, None], shape).copy()

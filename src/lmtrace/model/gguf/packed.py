@@ -27,6 +27,16 @@ from lmtrace.model.gguf.blocks import GROUP, Int4Form, int4_form, permute_rows
 from lmtrace.model.gguf.names import Found, linear_tensors
 
 
+def _padded(form: Int4Form, rows: int = 16) -> Int4Form:
+    """The form with rows of code 8, scale 0 and zero 0 (weight 0) up to a multiple of `rows`."""
+    extra = -form.codes.shape[0] % rows
+    if extra == 0:
+        return form
+    codes = torch.cat([form.codes, torch.full((extra, form.codes.shape[1]), 8, dtype=form.codes.dtype)])
+    pad = torch.zeros(form.scales.shape[0], extra)
+    return Int4Form(codes, torch.cat([form.scales, pad], 1), torch.cat([form.zeros, pad], 1), form.pieces)
+
+
 class PackedLinear(nn.Module):
     """y = x W^T (+ b) with W held as 4-bit codes plus a scale and a zero per group of 32, in
     `pieces` parts side by side along the input (the input fed once per piece)."""
@@ -36,7 +46,8 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = form.codes.shape[0], form.in_features
         self.pieces, self.compute_dtype, self.kind = form.pieces, compute_dtype, kind
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(form.codes, 1)  # (out, pieces * in / 2) uint8
+        form = _padded(form)  # the kernel takes a multiple of 16 rows: rows of weight 0 fill up
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(form.codes, 1)  # (rows, pieces * in / 2) uint8
         self.register_buffer("packed", packed)
         self.register_buffer("scale_zeros", torch.stack([form.scales, form.zeros], -1).to(compute_dtype))
         self.source, self.order = source, order  # the GGUF tensor's name and row order (float_reference)
@@ -48,6 +59,8 @@ class PackedLinear(nn.Module):
         if self.pieces > 1:  # one copy of the input per piece: (rows, in) -> (rows, pieces * in)
             flat = flat.repeat(1, self.pieces)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, GROUP, self.scale_zeros)
+        if out.shape[-1] != self.out_features:  # (rows, padded out) -> (rows, out)
+            out = out[:, : self.out_features]
         out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
