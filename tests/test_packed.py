@@ -278,3 +278,18 @@ def test_fused_mlp_gives_the_same_numbers(tiny_packed):
     with torch.inference_mode():
         assert torch.equal(fast(ids).logits, apart(ids).logits)
         assert torch.equal(fast(ids[:1, :1]).logits, apart(ids[:1, :1]).logits)  # one token, as a decode step
+
+
+def test_a_file_with_nothing_to_pack_is_refused(tmp_path, tiny_tok, monkeypatch, capsys):
+    """All of its matrices F16/F32: `--weights packed` says so in one line and exits 2, never
+    running float32 weights under the packed name."""
+    from lmtrace.cli import main
+    from tests.tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "f16.gguf", tiny_tok, qtype="F16")
+    monkeypatch.setenv("LMTRACE_GGUF_CACHE", "0")
+    code = main(["generate", "Hello", "--model", str(path), "--weights", "packed", "--max-new-tokens", "2"])
+    err = one_error(capsys.readouterr().err)
+    assert code == 2
+    assert err.startswith("lmtrace: error: weights: 'packed' packs none of the 15 linear layers of f16.gguf")
+    assert "F16: no packed form for F16" in err and "--weights float" in err
