@@ -101,3 +101,17 @@ def test_q4_k_offsets_that_would_round_take_a_second_piece():
     form = int4_form("Q4_K", raw, 16, 256)
     assert form.pieces == 2
     assert torch.equal(form.dequantize(), torch.from_numpy(dequantize(raw, Q.Q4_K).reshape(16, 256).copy()))
+
+
+def test_a_large_tensor_is_packed_in_row_chunks(written, monkeypatch):
+    """Rows converted CHUNK_ROWS at a time (the kernel packs 32-row blocks on their own): the
+    same matmul as the tensor converted whole."""
+    from lmtrace.model.gguf.names import Found
+
+    tensor = written["Q5_0"]
+    whole = packed.PackedLinear(int4_form("Q5_0", tensor.data, OUT, IN), None, torch.float32, "Q5_0")
+    monkeypatch.setattr(packed, "CHUNK_ROWS", 32)
+    parts = list(packed._forms(Found(tensor, None), OUT, IN))
+    assert [f.codes.shape[0] for f in parts] == [32, 16]
+    chunked = packed.PackedLinear(iter(parts), None, torch.float32, "Q5_0")
+    assert torch.equal(chunked.packed, whole.packed) and torch.equal(chunked.scale_zeros, whole.scale_zeros)

@@ -13,7 +13,9 @@ bfloat16 (`compute_dtype`); with float32 it runs torch's scalar path on the exac
 from __future__ import annotations
 
 import copy
+import itertools
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from lmtrace.model.gguf.blocks import GROUP, Int4Form, int4_form, permute_rows
 from lmtrace.model.gguf.names import Found, linear_tensors
 
 
-def _padded(form: Int4Form, rows: int = 16) -> Int4Form:
+def _padded(form: Int4Form, rows: int = 32) -> Int4Form:
     """The form with rows of code 8, scale 0 and zero 0 (weight 0) up to a multiple of `rows`."""
     extra = -form.codes.shape[0] % rows
     if extra == 0:
@@ -37,19 +39,30 @@ def _padded(form: Int4Form, rows: int = 16) -> Int4Form:
     return Int4Form(codes, torch.cat([form.scales, pad], 1), torch.cat([form.zeros, pad], 1), form.pieces)
 
 
+CHUNK_ROWS = 8192  # rows converted at a time (a multiple of the kernel's 32-row blocks)
+
+
 class PackedLinear(nn.Module):
     """y = x W^T (+ b) with W held as 4-bit codes plus a scale and a zero per group of 32, in
     `pieces` parts side by side along the input (the input fed once per piece)."""
 
-    def __init__(self, form: Int4Form, bias: torch.Tensor | None, compute_dtype: torch.dtype, kind: str,
-                 source: str = "", order: torch.Tensor | None = None) -> None:  # fmt: skip
+    def __init__(self, form: Int4Form | Iterable[Int4Form], bias: torch.Tensor | None, compute_dtype: torch.dtype,
+                 kind: str, source: str = "", order: torch.Tensor | None = None) -> None:  # fmt: skip
         super().__init__()
-        self.out_features, self.in_features = form.codes.shape[0], form.in_features
-        self.pieces, self.compute_dtype, self.kind = form.pieces, compute_dtype, kind
-        form = _padded(form)  # the kernel takes a multiple of 16 rows: rows of weight 0 fill up
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(form.codes, 1)  # (rows, pieces * in / 2) uint8
-        self.register_buffer("packed", packed)
-        self.register_buffer("scale_zeros", torch.stack([form.scales, form.zeros], -1).to(compute_dtype))
+        forms = iter([form] if isinstance(form, Int4Form) else form)  # row chunks: 32-row multiples but the last
+        first = next(forms)
+        self.in_features, self.pieces = first.in_features, first.pieces
+        self.compute_dtype, self.kind = compute_dtype, kind
+        packed, scale_zeros, self.out_features = [], [], 0
+        for part in itertools.chain([first], forms):  # each chunk's int32 codes freed once packed
+            if part.pieces != self.pieces:
+                raise ValueError("row chunks of different pieces")
+            self.out_features += part.codes.shape[0]
+            part = _padded(part)  # the kernel takes a multiple of 16 rows: rows of weight 0 fill up
+            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(part.codes, 1))  # (rows, pieces * in / 2)
+            scale_zeros.append(torch.stack([part.scales, part.zeros], -1).to(compute_dtype))  # (groups, rows, 2)
+        self.register_buffer("packed", torch.cat(packed))
+        self.register_buffer("scale_zeros", torch.cat(scale_zeros, dim=1))
         self.source, self.order = source, order  # the GGUF tensor's name and row order (float_reference)
         self.packed_numel = self.out_features * self.in_features  # weights it stands for (arch.summarize)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
@@ -79,8 +92,8 @@ class PackedHead(PackedLinear):
     whose spacing at a logit of 20 is 0.125, too coarse for logprobs; the rows a step reads (the
     chosen token, the top alternatives) then carry float32 logits, the far tail the coarse ones."""
 
-    def __init__(self, form: Int4Form, bias: torch.Tensor | None, compute_dtype: torch.dtype, kind: str,
-                 source: str = "", refine: int = 64, raw: np.ndarray | None = None) -> None:  # fmt: skip
+    def __init__(self, form: Int4Form | Iterable[Int4Form], bias: torch.Tensor | None, compute_dtype: torch.dtype,
+                 kind: str, source: str = "", refine: int = 64, raw: np.ndarray | None = None) -> None:  # fmt: skip
         super().__init__(form, bias, compute_dtype, kind, source)
         if raw is None:
             raise ValueError("a packed head needs its tensor's raw blocks")
@@ -158,16 +171,45 @@ def _form(found: Found, out_features: int, in_features: int) -> Int4Form:
     return form if found.order is None else permute_rows(form, found.order)
 
 
+def _forms(found: Found, out_features: int, in_features: int) -> Iterator[Int4Form]:
+    """The tensor's form in chunks of rows, made one at a time (a large tensor's codes are never all
+    held as int32 at once)."""
+    if found.order is not None or found.note or out_features <= CHUNK_ROWS:
+        yield _form(found, out_features, in_features)
+        return
+    raw, kind = found.tensor.data.reshape(out_features, -1), found.tensor.tensor_type.name
+    for i in range(0, out_features, CHUNK_ROWS):
+        yield int4_form(kind, raw[i : i + CHUNK_ROWS], min(CHUNK_ROWS, out_features - i), in_features)
+
+
+def _same_rows(form: Int4Form, weight: torch.Tensor, count: int = 16) -> bool:
+    """Whether `count` rows spread over the tensor (the first and the last among them) dequantize
+    to the loaded weights exactly: a wrong tensor or row order shows on any of them."""
+    rows = torch.linspace(0, form.codes.shape[0] - 1, min(count, form.codes.shape[0])).round().long().unique()
+    part = Int4Form(form.codes[rows], form.scales[:, rows], form.zeros[:, rows], form.pieces)
+    return torch.equal(part.dequantize(), weight.detach()[rows].float())
+
+
 def _pack_one(model: nn.Module, module: nn.Linear, found: Found, compute: torch.dtype, check: bool) -> PackedLinear:
     kind, tensor = found.tensor.tensor_type.name, found.tensor
-    form = _form(found, module.out_features, module.in_features)
-    if check and not torch.equal(form.dequantize(), module.weight.detach().float()):
+    forms = _forms(found, module.out_features, module.in_features)
+    first = next(forms)
+    if check and not _same_rows(first, module.weight[: first.codes.shape[0]]):
         raise ValueError("the blocks do not reproduce the loaded weights")
-    if module is model.get_output_embeddings() and compute != torch.float32:
-        raw = tensor.data.reshape(module.out_features, -1) if found.order is None else None
-        layer = PackedHead(form, module.bias, compute, kind, tensor.name, raw=raw)
-    else:
-        layer = PackedLinear(form, module.bias, compute, kind, tensor.name, found.order)
+    head = module is model.get_output_embeddings() and compute != torch.float32
+
+    def build(form: Int4Form | Iterable[Int4Form]) -> PackedLinear:
+        if head:
+            raw = tensor.data.reshape(len(module.weight), -1)  # (out, bytes a row), in the mapped file
+            return PackedHead(form, module.bias, compute, kind, tensor.name, raw=raw)
+        return PackedLinear(form, module.bias, compute, kind, tensor.name, found.order)
+
+    try:
+        layer = build(itertools.chain([first], forms))
+    except ValueError as e:
+        if "row chunks" not in str(e):
+            raise
+        layer = build(_form(found, module.out_features, module.in_features))  # chunks of other pieces: as one
     if module.weight is model.get_input_embeddings().weight:
         layer.packed_numel = 0  # tied: the embedding's parameters count these weights already
     return layer
