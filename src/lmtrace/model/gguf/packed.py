@@ -16,9 +16,7 @@ import copy
 import itertools
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +25,7 @@ from torch import nn
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.gguf.blocks import GROUP, Int4Form, int4_form, permute_rows
 from lmtrace.model.gguf.names import Found, linear_tensors
+from lmtrace.model.gguf.report import PackReport, report_of
 
 
 def _padded(form: Int4Form, rows: int = 32) -> Int4Form:
@@ -123,47 +122,6 @@ class PackedHead(PackedLinear):
         return logits.scatter(-1, idx, exact.to(logits.dtype)).reshape(coarse.shape)
 
 
-@dataclass
-class PackReport:
-    """What `pack_gguf` did: which layers run packed (at which GGUF type), which keep float
-    weights and why."""
-
-    packed: dict[str, str] = field(default_factory=dict)  # module name -> GGUF type
-    kept_float: dict[str, str] = field(default_factory=dict)  # module name -> reason
-    compute_dtype: str = "bfloat16"
-    path: str = ""  # the GGUF file
-    architecture: str | None = None  # the file's general.architecture
-    packed_bytes: int = 0  # bytes of the packed matmul weights
-    float_bytes: int = 0  # bytes of the linear weights kept in float
-    seconds: float = 0.0
-    fused: int = 0  # groups of sibling projections stacked into one kernel call (model/gguf/fused.py)
-
-    def types(self) -> str:
-        """e.g. "Q4_K x27, Q5_0 x81, Q6_K x9, Q8_0 x11": the GGUF types that run packed."""
-        counts: dict[str, int] = {}
-        for kind in self.packed.values():
-            counts[kind] = counts.get(kind, 0) + 1
-        return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
-
-    def line(self) -> str:
-        """One line for the load status: what runs packed, at which types, and what does not."""
-        total = len(self.packed) + len(self.kept_float)
-        text = (f"packed weights: {len(self.packed)} of {total} linear layers ({self.types()}; "
-                f"{self.packed_bytes / 1e6:.0f} MB, {self.compute_dtype} activations)")  # fmt: skip
-        if self.kept_float:
-            reasons = sorted({f"{n} ({r})" for n, r in self.kept_float.items()})
-            text += f"; kept in float: {', '.join(reasons[:3])}" + (" …" if len(reasons) > 3 else "")
-        return text
-
-    def short(self) -> str:
-        """e.g. "packed (Q4_1 x210, Q8_0 x1), bfloat16 activations; kept float: 1" """
-        text = f"packed ({self.types()}), {self.compute_dtype} activations"
-        return text + (f"; kept float: {len(self.kept_float)}" if self.kept_float else "")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def _form(found: Found, out_features: int, in_features: int) -> Int4Form:
     if found.note:
         raise ValueError(found.note)
@@ -229,9 +187,13 @@ def pack_gguf(
     started = time.perf_counter()
     found, arch = linear_tensors(model, gguf.GGUFReader(str(path)))
     report = PackReport(compute_dtype=str(compute_dtype).replace("torch.", ""), path=str(path), architecture=arch)
+    from lmtrace.model.gguf.progress import Progress
+
+    progress = Progress(f"packing {Path(path).name}", sum(int(f.tensor.n_bytes) for f in found.values()))
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear):
             continue
+        progress.advance(int(found[name].tensor.n_bytes) if name in found else 0)
         weight_bytes = module.weight.numel() * module.weight.element_size()
         try:
             if name not in found:
@@ -244,6 +206,7 @@ def pack_gguf(
         model.set_submodule(name, packed)
         report.packed[name] = found[name].tensor.tensor_type.name
         report.packed_bytes += packed.nbytes()
+    progress.close()
     if not report.packed:
         raise InvalidParameter(f"weights: 'packed' packs none of the {len(report.kept_float)} linear layers of "
                                f"{Path(path).name} ({_why(report)}); run it with --weights float")  # fmt: skip
@@ -265,11 +228,6 @@ def _why(report: PackReport) -> str:
         reasons[reason] = reasons.get(reason, 0) + 1
     top = sorted(reasons.items(), key=lambda kv: -kv[1])[:2]
     return "; ".join(f"{n} x {r}" for r, n in top) or "the model has no linear layers"
-
-
-def report_of(model: nn.Module) -> PackReport | None:
-    """The PackReport of a packed model, None for a float one."""
-    return getattr(model, "lmtrace_packed", None)
 
 
 def float_reference(model: nn.Module) -> nn.Module:
