@@ -293,3 +293,28 @@ def test_a_file_with_nothing_to_pack_is_refused(tmp_path, tiny_tok, monkeypatch,
     assert code == 2
     assert err.startswith("lmtrace: error: weights: 'packed' packs none of the 15 linear layers of f16.gguf")
     assert "F16: no packed form for F16" in err and "--weights float" in err
+
+
+def test_packed_load_reads_the_file_straight_into_packed_form(tmp_path, tiny_tok, monkeypatch):
+    """`load(weights="packed")` builds the model empty and fills it from the GGUF: packed layers
+    from their blocks, the rest dequantized; the same logits, bit for bit, as packing the float32
+    load, and no converted float32 copy is made."""
+    import lmtrace
+    from lmtrace.model.gguf import converted
+    from tests.tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_tok)
+    monkeypatch.setenv("LMTRACE_CACHE", str(tmp_path / "cache"))
+    direct = lmtrace.load(str(path), device="cpu", weights="packed")
+    assert converted.ready_folder(path) is None  # nothing converted
+    monkeypatch.setenv("LMTRACE_GGUF_CACHE", "0")
+    floats = lmtrace.load(str(path), device="cpu", dtype="float32")
+    report = packed.pack_gguf(floats.model, path)
+    assert packed.report_of(direct.model).packed == report.packed and len(report.packed) == 13
+    ids = torch.tensor([tiny_tok("Hello world, this is a test")["input_ids"]])
+    with torch.inference_mode():
+        assert torch.equal(direct.model(ids).logits, floats.model(ids).logits)
+    linears = [n for n, m in direct.model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == ["model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj"]  # F32 in the file
+    want = {n for n, _ in floats.model.named_parameters()}
+    assert {n for n, _ in direct.model.named_parameters()} == want  # norms and the embedding, float

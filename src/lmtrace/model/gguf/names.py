@@ -31,14 +31,14 @@ def file_architecture(reader: Any) -> str | None:
     return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
 
 
-def _processor(model: nn.Module, arch: str | None) -> Any:
+def processor_for(model: nn.Module, arch: str | None) -> Any:
     from transformers import modeling_gguf_pytorch_utils as hf
 
     config = model.config.get_text_config().to_dict() if hasattr(model.config, "get_text_config") else {}
     return hf.TENSOR_PROCESSORS.get(arch or "", hf.TensorProcessor)(config=config)
 
 
-def _weights_map(model: nn.Module, processor: Any, arch: str | None) -> dict[str, str]:
+def weights_map(model: nn.Module, processor: Any, arch: str | None) -> dict[str, str]:
     """GGUF tensor name -> the model's parameter name, as transformers' loader maps them."""
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
@@ -82,8 +82,8 @@ def linear_tensors(model: nn.Module, reader: Any) -> tuple[dict[str, Found], str
     """({linear module name: its GGUF tensor}, the file's architecture). A tied lm_head maps to
     the embedding's tensor."""
     arch = file_architecture(reader)
-    processor = _processor(model, arch)
-    to_hf = _weights_map(model, processor, arch)
+    processor = processor_for(model, arch)
+    to_hf = weights_map(model, processor, arch)
     by_param = {hf: gguf_name for gguf_name, hf in to_hf.items()}
     tensors = {t.name: t for t in reader.tensors}
     embed = model.get_input_embeddings()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -175,7 +175,7 @@ def _pack_one(model: nn.Module, module: nn.Linear, found: Found, compute: torch.
 
 def pack_gguf(
     model: nn.Module, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fuse: bool = True,
-    check: bool = True,
+    check: bool = True, before_fuse: Callable[[nn.Module, PackReport], None] | None = None,
 ) -> PackReport:  # fmt: skip
     """Replaces the model's linear layers by packed ones read from the GGUF file at `path` (the
     file the model was loaded from). With `check`, each packed layer's dequantized weights are
@@ -210,6 +210,8 @@ def pack_gguf(
     if not report.packed:
         raise InvalidParameter(f"weights: 'packed' packs none of the {len(report.kept_float)} linear layers of "
                                f"{Path(path).name} ({_why(report)}); run it with --weights float")  # fmt: skip
+    if before_fuse is not None:  # model/gguf/direct.py: the float parts, once the packed ones are in place
+        before_fuse(model, report)
     if fuse:
         from lmtrace.model.gguf.fused import fuse as fuse_groups
 
