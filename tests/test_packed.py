@@ -306,7 +306,10 @@ def test_packed_load_reads_the_file_straight_into_packed_form(tmp_path, tiny_tok
     path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_tok)
     monkeypatch.setenv("LMTRACE_CACHE", str(tmp_path / "cache"))
     direct = lmtrace.load(str(path), device="cpu", weights="packed")
-    assert converted.ready_folder(path) is None  # nothing converted
+    assert converted.ready_folder(path) is None  # nothing converted: only the config and tokenizer kept
+    assert (converted.ready_meta(path) / "config.json").is_file()
+    again = lmtrace.load(str(path), device="cpu", weights="packed")  # from the kept config and tokenizer
+    assert again.tokenizer("Hello world")["input_ids"] == direct.tokenizer("Hello world")["input_ids"]
     monkeypatch.setenv("LMTRACE_GGUF_CACHE", "0")
     floats = lmtrace.load(str(path), device="cpu", dtype="float32")
     report = packed.pack_gguf(floats.model, path)

@@ -229,8 +229,10 @@ def _load_packed(
     from lmtrace.model.gguf.direct import load_packed
     from lmtrace.model.gguf.quiet import quiet_gguf
 
-    folder = gguf_cache_module.ready_folder(path) if gguf_cache else None
+    folder = (gguf_cache_module.ready_folder(path) or gguf_cache_module.ready_meta(path)) if gguf_cache else None
     where, kwargs = (str(folder), {}) if folder is not None else (str(path.parent), {"gguf_file": path.name})
+    if folder is None and status is not None:
+        status(f"{path.name}: reading its config and tokenizer (once: kept in the cache for later runs)…")
     try:
         with quiet_gguf():
             config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, **kwargs)
@@ -240,6 +242,8 @@ def _load_packed(
         raise
     except Exception as e:
         raise _load_error(e, where, kwargs, name) from e
+    if folder is None and gguf_cache:
+        gguf_cache_module.save_meta(path, config, tokenizer)
     try:
         return load_packed(config, path), tokenizer
     except InvalidParameter:
