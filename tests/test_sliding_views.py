@@ -128,3 +128,11 @@ def test_cache_at_80_columns_on_a_sliding_window_model(capsys, monkeypatch, tmp_
                      "--max-new-tokens", "4", "--temperature", "0", "--no-color")  # fmt: skip
     text = " ".join(line.strip() for line in lines)
     assert "5 of 6" in text and "then 128 B per token" in text and "5 × [1, 1, 3, 16]" in text
+
+
+def test_the_report_header_names_the_sliding_layers(lm, trace):
+    from lmtrace.render.facts import model_group
+
+    assert lm.summary.sliding == "5 of 6 layers, window 4"
+    rows = dict(model_group(trace.to_dict()["model"])[1])
+    assert rows["sliding window"] == "5 of 6 layers, window 4" and rows["layers"] == "6"
