@@ -57,3 +57,15 @@ def test_streamed_echo_offsets_equal_the_whole_answer(client):
     offsets = [o for e in events if e != "[DONE]" for c in e["choices"] if c["logprobs"]
                for o in c["logprobs"]["text_offset"]]  # fmt: skip
     assert offsets == whole["text_offset"], json.dumps(events[:2])[:400]
+
+
+def test_the_audits_echo_offset_check_passes_them_and_catches_the_shift(client, bos_lm):
+    from lmtrace.comparison.audit.probes_model import ECHO_PROMPT, offset_problem
+
+    body = {"prompt": ECHO_PROMPT, "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True}
+    choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    n = len(bos_lm.tokenizer(ECHO_PROMPT)["input_ids"])
+    assert offset_problem(choice, n) is None
+    offsets = choice["logprobs"]["text_offset"]
+    offsets[1:n] = [o + len("<bos>") for o in offsets[1:n]]  # the bug: the BOS counted as text
+    assert "goes backwards" in offset_problem(choice, n)
