@@ -39,6 +39,7 @@ _NAMES = {
     "ScoreResult": "lmtrace.scoring.score",
     "score": "lmtrace.scoring.score",
     "score_batch": "lmtrace.scoring.score",
+    "kld": "lmtrace.scoring.kld",
     "StabilityResult": "lmtrace.scoring.stability",
     "stability": "lmtrace.scoring.stability",
     "encode_prompt": "lmtrace.decode.tracing",
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from lmtrace.model.load import load  # noqa: F401
     from lmtrace.params import SamplingParams  # noqa: F401
     from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace  # noqa: F401
+    from lmtrace.scoring.kld import kld  # noqa: F401
     from lmtrace.scoring.rescore import rescore  # noqa: F401
     from lmtrace.scoring.rollouts.report import rollouts  # noqa: F401
     from lmtrace.scoring.score import ScoreResult, score, score_batch  # noqa: F401

@@ -14,7 +14,7 @@ from lmtrace.decode import engine
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
 from lmtrace.logits import grammar
-from lmtrace.model.lm import LM
+from lmtrace.model.lm import LM, require_chat_template
 from lmtrace.params import CONSTRAINTS, SamplingParams
 
 # the per-line fields that override the command's defaults (plus `chat`); a constraint's keys
@@ -84,6 +84,7 @@ def _encode(lm: LM, data: dict[str, Any], chat: bool) -> tuple[str, list[int], l
     if "messages" in data:
         messages = _messages(data)
         tok = lm.tokenizer
+        require_chat_template(lm, "messages", "give a prompt instead")
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return text, list(tok(text, add_special_tokens=False)["input_ids"]), messages
     prompt = data.get("prompt")

@@ -15,7 +15,7 @@ from lmtrace.inside import probe as inside
 from lmtrace.kv import rows as kv_rows
 from lmtrace.logits import processors, sampling
 from lmtrace.model import draft as drafts
-from lmtrace.model.lm import LM
+from lmtrace.model.lm import LM, require_chat_template
 from lmtrace.params import SamplingParams
 from lmtrace.records import Step, Trace
 
@@ -26,6 +26,7 @@ def encode_prompt(lm: LM, prompt: str, chat: bool = False) -> list[int]:
     """Token ids of a prompt; with `chat` the tokenizer's chat template wraps a user message."""
     tok = lm.tokenizer
     if chat:
+        require_chat_template(lm)
         text = tok.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
         )

@@ -51,6 +51,7 @@ def model_group(model: Any) -> Group:
         rows += [
             ("architecture", value(c.get("architecture"))),
             ("layers", value(c.get("layers"))),
+            *([("sliding window", value(c["sliding"]))] if c.get("sliding") else []),
             (
                 "heads",
                 f"{value(c.get('attention_heads'))}, {value(c.get('kv_heads'))} KV ({value(c.get('attention'))})",
