@@ -11,6 +11,7 @@ from lmtrace.decode import constrained, engine, speculative
 from lmtrace.decode.observers import Observer, build, checked
 from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
 from lmtrace.decode.step import BatchStep
+from lmtrace.decode.uncertainty import Uncertainty, observer_for
 from lmtrace.inside import probe as inside
 from lmtrace.kv import rows as kv_rows
 from lmtrace.logits import sampling
@@ -70,6 +71,7 @@ def generate(
     draft: str | LM | drafts.Draft | None = None,
     draft_tokens: int = 4,
     observers: Sequence[Observer] = (),
+    uncertainty: bool | Uncertainty = False,
     **kwargs: Any,
 ) -> Trace | list[Trace]:
     """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
@@ -86,14 +88,15 @@ def generate(
     each step's token attended to in the cache, the mean over heads (True) and also each head
     ("heads") (lmtrace.inside.lens, lmtrace.inside.attention). `observers`: your own
     lmtrace.Observer instances, each writing its entry at every step (`step.NAME`) and, where it
-    summarizes, on the trace (`trace.NAME`)."""
+    summarizes, on the trace (`trace.NAME`). `uncertainty` (True, or an Uncertainty with its own k,
+    window and tail) records each step's `uncertainty` and the trace's (decode/uncertainty.py)."""
     p = seeded(make_params(params, **kwargs))
     inside.check(compile, lens, attention)
     chosen = _draft(lm, draft, draft_tokens, lens, attention)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     ids = [encode_prompt(lm, text, chat) for text in prompts]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
-    own = checked(observers)
+    own = checked([*observers, *observer_for(uncertainty, lm.model.config.vocab_size)])
     watchers = build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens,
                                top_n=p.top_logprobs) + own  # fmt: skip
     rows = [RowRecord(lm, p.stop) for _ in ids]
