@@ -75,7 +75,7 @@ def discrete_semantic_entropy(answers: Sequence[str | None]) -> float | None:
     total = sum(counts.values())
     if not total:
         return None
-    return -math.fsum(c / total * math.log(c / total) for c in counts.values())
+    return 0.0 - math.fsum(c / total * math.log(c / total) for c in counts.values())  # never -0.0
 
 
 def mc_sequence_entropy(log_probs: Sequence[float]) -> float | None:
