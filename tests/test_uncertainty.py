@@ -106,3 +106,17 @@ def test_bundled_model_scores(bundled_lm):
     trace = lmtrace.generate(bundled_lm, "The capital of France is", max_new_tokens=6, temperature=0,
                              uncertainty=Uncertainty(k=20, window=4, tail=3))  # fmt: skip
     _check(bundled_lm, trace, 20, 4, 3)
+
+
+def test_cli_generate_uncertainty(tiny_dir, tmp_path, capsys):
+    from lmtrace.cli import main
+
+    out = tmp_path / "t.json"
+    code = main(["generate", "Hello", "--model", str(tiny_dir), "--max-new-tokens", "5", "--uncertainty",
+                 "--confidence-k", "4", "--confidence-window", "3", "--json", str(out)])  # fmt: skip
+    assert code == 0
+    trace = lmtrace.Trace.from_json(out.read_text())
+    assert trace.uncertainty["settings"] == {"k": 4, "window": 3, "tail": 2048}
+    assert all(set(s.uncertainty) >= {"confidence", "margin", "varentropy"} for s in trace.steps)
+    assert main(["generate", "Hello", "--model", str(tiny_dir), "--uncertainty", "--confidence-k", "999999"]) == 2
+    assert "confidence_k must be at most the vocabulary size" in capsys.readouterr().err

@@ -43,10 +43,10 @@ def sample_command(prompt, prompt_file, n, answer_regex, choice, deepconf, warmu
         raise InvalidParameter(f"n must be >= 1, got {n}")
     if answer_regex is not None and choice:
         raise InvalidParameter("--answer-regex and --choice: give one or the other (a choice is its own answer)")
-    from lmtrace.samples import answers, early
+    from lmtrace.samples import answers, settings
 
     answers.compile_regex(answer_regex)
-    early.check(deepconf, warmup, n, consensus)
+    settings.check(deepconf, warmup, n, consensus)
     confidence = settings_from(options)
     keys = ("model", "device", "dtype", "allow_pickle", "trust_remote_code")
     loading = [options.pop(k) for k in keys]

@@ -23,7 +23,7 @@ from lmtrace.errors import InvalidParameter
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.records import Trace
-from lmtrace.samples import answers, early, votes
+from lmtrace.samples import answers, early, settings, votes
 from lmtrace.samples.summary import sample_entry, scores_over
 
 __all__ = ["SampleResult", "sample"]
@@ -81,7 +81,7 @@ def sample(
         raise InvalidParameter(f"n must be an integer >= 1, got {n!r}")
     if answer_regex is not None and choice:
         raise InvalidParameter("answer_regex and choice: give one or the other (a choice is its own answer)")
-    early.check(deepconf, warmup, n, consensus)
+    settings.check(deepconf, warmup, n, consensus)
     regex = answers.compile_regex(answer_regex)
     p = make_params(params, **kwargs)
     if choice:
@@ -95,7 +95,7 @@ def sample(
         stops: list[str | None] = [None] * n
         record = None
     else:
-        traces, stops, record = decode_online(lm, specs, max_batch, deepconf, early.warmup_size(n, warmup),
+        traces, stops, record = decode_online(lm, specs, max_batch, deepconf, settings.warmup_size(n, warmup),
                                               consensus, regex, on_row)  # fmt: skip
     entries = [sample_entry(i, base + i, t, stops[i], regex) for i, t in enumerate(traces)]
     if record is not None:
@@ -103,12 +103,12 @@ def sample(
             e["phase"] = "warmup" if e["index"] < record["warmup"] else "final"
             above = e["phase"] == "final" or e["lowest_group"] >= record["threshold"]
             e["kept"] = e["decoded"] and e["stopped"] is None and above
-    settings = {"n": n, "answer_regex": answer_regex, "choice": list(choice), "deepconf": deepconf,
+    chosen = {"n": n, "answer_regex": answer_regex, "choice": list(choice), "deepconf": deepconf,
                 "warmup": None if record is None else record["warmup"], "consensus": consensus,
                 "confidence_k": confidence_k, "confidence_window": confidence_window,
                 "confidence_tail": confidence_tail, "max_batch": max_batch}  # fmt: skip
     found_votes, scores = scores_over(entries, [t for t in traces if t is not None], deepconf)
-    return SampleResult(prompt, p.to_dict(), settings, entries, found_votes, scores, record,
+    return SampleResult(prompt, p.to_dict(), chosen, entries, found_votes, scores, record,
                         [t for t in traces if t is not None])  # fmt: skip
 
 
@@ -143,7 +143,7 @@ def decode_online(lm: LM, specs: list[RowSpec], max_batch: int, mode: str, warmu
     window = specs[0].observers[0].window  # type: ignore[attr-defined]
     first = decode(lm, specs[:warmup], max_batch, on_row)
     lowest = [t.uncertainty["deepconf"]["lowest_group"] for t in first]
-    threshold = early.percentile(lowest, early.PERCENTILE[mode])
+    threshold = early.percentile(lowest, settings.PERCENTILE[mode])
     kept_answers, kept_conf = [], []
     for t, c in zip(first, lowest):
         if c >= threshold:
@@ -165,7 +165,7 @@ def decode_online(lm: LM, specs: list[RowSpec], max_batch: int, mode: str, warmu
         rest = decode(lm, final, max_batch, on_row, finished, offset=warmup)  # type: ignore[assignment]
     else:
         stops[warmup:] = ["consensus"] * (len(specs) - warmup)
-    record = {"mode": mode, "warmup": warmup, "percentile": early.PERCENTILE[mode], "threshold": threshold,
+    record = {"mode": mode, "warmup": warmup, "percentile": settings.PERCENTILE[mode], "threshold": threshold,
               "group": state.group, "consensus": tau, "consensus_reached": state.ended,
               "warmup_lowest_groups": lowest}  # fmt: skip
     return [*first, *rest], stops, record

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmtrace.records import Trace
-from lmtrace.samples import answers, early, votes
+from lmtrace.samples import answers, settings, votes
 
 
 def sample_entry(index: int, seed: int, trace: Trace | None, stopped: str | None, regex: re.Pattern | None
@@ -42,8 +42,8 @@ def scores_over(entries: Sequence[dict[str, Any]], traces: Sequence[Trace], mode
     found = [e["answer"] for e in kept]
     conf = [e["lowest_group"] for e in kept]
     found_votes = {"majority": votes.majority(found), "weighted": votes.weighted(found, conf, 100.0),
-                   "top10": votes.weighted(found, conf, early.ETA["low"]),
-                   "top90": votes.weighted(found, conf, early.ETA["high"])}  # fmt: skip
+                   "top10": votes.weighted(found, conf, settings.ETA["low"]),
+                   "top90": votes.weighted(found, conf, settings.ETA["high"])}  # fmt: skip
     for vote in found_votes.values():  # positions among the kept samples -> the samples' own indices
         if "kept" in vote:
             vote["kept"] = [kept[i]["index"] for i in vote["kept"]]
