@@ -16,6 +16,7 @@ import re
 
 import lmtrace
 from lmtrace.files import write_atomic
+from lmtrace.scoring import polygraph
 
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin",
             "Egypt": "Cairo", "Canada": "Ottawa", "Australia": "Canberra", "Brazil": "Brasilia", "Kenya": "Nairobi",
@@ -30,7 +31,8 @@ CHOICES = [
     ("The largest ocean: A) Atlantic B) Pacific C) Indian", "B"),
     ("Which is a colour? A) red B) dog C) run", "A"),
 ]
-SCORES = ["msp", "mean_nll", "perplexity", "mean_entropy", "max_entropy", "renyi_neg", "fisher_rao",
+SCORES = ["pmi", "cpmi", "PTrue", "msp", "mean_nll", "perplexity", "mean_entropy", "max_entropy", "renyi_neg",
+          "fisher_rao",
           "deepconf.mean", "deepconf.bottom10", "deepconf.lowest_group", "deepconf.tail"]  # fmt: skip
 
 
@@ -59,6 +61,8 @@ def correct(task: str, text: str, expected: str) -> bool:
 
 
 def score_of(u: dict, name: str) -> float:
+    if name in ("pmi", "cpmi", "PTrue"):  # the extra passes (lmtrace.scoring.polygraph)
+        return u["extra"]["p_true"]["PTrue"] if name == "PTrue" else u["extra"][name]
     if name.startswith("deepconf."):
         return -u["deepconf"][name.split(".")[1]]  # a confidence: negated to an uncertainty
     return u[name]
@@ -116,6 +120,8 @@ def main() -> None:
         chunk = qs[start : start + 16]
         traces += lmtrace.generate(lm, [q[1] for q in chunk], chat=True, temperature=0, max_new_tokens=12,
                                    uncertainty=lmtrace.Uncertainty(window=4, tail=4))  # fmt: skip
+    for (_, prompt, _), tr in zip(qs, traces):
+        tr.uncertainty["extra"] = polygraph.estimate(lm, tr, question=prompt)
     wrong = [not correct(t, tr.text, e) for (t, _, e), tr in zip(qs, traces)]
     rows = []
     for name in SCORES:

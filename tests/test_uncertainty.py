@@ -120,3 +120,14 @@ def test_cli_generate_uncertainty(tiny_dir, tmp_path, capsys):
     assert all(set(s.uncertainty) >= {"confidence", "margin", "varentropy"} for s in trace.steps)
     assert main(["generate", "Hello", "--model", str(tiny_dir), "--uncertainty", "--confidence-k", "999999"]) == 2
     assert "confidence_k must be at most the vocabulary size" in capsys.readouterr().err
+
+
+def test_report_shows_the_scores_and_the_confidence_view(tiny_lm):
+    from lmtrace.render.html import render_html
+
+    trace = lmtrace.generate(tiny_lm, "Hello", max_new_tokens=6, temperature=0.7, seed=4, uncertainty=True)
+    html = render_html(trace)
+    assert "How sure was the model?" in html and "DeepConf lowest group" in html and "(processed " in html
+    assert html.count("confidence ") >= len(trace.steps)  # one shaded span per token, with its title
+    plain = render_html(lmtrace.generate(tiny_lm, "Hello", max_new_tokens=3, temperature=0))
+    assert "How sure was the model?" not in plain
