@@ -131,3 +131,16 @@ def test_report_shows_the_scores_and_the_confidence_view(tiny_lm):
     assert html.count("confidence ") >= len(trace.steps)  # one shaded span per token, with its title
     plain = render_html(lmtrace.generate(tiny_lm, "Hello", max_new_tokens=3, temperature=0))
     assert "How sure was the model?" not in plain
+
+
+def test_server_traces_take_uncertainty(tiny_lm):
+    from fastapi.testclient import TestClient
+
+    from lmtrace.server import create_app
+
+    with TestClient(create_app(tiny_lm, name="tiny")) as c:
+        found = c.post("/v1/traces", json={"prompt": "Hello", "max_tokens": 4, "temperature": 0,
+                                           "uncertainty": True}).json()  # fmt: skip
+    alone = lmtrace.generate(tiny_lm, "Hello", max_new_tokens=4, temperature=0, uncertainty=True)
+    assert [s["uncertainty"] for s in found["steps"]] == [s.uncertainty for s in alone.steps]
+    assert found["uncertainty"]["msp"] == pytest.approx(alone.uncertainty["msp"], abs=1e-9)
