@@ -13,6 +13,7 @@ from lmtrace.cli import audit, batch, branch, cache, common, compare, export, ge
 from lmtrace.cli import kld as _kld  # noqa: E402, F401
 from lmtrace.cli import kvlab as _kvlab  # noqa: E402, F401
 from lmtrace.cli import rollouts as _rollouts  # noqa: E402, F401
+from lmtrace.cli import sample as _sample  # noqa: E402, F401
 from lmtrace.cli import stability as _stability  # noqa: E402, F401
 from lmtrace.cli.common import cli
 from lmtrace.errors import LmtraceError

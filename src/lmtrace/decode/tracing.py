@@ -11,6 +11,7 @@ from lmtrace.decode import constrained, engine, speculative
 from lmtrace.decode.observers import Observer, build, checked
 from lmtrace.decode.rows import RowRecord, generator, make_params, records, row_params, seeded, to_trace
 from lmtrace.decode.step import BatchStep
+from lmtrace.decode.uncertainty import Uncertainty, observer_for
 from lmtrace.inside import probe as inside
 from lmtrace.kv import rows as kv_rows
 from lmtrace.logits import processors, sampling
@@ -76,6 +77,7 @@ def generate(
     draft_tokens: int = 4,
     observers: Sequence[Observer] = (),
     logits_processors: Sequence[processors.UserFn] = (),
+    uncertainty: bool | Uncertainty = False,
     **kwargs: Any,
 ) -> Trace | list[Trace]:
     """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
@@ -94,14 +96,17 @@ def generate(
     lmtrace.Observer instances, each writing its entry at every step (`step.NAME`) and, where it
     summarizes, on the trace (`trace.NAME`). `logits_processors`: your own callables
     `fn(token_ids, logits) -> logits` (a row's tokens generated so far, its (vocab,) float32
-    logits), run before the built-in processors, named in the trace's params and the waterfall."""
+    logits), run before the built-in processors, named in the trace's params and the waterfall.
+    `uncertainty` (True, or an Uncertainty with its own k, window and tail) records each step's
+    `uncertainty` and the trace's (decode/uncertainty.py)."""
     p = seeded(make_params(params, **kwargs))
     inside.check(compile, lens, attention)
     chosen = _draft(lm, draft, draft_tokens, lens, attention)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     ids = [encode_prompt(lm, text, chat) for text in prompts]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
-    own, user = checked(observers), processors.user_processors(logits_processors)
+    own = checked([*observers, *observer_for(uncertainty, lm.model.config.vocab_size)])
+    user = processors.user_processors(logits_processors)
     watchers = build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens,
                                top_n=p.top_logprobs) + own  # fmt: skip
     rows = [RowRecord(lm, p.stop) for _ in ids]

@@ -298,5 +298,9 @@ def trace_job(lm: LM, body: TraceRequest) -> Job:
     sampled = body.logprobs_mode == "sampled"
     job = Job(prompts, params, 1, body.messages is not None, True, sampled, many=many)
     job.inside = {"lens": body.lens, "attention": body.attention}
+    if body.uncertainty:  # an observer: the engine's own batch, as lens and attention
+        from lmtrace.decode.uncertainty import Uncertainty
+
+        job.inside["observers"] = [Uncertainty(vocab=lm.model.config.vocab_size)]
     job.draft_tokens, job.tools = body.draft_tokens, plan
     return job

@@ -263,6 +263,9 @@ class TraceRequest(Tools, Sampling):
     # (true: the mean over heads; "heads": also each head's own).
     lens: bool = False
     attention: bool | Literal["heads"] = False
+    # Record each step's confidence, margin, varentropy and the trace's sequence scores (the
+    # CLI's --uncertainty, DeepConf's k 20 and window/tail 2048; docs/uncertainty.md).
+    uncertainty: bool = False
     # The CLI's constraint keys (as on a batch line): a JSON schema, a regular expression, the
     # options of a choice, an EBNF grammar; and the whitespace a JSON schema allows.
     json_schema: dict[str, Any] | None = None
