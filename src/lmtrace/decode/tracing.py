@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from lmtrace import arguments
+from lmtrace.decode import attribution as attributing
 from lmtrace.decode import constrained, engine, speculative
 from lmtrace.decode.observers import Observer, build, checked
 from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
@@ -70,6 +71,8 @@ def generate(
     draft: str | LM | drafts.Draft | None = None,
     draft_tokens: int = 4,
     observers: Sequence[Observer] = (),
+    attribution: bool = False,
+    against: str | int | None = None,
     **kwargs: Any,
 ) -> Trace | list[Trace]:
     """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
@@ -86,14 +89,17 @@ def generate(
     each step's token attended to in the cache, the mean over heads (True) and also each head
     ("heads") (lmtrace.inside.lens, lmtrace.inside.attention). `observers`: your own
     lmtrace.Observer instances, each writing its entry at every step (`step.NAME`) and, where it
-    summarizes, on the trace (`trace.NAME`)."""
+    summarizes, on the trace (`trace.NAME`). `attribution` splits each step's logit difference
+    between the chosen token and `against` ("rank:N", default rank:2 the runner-up, a token id
+    or a token's text) over the embedding, every layer's attention and MLP, and every head
+    (`step.attribution`, lmtrace.inside.attribution)."""
     p = seeded(make_params(params, **kwargs))
     inside.check(compile, lens, attention)
     chosen = _draft(lm, draft, draft_tokens, lens, attention)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     ids = [encode_prompt(lm, text, chat) for text in prompts]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
-    own = checked(observers)
+    own = checked(observers) + attributing.wanted(lm, attribution, against, draft=draft, compile=compile)
     watchers = build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens,
                                top_n=p.top_logprobs) + own  # fmt: skip
     rows = [RowRecord(lm, p.stop) for _ in ids]
