@@ -25,6 +25,8 @@ _NAMES = {
     "ModelLoadError": "lmtrace.errors",
     "LabResult": "lmtrace.kvlab",
     "kvlab": "lmtrace.kvlab",
+    "intervene": "lmtrace.interventions",
+    "steer_vector": "lmtrace.interventions",
     "from_generate": "lmtrace.external.from_generate",
     "LM": "lmtrace.model.lm",
     "load": "lmtrace.model.load",
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError  # noqa: F401
     from lmtrace.external.from_generate import from_generate  # noqa: F401
     from lmtrace.external.watch import CacheMisuseWarning, watch  # noqa: F401
+    from lmtrace.interventions import intervene, steer_vector  # noqa: F401
     from lmtrace.kvlab import LabResult, kvlab  # noqa: F401
     from lmtrace.model.lm import LM  # noqa: F401
     from lmtrace.model.load import load  # noqa: F401
