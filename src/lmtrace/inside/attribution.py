@@ -182,7 +182,8 @@ def anatomy(model: Any) -> Anatomy:
 
 def _into_heads(o_proj: Any, w: torch.Tensor) -> torch.Tensor:
     """Row vectors w (batch, out) pulled back through the output projection: (batch, in)."""
-    weight = o_proj.weight.detach().float()
+    weight = o_proj.weight.detach()
+    weight = weight if weight.dtype == torch.float32 else weight.float()
     if type(o_proj).__name__ == "Conv1D":  # GPT-2: weight (in, out), y = x @ W + b
         return w @ weight.T
     return w @ weight  # nn.Linear: weight (out, in)
@@ -213,31 +214,34 @@ def attribute(an: Anatomy, parts: Parts, logits: torch.Tensor, tokens: torch.Ten
     if un.softcap is not None:  # what the soft-capping takes off the linear sum
         linear = values.sum(-1) + sum((v for _, v in extra), torch.zeros_like(diff))
         extra.append(("softcap", diff - linear))
-    heads = _heads(an, parts, u)
+    keys, heads = _heads(an, parts, u)
     extra_lists = [(n, v.tolist()) for n, v in extra]
     out = []
     for r, (vals, diff_r) in enumerate(zip(values.tolist(), diff.tolist())):
         record_parts = [{"component": n, "value": v} for n, v in zip(names, vals)]
         record_parts += [{"component": n, "value": v[r]} for n, v in extra_lists]
         out.append({"token_id": int(tokens[r]), "against_token_id": int(against[r]), "logit_diff": diff_r,
-                    "parts": record_parts, "heads": [{**h, "value": h["value"][r]} for h in heads]})  # fmt: skip
+                    "parts": record_parts,
+                    "heads": [{"layer": k[0], "head": k[1], "value": v} for k, v in zip(keys, heads[r])]})  # fmt: skip
     return out
 
 
-def _heads(an: Anatomy, parts: Parts, u: torch.Tensor) -> list[dict]:
-    """Each head's share (one value per batch row), and each projection bias's, per layer."""
-    out: list[dict] = []
+def _heads(an: Anatomy, parts: Parts, u: torch.Tensor) -> tuple[list[tuple[int, int | str]], list[list[float]]]:
+    """([(layer, head)], per batch row its values): each head's share, and each projection
+    bias's (head "bias"), per layer; one transfer to Python for all of them."""
+    keys: list[tuple[int, int | str]] = []
+    values = []
     for i, b in enumerate(an.blocks):
         gain = an.post_gains[i]
         w = u if b.post is None else u * freeze(b.post, parts.post_in[i], gain).gain  # (batch, hidden)
         x = parts.heads_in[i].float()  # (batch, heads * head_dim)
-        n = b.heads
-        per = (x * _into_heads(b.o_proj, w)).view(x.shape[0], n, -1).sum(-1)  # (batch, heads)
-        out += [{"layer": i, "head": h, "value": per[:, h].tolist()} for h in range(n)]
+        values.append((x * _into_heads(b.o_proj, w)).view(x.shape[0], b.heads, -1).sum(-1))  # (batch, heads)
+        keys += [(i, h) for h in range(b.heads)]
         bias = getattr(b.o_proj, "bias", None)
         if bias is not None:
-            out.append({"layer": i, "head": "bias", "value": (w @ bias.detach().float()).tolist()})
-    return out
+            values.append((w @ bias.detach().float())[:, None])  # (batch, 1)
+            keys.append((i, "bias"))
+    return keys, torch.cat(values, -1).tolist()
 
 
 def resolve_against(value: str | int, tokenizer: Any, vocab: int) -> tuple[str, int]:
