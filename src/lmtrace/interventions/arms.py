@@ -90,7 +90,9 @@ def changes_for(lm: LM, ablate: Sequence[str] = (), steer: Sequence[str | tuple]
     for s in steer:
         if isinstance(s, tuple):
             layer, vector, alpha = s
-            out.append(hooks.parse_steer(f"{layer}::{alpha}", lm.model, torch.as_tensor(vector)))
+            change = hooks.parse_steer(f"{layer}::{alpha}", lm.model, torch.as_tensor(vector))
+            change.spec = f"{layer}:vector:{alpha}"  # a vector given in Python: no file to name
+            out.append(change)
         else:
             out.append(hooks.parse_steer(s, lm.model))
     if not out:
