@@ -111,6 +111,26 @@ def test_parts_sum_match_hooks_and_heads_sum_every_arch(arch_lm):
     assert len(heads) == layers * per
 
 
+def test_attribution_changes_nothing_it_observes(tiny_lm):
+    kw = {"max_new_tokens": 6, "temperature": 1.0, "seed": 11, "top_logprobs": 5}
+    plain = lmtrace.generate(tiny_lm, PROMPTS, **kw)
+    traced = lmtrace.generate(tiny_lm, PROMPTS, attribution=True, **kw)
+    for a, b in zip(plain, traced):
+        assert a.token_ids == b.token_ids
+        assert [s.logprob for s in a.steps] == [s.logprob for s in b.steps]
+
+
+def test_an_ablated_head_attributes_nothing(tiny_lm):
+    from lmtrace.inside import intervene as hooks
+
+    with hooks.applied(tiny_lm.model, [hooks.parse_ablate("1.h2", tiny_lm.model)]):
+        trace = lmtrace.generate(tiny_lm, "Hello", max_new_tokens=4, temperature=0, attribution=True)
+    for step in trace.steps:
+        heads = {(h["layer"], h["head"]): h["value"] for h in step.attribution["heads"]}
+        assert heads[(1, 2)] == 0.0 and heads[(1, 1)] != 0.0
+        assert abs(sum(p["value"] for p in step.attribution["parts"]) - step.attribution["logit_diff"]) < 1e-4
+
+
 def test_sampled_and_runner_up(tiny_lm):
     trace = lmtrace.generate(tiny_lm, "Hello", max_new_tokens=8, temperature=1.0, seed=3, attribution=True)
     for step in trace.steps:

@@ -201,8 +201,8 @@ def attribute(an: Anatomy, parts: Parts, logits: torch.Tensor, tokens: torch.Ten
     u = d * final.gain
     if final.centered:  # u · (c − mean c) = (u − mean u) · c
         u = u - u.mean(-1, keepdim=True)
-    comps = [parts.embed] + [t for pair in zip(parts.attn, parts.mlp) for t in pair]
-    values = torch.einsum("cbh,bh->bc", torch.stack(comps).float(), u)  # (batch, 1 + 2 layers)
+    comps = [parts.embed] + [t for pair in zip(parts.attn, parts.mlp) for t in pair]  # layers may sit on other devices
+    values = torch.einsum("cbh,bh->bc", torch.stack([c.to(dev) for c in comps]).float(), u)  # (batch, 1 + 2 layers)
     names = ["embed"] + [f"L{i}.{k}" for i in range(len(bs)) for k in ("attn", "mlp")]
     extra: list[tuple[str, torch.Tensor]] = []
     if final.bias is not None:
@@ -233,13 +233,14 @@ def _heads(an: Anatomy, parts: Parts, u: torch.Tensor) -> tuple[list[tuple[int, 
     values = []
     for i, b in enumerate(an.blocks):
         gain = an.post_gains[i]
-        w = u if b.post is None else u * freeze(b.post, parts.post_in[i], gain).gain  # (batch, hidden)
-        x = parts.heads_in[i].float()  # (batch, heads * head_dim)
-        values.append((x * _into_heads(b.o_proj, w)).view(x.shape[0], b.heads, -1).sum(-1))  # (batch, heads)
+        w = u if b.post is None else u * freeze(b.post, parts.post_in[i].to(u.device), gain).gain  # (batch, hidden)
+        x = parts.heads_in[i].float()  # (batch, heads * head_dim), on the layer's device
+        per = (x * _into_heads(b.o_proj, w.to(x.device))).view(x.shape[0], b.heads, -1).sum(-1)  # (batch, heads)
+        values.append(per.to(u.device))
         keys += [(i, h) for h in range(b.heads)]
         bias = getattr(b.o_proj, "bias", None)
         if bias is not None:
-            values.append((w @ bias.detach().float())[:, None])  # (batch, 1)
+            values.append((w.to(bias.device) @ bias.detach().float()).to(u.device)[:, None])  # (batch, 1)
             keys.append((i, "bias"))
     return keys, torch.cat(values, -1).tolist()
 
