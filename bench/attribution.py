@@ -41,9 +41,17 @@ def write(path: Path, found: dict) -> None:
 
 
 def summary(found: dict) -> dict:
-    medians = {name: statistics.median(ms) for name, ms in found["rounds"].items() if ms}
+    """Per contender: the median step over rounds, its ratio to plain's, and the median of the
+    per-round ratios (each round's contenders ran back to back: robust to a machine that drifts)."""
+    rounds = found["rounds"]
+    medians = {name: statistics.median(ms) for name, ms in rounds.items() if ms}
     base = medians.get("plain")
-    return {name: {"median_step_ms": m, "ratio_to_plain": m / base if base else None} for name, m in medians.items()}
+    out = {}
+    for name, m in medians.items():
+        pairs = [a / b for a, b in zip(rounds[name], rounds.get("plain", [])) if b]
+        out[name] = {"median_step_ms": m, "ratio_to_plain": m / base if base else None,
+                     "median_round_ratio": statistics.median(pairs) if pairs else None}  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -71,9 +79,9 @@ def main() -> None:
         write(Path(args.out), found)
     print(f"bundled SmolLM2-135M, {platform.machine()}, {args.threads} thread(s), batch 1, {args.tokens} tokens, "
           f"median of {args.rounds} rounds\n")  # fmt: skip
-    print("| contender | median step (ms) | × plain |\n|---|---:|---:|")
+    print("| contender | median step (ms) | × plain | median of round ratios |\n|---|---:|---:|---:|")
     for name, s in found["summary"].items():
-        print(f"| {name} | {s['median_step_ms']:.2f} | {s['ratio_to_plain']:.3f} |")
+        print(f"| {name} | {s['median_step_ms']:.2f} | {s['ratio_to_plain']:.3f} | {s['median_round_ratio']:.3f} |")
     for name, error in found["errors"].items():
         print(f"| {name} | failed: {error} | |")
 
