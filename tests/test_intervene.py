@@ -16,7 +16,7 @@ from lmtrace.cli import main
 from lmtrace.errors import InvalidParameter
 from lmtrace.inside import intervene as hooks
 from lmtrace.interventions import intervene, steer_vector
-from lmtrace.interventions.arms import forced_logits
+from lmtrace.interventions.arms import forced_logits, parse_patch
 from lmtrace.interventions.vectors import save_vector
 from tests.cli_errors import one_error
 
@@ -44,10 +44,12 @@ def test_strength_zero_is_the_reference_to_the_bit(tiny_lm, vector_file):
     assert arm["free"]["first_divergence"] is None and arm["summary"]["divergence_step"] is None
 
 
-@pytest.mark.parametrize("spec", ["0.h1", "1.attn", "0.mlp", "steer:1:3.0"])
+@pytest.mark.parametrize("spec", ["0.h1", "1.attn", "0.mlp", "steer:1:3.0", "patch:0:Once upon a time"])
 def test_cached_intervened_run_equals_full_recompute(tiny_lm, vector_file, spec):
     model = tiny_lm.model
-    if spec.startswith("steer:"):
+    if spec.startswith("patch:"):
+        change = parse_patch(tiny_lm, spec[6:], lmtrace.encode_prompt(tiny_lm, PROMPT))
+    elif spec.startswith("steer:"):
         layer, alpha = spec.split(":")[1:]
         change = hooks.parse_steer(f"{layer}:{vector_file}:{alpha}", model)
     else:
@@ -103,6 +105,16 @@ def test_ablation_matches_a_hand_written_one(tiny_lm, layer, head):
         assert torch.equal(ours, theirs)
 
 
+def test_patching_the_prompt_with_itself_is_the_reference_and_another_moves_it(tiny_lm):
+    same = intervene(tiny_lm, PROMPT, patch=[f"1:{PROMPT}"], max_new_tokens=5, temperature=0)
+    # the source's residual comes from a forward of another length: equal to rounding, not to the bit
+    assert all(abs(s["delta"]) < 1e-5 and s["kl"] < 1e-6 for s in same.arms[0]["steps"])
+    assert same.arms[0]["free"]["first_divergence"] is None
+    other = intervene(tiny_lm, PROMPT, patch=["1:Once upon a time there"], max_new_tokens=5, temperature=0)
+    assert other.arms[0]["steps"][0]["kl"] > 0  # the last prompt position feeds step 0 directly
+    assert other.arms[0]["kind"] == "patch"
+
+
 def test_arms_numbers_and_shape(tiny_lm, vector_file):
     result = intervene(tiny_lm, PROMPT, ablate=["1.mlp", "0.h3"], steer=[f"1:{vector_file}:4"],
                        max_new_tokens=6, temperature=0, stop_on_eos=False)  # fmt: skip
@@ -148,7 +160,9 @@ def test_steer_vector_is_the_mean_difference(tiny_lm):
     ({"steer": ["5:v.pt:1"]}, "steer: layer must be in 0..1"),
     ({"steer": ["0:/no/such.pt:1"]}, "steer: cannot read the vector file"),
     ({"steer": ["0:v.pt:x"]}, "steer: alpha must be a number"),
-    ({}, "needs at least one --ablate or --steer"),
+    ({"patch": ["7:Hello"]}, "patch: layer must be in 0..1"),
+    ({"patch": ["1"]}, "patch must be L:TEXT"),
+    ({}, "needs at least one --ablate, --steer or --patch"),
 ])  # fmt: skip
 def test_bad_input_is_one_named_error(tiny_lm, kw, message):
     with pytest.raises(InvalidParameter, match=message):
@@ -173,7 +187,7 @@ def test_cli_steer_vector_and_intervene(capsys, tiny_dir, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--ablate", "9.attn"], "ablate: layer must be in 0..1"),
     (["--ablate", "0.h9"], "ablate: head must be in 0..3"),
-    ([], "needs at least one --ablate or --steer"),
+    ([], "needs at least one --ablate, --steer or --patch"),
 ])  # fmt: skip
 def test_cli_bad_input_exit_2(capsys, tiny_dir, args, message):
     code = main(["intervene", "Hello", "--model", str(tiny_dir), "--max-new-tokens", "2", *args])

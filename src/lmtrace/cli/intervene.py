@@ -23,13 +23,16 @@ _SAMPLING = sampling_options(max_new_tokens=32, temperature=0.0, without=("stop"
 @click.option("--steer", "steer", multiple=True, metavar="L:FILE.pt:ALPHA",
               help="An arm adding ALPHA x the vector in FILE.pt to the residual after layer L at every position "
               "(lmtrace steer-vector writes one; repeatable).")  # fmt: skip
+@click.option("--patch", "patch", multiple=True, metavar="L:TEXT",
+              help="An arm whose residual after layer L at the prompt's last position is TEXT's there "
+              "(activation patching; repeatable).")  # fmt: skip
 @click.option("--no-free", is_flag=True, help="Skip the free-running arms (teacher-forced numbers only).")
 @_SAMPLING
 @model_options
 @json_option("the comparison")
 @click.option("--html", "html_path", default=None, metavar="FILE", help="Write a self-contained HTML report.")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
-def intervene(prompt, prompt_file, ablate, steer, no_free, json_path, html_path, no_color, **options):
+def intervene(prompt, prompt_file, ablate, steer, patch, no_free, json_path, html_path, no_color, **options):
     """Generate from PROMPT, then rerun it under each intervention: per token the reference
     token's logprob change, KL(reference || arm) and top-1 agreement, and where the arm's own
     generation first differs."""
@@ -39,8 +42,8 @@ def intervene(prompt, prompt_file, ablate, steer, no_free, json_path, html_path,
     loading = [options.pop(k) for k in keys]
     chat = options.pop("chat")
     params = SamplingParams(**options)  # checked before loading
-    if not ablate and not steer:
-        raise InvalidParameter("intervene: needs at least one --ablate or --steer, got none")
+    if not ablate and not steer and not patch:
+        raise InvalidParameter("intervene: needs at least one --ablate, --steer or --patch, got none")
     text = read_prompt(prompt, prompt_file)
     check_report_paths(html_path, None)
     view, status = consoles(json_path, no_color)
@@ -48,7 +51,7 @@ def intervene(prompt, prompt_file, ablate, steer, no_free, json_path, html_path,
     from lmtrace.interventions import intervene as run
     from lmtrace.render.intervene_terminal import print_arms
 
-    result = run(lm, text, ablate, steer, chat=chat, free=not no_free, params=params)
+    result = run(lm, text, ablate, steer, patch, chat=chat, free=not no_free, params=params)
     write_json(json_path, result.to_json(indent=2))
     print_arms(result.to_dict(), view)
     if html_path is not None:

@@ -4,6 +4,8 @@
     ablate L.mlp    zero layer L's MLP write
     ablate L.hH     zero head H's output before the output projection (its slice of o_proj's input)
     steer L:F:A     add A × the vector in file F to the residual after decoder layer L, every position
+    patch           set the residual after layer L at one position (the prompt's last) to a given
+                    vector (another prompt's residual there: activation patching)
 
 Layers are the 0-based decoder layers, as in attribution's `L{i}.attn`. The hooks act on every
 forward while attached — the prefill and each cached decoding step — so the keys and values a
@@ -34,6 +36,7 @@ class Intervention:
     vector: torch.Tensor | None = None  # (hidden,) for steer
     alpha: float = 0.0
     spec: str = ""
+    position: int | None = None  # for patch: the absolute position whose residual is replaced
 
 
 def parse_ablate(spec: str, model: Any) -> Intervention:
@@ -57,6 +60,11 @@ def _layer(i: int, n: int, option: str, spec: str) -> int:
     if not 0 <= i < n:
         raise InvalidParameter(f"{option}: layer must be in 0..{n - 1}, got {spec!r}")
     return i
+
+
+def checked_layer(model: Any, i: int, option: str, spec: str) -> int:
+    """A decoder layer index of `model`, or one line naming the option and the spec."""
+    return _layer(i, len(lens.unembedding(model).layers), option, spec)
 
 
 def load_vector(path: str | Path) -> torch.Tensor:
@@ -120,6 +128,17 @@ def _hook(change: Intervention, model: Any):
 
         return b.o_proj.register_forward_pre_hook(drop, with_kwargs=True)
     layer = lens.unembedding(model).layers[change.layer]
+    if change.kind == "patch":
+
+        def patch(m, args, output):  # a forward from position 0 (prefill, full recompute) holds it
+            h = output[0] if isinstance(output, tuple) else output
+            if h.shape[1] <= change.position:
+                return None  # a cached step: the patched position is in the cache already
+            h = h.clone()
+            h[:, change.position] = change.vector.to(h.device, h.dtype)  # (batch, seq, hidden)
+            return _replace(output, h)
+
+        return layer.register_forward_hook(patch)
 
     def steer(m, args, output):
         h = output[0] if isinstance(output, tuple) else output

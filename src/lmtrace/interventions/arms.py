@@ -22,6 +22,7 @@ from lmtrace.decode.rows import make_params, seeded
 from lmtrace.decode.tracing import encode_prompt, generate
 from lmtrace.errors import InvalidParameter
 from lmtrace.inside import intervene as hooks
+from lmtrace.interventions.vectors import last_residual
 from lmtrace.model.lm import LM
 from lmtrace.records import Trace
 
@@ -83,9 +84,20 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def changes_for(lm: LM, ablate: Sequence[str] = (), steer: Sequence[str | tuple] = ()) -> list[hooks.Intervention]:
+def parse_patch(lm: LM, spec: str, prompt_ids: list[int]) -> hooks.Intervention:
+    """`L:TEXT`: the residual after layer L at the prompt's last position replaced by TEXT's
+    residual after layer L at its own last position."""
+    layer, sep, text = spec.partition(":")
+    if not sep or not layer.isdigit() or not text:
+        raise InvalidParameter(f"patch must be L:TEXT, got {spec!r}")
+    vector = last_residual(lm, text, hooks.checked_layer(lm.model, int(layer), "patch", spec))
+    return hooks.Intervention("patch", int(layer), vector=vector, spec=spec, position=len(prompt_ids) - 1)
+
+
+def changes_for(lm: LM, ablate: Sequence[str] = (), steer: Sequence[str | tuple] = (), patch: Sequence[str] = (),
+                prompt_ids: list[int] | None = None) -> list[hooks.Intervention]:  # fmt: skip
     """The arms' interventions, checked against the model; a steer is a spec `L:FILE:ALPHA` or
-    (layer, vector, alpha)."""
+    (layer, vector, alpha), a patch `L:TEXT` (at the last of `prompt_ids`)."""
     out = [hooks.parse_ablate(s, lm.model) for s in ablate]
     for s in steer:
         if isinstance(s, tuple):
@@ -95,21 +107,25 @@ def changes_for(lm: LM, ablate: Sequence[str] = (), steer: Sequence[str | tuple]
             out.append(change)
         else:
             out.append(hooks.parse_steer(s, lm.model))
+    out += [parse_patch(lm, s, list(prompt_ids or [])) for s in patch]
     if not out:
-        raise InvalidParameter("intervene: needs at least one --ablate or --steer, got none")
+        raise InvalidParameter("intervene: needs at least one --ablate, --steer or --patch, got none")
     return out
 
 
-def intervene(lm: LM, prompt: str, ablate: Sequence[str] = (), steer: Sequence[str | tuple] = (), *, chat: bool = False,
-              free: bool = True, params: Any = None, **sampling: Any) -> InterventionResult:  # fmt: skip
+def intervene(lm: LM, prompt: str, ablate: Sequence[str] = (), steer: Sequence[str | tuple] = (),
+              patch: Sequence[str] = (), *, chat: bool = False, free: bool = True, params: Any = None,
+              **sampling: Any) -> InterventionResult:  # fmt: skip
     """The reference generation and one arm per intervention (each alone): `ablate` specs
     `L.attn`, `L.mlp`, `L.hH`; `steer` specs `L:FILE.pt:ALPHA` or (layer, vector, alpha).
     `sampling` (max_new_tokens, temperature, seed, ...) or `params` set the reference's decoding,
-    which each free-running arm repeats with the same seed."""
-    changes = changes_for(lm, ablate, steer)
+    which each free-running arm repeats with the same seed. `patch` specs `L:TEXT`: the residual
+    after layer L at the prompt's last position set to TEXT's there (activation patching)."""
+    ids = encode_prompt(lm, prompt, chat)
+    changes = changes_for(lm, ablate, steer, patch, ids)
     p = seeded(make_params(params, **sampling))
     reference = generate(lm, prompt, p, chat=chat)
-    ids, tokens = encode_prompt(lm, prompt, chat), list(reference.token_ids)
+    tokens = list(reference.token_ids)
     ref_logits = forced_logits(lm, ids, tokens) if tokens else None
     arms = []
     for change in changes:

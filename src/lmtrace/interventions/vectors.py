@@ -16,14 +16,15 @@ from lmtrace.inside import lens
 from lmtrace.model.lm import LM
 
 
-def mean_residual(lm: LM, texts: Sequence[str], layer: int) -> torch.Tensor:
-    """(hidden,) float32: the mean over texts of each text's mean residual after `layer`."""
+def mean_residual(lm: LM, texts: Sequence[str], layer: int, last: bool = False) -> torch.Tensor:
+    """(hidden,) float32: the mean over texts of each text's mean residual after `layer` (with
+    `last`, each text's residual at its last position)."""
     target = lens.unembedding(lm.model).layers[layer]
     kept: list[torch.Tensor] = []
 
     def hook(module, args, output):
         h = output[0] if isinstance(output, tuple) else output
-        kept.append(h[0].float().mean(0))  # (1, seq, hidden) -> (hidden,)
+        kept.append(h[0, -1].float() if last else h[0].float().mean(0))  # (1, seq, hidden) -> (hidden,)
 
     handle = target.register_forward_hook(hook)
     try:
@@ -36,6 +37,11 @@ def mean_residual(lm: LM, texts: Sequence[str], layer: int) -> torch.Tensor:
     finally:
         handle.remove()
     return torch.stack(kept).mean(0).cpu()
+
+
+def last_residual(lm: LM, text: str, layer: int) -> torch.Tensor:
+    """(hidden,) the residual after `layer` at the last position of `text` (as generate encodes it)."""
+    return mean_residual(lm, [text], layer, last=True)
 
 
 def steer_vector(lm: LM, positive: Sequence[str], negative: Sequence[str], layer: int) -> torch.Tensor:
