@@ -11,7 +11,7 @@ import sys
 
 HEAVY = ("torch", "transformers", "numpy", "safetensors", "lmtrace.model.load", "lmtrace.decode.engine")
 COMMANDS = ("generate", "score", "cache", "kv-size", "verify", "branch", "render", "serve", "batch", "compare",
-            "export", "kv-lab", "audit", "stability", "sample")  # fmt: skip
+            "export", "kv-lab", "audit", "stability", "sample", "intervene", "steer-vector")  # fmt: skip
 ARGVS = [
     ["--help"],
     ["--version"],

@@ -25,6 +25,8 @@ _NAMES = {
     "ModelLoadError": "lmtrace.errors",
     "LabResult": "lmtrace.kvlab",
     "kvlab": "lmtrace.kvlab",
+    "intervene": "lmtrace.interventions",
+    "steer_vector": "lmtrace.interventions",
     "from_generate": "lmtrace.external.from_generate",
     "LM": "lmtrace.model.lm",
     "load": "lmtrace.model.load",
@@ -65,13 +67,14 @@ if TYPE_CHECKING:
     from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError  # noqa: F401
     from lmtrace.external.from_generate import from_generate  # noqa: F401
     from lmtrace.external.watch import CacheMisuseWarning, watch  # noqa: F401
+    from lmtrace.interventions import intervene, steer_vector  # noqa: F401
     from lmtrace.kvlab import LabResult, kvlab  # noqa: F401
     from lmtrace.model.lm import LM  # noqa: F401
     from lmtrace.model.load import load  # noqa: F401
     from lmtrace.params import SamplingParams  # noqa: F401
     from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace  # noqa: F401
-    from lmtrace.scoring.kld import kld  # noqa: F401
     from lmtrace.samples.run import SampleResult, sample  # noqa: F401
+    from lmtrace.scoring.kld import kld  # noqa: F401
     from lmtrace.scoring.rescore import rescore  # noqa: F401
     from lmtrace.scoring.rollouts.report import rollouts  # noqa: F401
     from lmtrace.scoring.score import ScoreResult, score, score_batch  # noqa: F401

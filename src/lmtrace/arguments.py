@@ -142,3 +142,23 @@ def draft_alone(lens: bool = False, attention: bool | str = False) -> None:
     for name, on in (("lens", lens), ("attention", attention)):
         if on:
             raise InvalidParameter(f"draft: speculative decoding cannot be combined with {name}; drop one of them")
+
+
+def against(value: str | int) -> tuple[str, int | str]:
+    """--against: ("rank", N) for `rank:N` (N >= 1), ("id", i) for a token id, ("text", t) for a
+    token's text (the tokenizer decides later whether it is one token)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise InvalidParameter(f"against: a token id must be >= 0, got {value}")
+        return ("id", value)
+    text = str(value)
+    if text.startswith("rank:"):
+        n = text[5:]
+        if not n.isdigit() or int(n) < 1:
+            raise InvalidParameter(f"against: rank:N needs a whole number N >= 1, got {text!r}")
+        return ("rank", int(n))
+    if text.isdigit():
+        return ("id", int(text))
+    if not text:
+        raise InvalidParameter("against: needs a token text, a token id or rank:N, got ''")
+    return ("text", text)

@@ -10,6 +10,7 @@ from lmtrace.cli import remote
 from lmtrace.cli.common import announce, cli, consoles, load_draft, load_model, read_prompt, write_json
 from lmtrace.cli.confidence import confidence_options, settings_from
 from lmtrace.cli.options import (
+    attribution_options,
     constraint_options,
     device_map_option,
     draft_from,
@@ -75,6 +76,7 @@ def progress_bar(console, total: int) -> Progress:
 )
 @inside_options
 @confidence_options
+@attribution_options
 @draft_options
 @server_option
 @click.option("--show-prompt", is_flag=True, help="Show the whole prompt the model saw (with --chat: the template's "
@@ -99,6 +101,11 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
              "device_map": kw.pop("device_map"), "weights": kw.pop("weights"), "compile": kw["compile_"],
              "echo": kw["echo"], "waterfall": kw["waterfall"]}  # fmt: skip
     inside = {"lens": kw["lens"], "attention": kw["attention"]}
+    attributing = {"attribution": kw["attribution"], "against": kw["against"]}
+    if kw["against"] is not None and not kw["attribution"]:
+        raise InvalidParameter(f"against needs --attribution, got --against {kw['against']}")
+    if kw["server"] and kw["attribution"]:
+        raise InvalidParameter("server: --attribution runs in this process only; drop --server or --attribution")
     if kw["server"]:
         trace = traced_remotely(kw["server"], model, local, text, params, kw["chat"], inside, status)
     else:
@@ -118,7 +125,7 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
             advance = lambda row, step: progress.advance(task)  # noqa: E731
             trace = run(lm, text, params, chat=kw["chat"], on_step=advance, echo=kw["echo"],
                         waterfall=kw["waterfall"], compile=kw["compile_"], draft=chosen, draft_tokens=draft_tokens,
-                        uncertainty=uncertainty, **inside)  # fmt: skip
+                        uncertainty=uncertainty, **inside, **attributing)  # fmt: skip
     from lmtrace.render.terminal import print_trace
 
     write_json(json_path, trace.to_json(indent=2))
@@ -132,6 +139,10 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
         from lmtrace.render.lens_terminal import settled_line
 
         view.print(settled_line(trace))
+    if kw["attribution"]:
+        from lmtrace.render.attribution_terminal import attribution_table
+
+        view.print(attribution_table(trace, view.width))
     if json_path and json_path != "-":
         view.print(f"[dim]trace written to {json_path}[/dim]")
     write_reports(trace, html_path, plot_path, view)

@@ -215,6 +215,21 @@ def inside_options(f):
     return click.option("--lens", is_flag=True, help="Record every layer's prediction per step (logit lens).")(command)
 
 
+def attribution_options(f):
+    """--attribution and --against TOKEN|rank:N (lmtrace.inside.attribution); the command gets
+    `attribution` (a flag) and `against` (None: the default, rank:2)."""
+
+    def against(value: str | None) -> None:
+        if value is not None:
+            arguments.against(value)
+
+    f = click.option("--against", default=None, metavar="TOKEN|rank:N", callback=_checked(against),
+                     help="With --attribution: the other token, a token text, a token id or rank:N of the raw "
+                     "distribution. Default rank:2 (the runner-up).")(f)  # fmt: skip
+    return click.option("--attribution", is_flag=True, help="Split each step's logit difference (chosen token vs "
+                        "--against) over the embedding, each layer's attention and MLP, and each head.")(f)  # fmt: skip
+
+
 
 
 def draft_options(f):

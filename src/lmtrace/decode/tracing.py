@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from lmtrace import arguments
+from lmtrace.decode import attribution as attributing
 from lmtrace.decode import constrained, engine, speculative
 from lmtrace.decode.observers import Observer, build, checked
 from lmtrace.decode.rows import RowRecord, generator, make_params, records, row_params, seeded, to_trace
@@ -78,6 +79,8 @@ def generate(
     observers: Sequence[Observer] = (),
     logits_processors: Sequence[processors.UserFn] = (),
     uncertainty: bool | Uncertainty = False,
+    attribution: bool = False,
+    against: str | int | None = None,
     **kwargs: Any,
 ) -> Trace | list[Trace]:
     """Traces a generation. A list of prompts decodes as one left-padded batch and gives a
@@ -98,7 +101,10 @@ def generate(
     `fn(token_ids, logits) -> logits` (a row's tokens generated so far, its (vocab,) float32
     logits), run before the built-in processors, named in the trace's params and the waterfall.
     `uncertainty` (True, or an Uncertainty with its own k, window and tail) records each step's
-    `uncertainty` and the trace's (decode/uncertainty.py)."""
+    `uncertainty` and the trace's (decode/uncertainty.py). `attribution` splits each step's logit
+    difference between the chosen token and `against` ("rank:N", default rank:2 the runner-up, a
+    token id or a token's text) over the embedding, every layer's attention and MLP, and every head
+    (`step.attribution`, lmtrace.inside.attribution)."""
     p = seeded(make_params(params, **kwargs))
     inside.check(compile, lens, attention)
     chosen = _draft(lm, draft, draft_tokens, lens, attention)
@@ -106,6 +112,7 @@ def generate(
     ids = [encode_prompt(lm, text, chat) for text in prompts]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
     own = checked([*observers, *observer_for(uncertainty, lm.model.config.vocab_size)])
+    own += attributing.wanted(lm, attribution, against, draft=draft, compile=compile)
     user = processors.user_processors(logits_processors)
     watchers = build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens,
                                top_n=p.top_logprobs) + own  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 from markupsafe import Markup
 
 from lmtrace.render import anatomy as kv_anatomy
-from lmtrace.render import confidence, facts, inside, structured_html, views
+from lmtrace.render import attribution_html, confidence, facts, inside, structured_html, views
 from lmtrace.render import speculative as spec_view
 from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
 from lmtrace.render.templating import parts
@@ -91,6 +91,16 @@ def lens_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | None:
     how = (d.get("params") or {}).get("lens") or {}
     settled = [v["lens"]["settled"] for v in tv if "lens" in v]
     return Section("lens", "Logit lens", parts().lens(svg, how, settled, len(settled)))
+
+
+def attribution_section(d: dict[str, Any]) -> Section | None:
+    """Attribution: a layer × step heatmap of the attention and MLP parts of the logit difference."""
+    svg = attribution_html.attribution_heatmap(d["steps"])
+    if svg is None:
+        return None
+    body = attribution_html.attribution_note(attribution_html.heatmap_top(d["steps"]))
+    return Section("attribution", "Attribution: why this token and not that one", body + Markup(
+        "<div class='lens-heatmap'>") + svg + Markup("</div>"))  # fmt: skip
 
 
 def attention_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | None:
@@ -202,6 +212,7 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
         speculative_section(d),
         uncertainty_section(d),
         lens_section(d, tv),
+        attribution_section(d),
         attention_section(d, tv),
         step_charts(tv, sampled),
         kv_section(d),

@@ -9,6 +9,7 @@ import unicodedata
 from typing import Any
 
 from lmtrace.render import inside
+from lmtrace.render.attribution_html import attribution_view
 from lmtrace.render.speculative import verdict
 from lmtrace.render.tokens import SCALE, escape, show_bytes
 
@@ -113,6 +114,8 @@ def token_view(step: dict[str, Any], i: int) -> dict[str, Any]:
         view["lens"] = inside.lens_view(step["lens"])
     if isinstance(step.get("attention"), dict):
         view["att"] = inside.attention_view(step["attention"])
+    if isinstance(step.get("attribution"), dict):  # lmtrace.inside.attribution
+        view["attr"] = attribution_view(step["attribution"])
     if isinstance(step.get("problems"), list) and step["problems"]:  # a watched loop's cache misuse
         view["problems"] = [str(p.get("message", p)) if isinstance(p, dict) else str(p) for p in step["problems"]]
     extra = {k: v for k, v in step.items() if k not in _KNOWN and isinstance(v, (str, int, float, bool))}

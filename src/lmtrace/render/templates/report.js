@@ -134,8 +134,42 @@
       panel.appendChild(details);
     }
     if (s.lens) lensPanel(s);
+    if (s.attr) attributionPanel(s);
     if (s.att) attentionText(v, i);
     mark(v, i);
+  }
+  // Attribution of a step: each part's share of logit(chosen) - logit(other), largest first, as
+  // bars from a centre line (right: toward the chosen token); an attention part opens its heads.
+  function attributionPanel(s) {
+    var a = s.attr, top = 0;
+    a.parts.forEach(function (p) { top = Math.max(top, Math.abs(p[1])); });
+    panel.appendChild(el("h4", null, "attribution · vs " + JSON.stringify(a.against) + " · logit diff " + num(a.diff)));
+    function row(table, name, value, scale) {
+      var tr = el("tr"), track = el("div", "bar-track attr"), fill = el("div", "bar-fill " + (value >= 0 ? "pos" : "neg"));
+      var w = scale > 0 ? Math.min(1, Math.abs(value) / scale) * 50 : 0;
+      fill.style.width = w.toFixed(1) + "%";
+      fill.style.left = (value >= 0 ? 50 : 50 - w).toFixed(1) + "%";
+      track.appendChild(fill);
+      var td = el("td");
+      td.appendChild(track);
+      tr.appendChild(el("td", "t", name));
+      tr.appendChild(td);
+      tr.appendChild(el("td", "n", (value >= 0 ? "+" : "") + num(value, 3)));
+      table.appendChild(tr);
+    }
+    var table = el("table", "alts attr");
+    a.parts.slice(0, 12).forEach(function (p) { row(table, p[0], p[1], top); });
+    panel.appendChild(table);
+    a.parts.slice(0, 12).forEach(function (p) {
+      var m = /^L(\d+)\.attn$/.exec(p[0]), heads = m && a.heads[m[1]];
+      if (!heads || !heads.length) return;
+      var details = el("details"), inner = el("table", "alts attr");
+      details.appendChild(el("summary", null, p[0] + " by head (" + heads.length + ")"));
+      heads.forEach(function (h) { row(inner, h[0] === "bias" ? "bias" : "h" + h[0], h[1], top); });
+      details.appendChild(inner);
+      panel.appendChild(details);
+    });
+    if (a.parts.length > 12) panel.appendChild(el("p", "meta", (a.parts.length - 12) + " smaller parts in the JSON"));
   }
   // The logit lens of a step: per layer the chosen token's probability and rank, and the top
   // tokens of the hovered layer (a heatmap cell) or of the settling layer.

@@ -1,0 +1,65 @@
+"""The attribution observer: at each step, the logit difference between the chosen token and
+another, split over the embedding, each layer's attention and MLP, and each head
+(inside/attribution.py for the math). `lmtrace.generate(..., attribution=True)` registers it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from lmtrace.decode.observers import Observer
+from lmtrace.decode.step import BatchStep, Choosing
+from lmtrace.detokenize import TokenBytes
+from lmtrace.inside import attribution as dla
+
+
+class Attribution(Observer):
+    """`step.attribution`: {token_id, against_token_id, against_text, logit_diff, parts:
+    [{component, value}], heads: [{layer, head, value}]}, the parts summing to logit_diff.
+    `against`: "rank:N" (default rank:2, the runner-up), a token id or a token's text."""
+
+    name = "attribution"
+
+    def __init__(self, lm: Any, against: str | int = dla.DEFAULT_AGAINST):
+        vocab = lm.model.config.get_text_config().vocab_size
+        self.against = dla.resolve_against(against, lm.tokenizer, vocab)
+        self.spec = str(against)
+        self.text = TokenBytes(lm.tokenizer).text
+        self.anatomy: dla.Anatomy | None = None
+        self.parts: dla.Parts | None = None
+
+    @contextlib.contextmanager
+    def attached(self, model: Any) -> Iterator[None]:
+        self.anatomy = dla.anatomy(model)  # refuses an architecture it cannot split, before any forward
+        with dla.capturing(self.anatomy) as parts:
+            self.parts = parts
+            yield
+
+    def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> list[dict]:
+        other = dla.against_ids(self.against, logits, tokens)
+        records = dla.attribute(self.anatomy, self.parts, logits, tokens, other)
+        for r in records:
+            r["against_text"] = self.text(r["against_token_id"])
+        return records
+
+
+def wanted(lm: Any, attribution: bool, against: str | int | None, *, draft: Any = None,
+           compile: bool = False) -> list[Observer]:  # fmt: skip
+    """[Attribution] where asked for (else []), its combinations checked: it reads one position
+    a forward, so neither a draft's multi-token verification nor a compiled step carries it."""
+    from lmtrace.errors import InvalidParameter
+
+    if attribution not in (True, False, None):
+        raise InvalidParameter(f"attribution must be true or false, got {attribution!r}")
+    if not attribution:
+        if against is not None:
+            raise InvalidParameter(f"against needs attribution, got against={against!r} without it")
+        return []
+    if draft is not None:
+        raise InvalidParameter("draft: speculative decoding cannot be combined with attribution; drop one of them")
+    if compile:
+        raise InvalidParameter("compile cannot be combined with attribution, got compile=True")
+    return [Attribution(lm, dla.DEFAULT_AGAINST if against is None else against)]
