@@ -49,10 +49,11 @@ def terminal(r: dict[str, Any]) -> Group:
     for name in ("position", "KLD", "token", "p A", "p B", "top A / top B", "before it"):
         worst.add_column(name, justify="right" if name in ("position", "KLD", "p A", "p B") else "left",
                          overflow="fold")  # fmt: skip
-    for w in r["worst"]:
-        worst.add_row(str(w["position"]), f"{w['kld']:.4f}", repr(w["token"]), f"{w['p_a']:.3g}", f"{w['p_b']:.3g}",
-                      f"{_visible(w['top_a']['text'])!r} / {_visible(w['top_b']['text'])!r}",
-                      "…" + _visible(w["context"][-40:]))  # fmt: skip
+    for w in r["worst"]:  # Text cells: the corpus's and the model's "[...]" are not markup
+        cells = (str(w["position"]), f"{w['kld']:.4f}", repr(w["token"]), f"{w['p_a']:.3g}", f"{w['p_b']:.3g}",
+                 f"{_visible(w['top_a']['text'])!r} / {_visible(w['top_b']['text'])!r}",
+                 "…" + _visible(w["context"][-40:]))  # fmt: skip
+        worst.add_row(*(Text(c) for c in cells))
     return Group(title("A", r["a"]), title("B", r["b"]), where, Text(), stats, Text(),
                  Text("Worst positions (largest KL(A‖B))", style="bold"), worst)  # fmt: skip
 
