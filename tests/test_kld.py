@@ -169,3 +169,24 @@ def test_bundled_float32_against_packed(bundled_lm):
     assert result["chunks"] == min(3, len(ids) // 64) >= 2 and result["tokens"] == result["chunks"] * 31
     assert "packed" in result["b"]
     assert 0 < result["kld"]["mean"] < 0.5 and result["same_top"] > 0.5
+
+
+def test_the_terminal_view_fits_80_columns(capsys, monkeypatch, tiny_dir, other_dir, tmp_path):
+    from tests.test_terminal_80 import check_80
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("line one\nline two\t" + TEXT, encoding="utf-8")
+    lines = check_80(capsys, monkeypatch, "kld", "--model", tiny_dir, "--against", other_dir, "--file", corpus,
+                     "--ctx", "32", "--chunks", "4", "--no-color")  # fmt: skip
+    assert lines[0].startswith("A ") and lines[1].startswith("B ") and any("Same top p" in x for x in lines)
+
+
+def test_model_and_corpus_text_is_not_rich_markup(tiny_lm, other_dir):
+    from lmtrace.render.kld import terminal
+    from tests.test_anatomy import plain
+
+    result = kld(tiny_lm, against_model(tiny_lm, str(other_dir)), TEXT, ctx=32, chunks=2, worst=1)
+    result["b"] = "model [packed: Q4_K x10]"
+    result["worst"][0]["context"] = "[bold]x[/bold]\n"
+    shown = plain(terminal(result))
+    assert "model [packed: Q4_K x10]" in shown and "[bold]x[/bold]\\n" in shown

@@ -256,7 +256,7 @@ def title(label: str, name: str) -> Table:
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True, style="bold")
     grid.add_column(style="bold", overflow="fold")
-    grid.add_row(label, name)
+    grid.add_row(Text(label), Text(name))  # Text: a name's "[...]" is not markup
     return grid
 
 

@@ -31,18 +31,15 @@ def summary_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _visible(text: str) -> str:
-    """Control characters and newlines shown as escapes, so one row stays one line."""
-    return text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    """Control characters and newlines shown as escapes (\\n), so one row stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def terminal(r: dict[str, Any]) -> Group:
-    head = Text()
-    head.append("A ", style="bold")
-    head.append(f"{r['a']}\n")
-    head.append("B ", style="bold")
-    head.append(f"{r['b']}\n")
-    head.append(f"{r['tokens']:,} positions scored: {r['chunks']} chunks of {r['ctx']} tokens, the second half of each",
-                style="dim")  # fmt: skip
+    from lmtrace.render.anatomy import title
+
+    where = Text(f"{r['tokens']:,} positions scored: {r['chunks']} chunks of {r['ctx']} tokens, the second half of "
+                 "each", style="dim")  # fmt: skip
     stats = Table.grid(padding=(0, 2))
     stats.add_column(style="cyan", no_wrap=True)
     stats.add_column(justify="right", no_wrap=True)
@@ -52,11 +49,13 @@ def terminal(r: dict[str, Any]) -> Group:
     for name in ("position", "KLD", "token", "p A", "p B", "top A / top B", "before it"):
         worst.add_column(name, justify="right" if name in ("position", "KLD", "p A", "p B") else "left",
                          overflow="fold")  # fmt: skip
-    for w in r["worst"]:
-        worst.add_row(str(w["position"]), f"{w['kld']:.4f}", repr(w["token"]), f"{w['p_a']:.3f}", f"{w['p_b']:.3f}",
-                      f"{_visible(w['top_a']['text'])!r} / {_visible(w['top_b']['text'])!r}",
-                      "…" + _visible(w["context"][-40:]))  # fmt: skip
-    return Group(head, Text(), stats, Text(), Text("Worst positions (largest KL(A‖B))", style="bold"), worst)
+    for w in r["worst"]:  # Text cells: the corpus's and the model's "[...]" are not markup
+        cells = (str(w["position"]), f"{w['kld']:.4f}", repr(w["token"]), f"{w['p_a']:.3g}", f"{w['p_b']:.3g}",
+                 f"{_visible(w['top_a']['text'])!r} / {_visible(w['top_b']['text'])!r}",
+                 "…" + _visible(w["context"][-40:]))  # fmt: skip
+        worst.add_row(*(Text(c) for c in cells))
+    return Group(title("A", r["a"]), title("B", r["b"]), where, Text(), stats, Text(),
+                 Text("Worst positions (largest KL(A‖B))", style="bold"), worst)  # fmt: skip
 
 
 PAGE = """<!doctype html>
