@@ -14,7 +14,9 @@ even when a contender fails.
 
 A contender is a small function (Bench, batch) -> Contender | str (a reason to skip it); add one
 to CONTENDERS to time something new.
-Usage: python bench/decode.py [--rounds 3] [--tokens 64] [--batch-sizes 1,16] [--no-compile] [--inside]"""
+--model FILE runs another GGUF file (e.g. a Q4_K_M one) in place of the bundled model.
+Usage: python bench/decode.py [--model FILE] [--rounds 3] [--tokens 64] [--batch-sizes 1,16] [--no-compile]
+       [--inside]"""
 
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ class Bench:
     tokens: int
     compile: bool
     lm: lmtrace.LM
+    model: Path | None = None  # --model FILE: a GGUF file instead of the bundled one
     inside: bool = False
     bf16: lmtrace.LM | None = None
     packed: lmtrace.LM | None = None
@@ -118,11 +121,16 @@ def traced(lm, prompts: list[str], n: int, compile: bool = False, **inside: bool
     return sum(len(t.steps) for t in traces)
 
 
-def llama_cpp_run(n: int, logprobs: int) -> Callable[[list[str]], tuple[int, float]]:
+def gguf_file(model: Path | None) -> Path:
+    """The GGUF file the bench runs: --model, else the bundled one."""
+    return model if model is not None else lmtrace.model.load.bundled_gguf()
+
+
+def llama_cpp_run(n: int, logprobs: int, model: Path | None = None) -> Callable[[list[str]], tuple[int, float]]:
     """One child process per timed run: it loads the file, warms up, and times one completion."""
 
     def run(prompts: list[str]) -> tuple[int, float]:
-        args = [sys.executable, str(WORKER), str(lmtrace.model.load.bundled_gguf()), prompts[0], str(n),
+        args = [sys.executable, str(WORKER), str(gguf_file(model)), prompts[0], str(n),
                 str(torch.get_num_threads()), str(logprobs)]  # fmt: skip
         try:
             done = subprocess.run(args, capture_output=True, text=True, timeout=600)
@@ -216,13 +224,13 @@ def inside_summary(record: dict, batch_sizes: list[int], sizes: dict) -> dict:
 def c_llama_cpp(b: Bench, batch: int) -> Contender | str:
     if batch != 1:
         return "batch 1 only"
-    return Contender("llama-cpp-python (plain)", "gguf", llama_cpp_run(b.tokens, 0))
+    return Contender("llama-cpp-python (plain)", "gguf", llama_cpp_run(b.tokens, 0, b.model))
 
 
 def c_llama_cpp_logprobs(b: Bench, batch: int) -> Contender | str:
     if batch != 1:
         return "batch 1 only"
-    return Contender("llama-cpp-python (logprobs=5)", "gguf", llama_cpp_run(b.tokens, 5))
+    return Contender("llama-cpp-python (logprobs=5)", "gguf", llama_cpp_run(b.tokens, 5, b.model))
 
 
 CONTENDERS = [c_generate, c_generate_scores, c_float32, c_bfloat16, c_packed, c_compile, *map(_inside, INSIDE),
@@ -323,16 +331,21 @@ def table(record: dict) -> str:
 
 
 def load_all(args) -> Bench:
-    lm = lmtrace.load(device="cpu", dtype="float32")
-    bench = Bench(tokens=args.tokens, compile=not args.no_compile, lm=lm, inside=args.inside)
+    model = Path(args.model).expanduser() if args.model else None
+    source = str(model) if model else None
+    lm = lmtrace.load(source, device="cpu", dtype="float32")
+    bench = Bench(tokens=args.tokens, compile=not args.no_compile, lm=lm, inside=args.inside, model=model)
     bench.step_bytes["float32"] = weights_read_per_token(lm.model)
-    bench.step_bytes["gguf"] = gguf_bytes(lmtrace.model.load.bundled_gguf())
+    bench.step_bytes["gguf"] = gguf_bytes(gguf_file(model))
     if not args.no_bf16:
-        bench.bf16 = lmtrace.load(device="cpu", dtype="bfloat16")
+        bench.bf16 = lmtrace.load(source, device="cpu", dtype="bfloat16")
         bench.step_bytes["bfloat16"] = weights_read_per_token(bench.bf16.model)
     if not args.no_packed:
         started = time.perf_counter()
-        bench.packed = lmtrace.load(device="cpu", dtype="float32", weights="packed")
+        bench.packed = lmtrace.load(source, device="cpu", dtype="float32", weights="packed")
+        from lmtrace.model.gguf.packed import report_of
+
+        bench.packed_types = report_of(bench.packed.model).types()
         bench.step_bytes["packed"] = weights_read_per_token(bench.packed.model)
         bench.packed_load_s = time.perf_counter() - started
     return bench
@@ -349,6 +362,7 @@ def main() -> None:
     ap.add_argument("--inside", action="store_true", help="also time --lens, --attention and both")
     ap.add_argument("--fidelity-tokens", type=int, default=32, help="greedy steps per prompt for the fidelity check")
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/decode-<time>.json)")
+    ap.add_argument("--model", default=None, help="a GGUF file to run (default: the bundled SmolLM2 Q4_1 file)")
     args = ap.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still writes what was measured
@@ -361,6 +375,7 @@ def main() -> None:
         record["bandwidth"] = bandwidth.probe()
         bench = load_all(args)
         record["step_bytes"], record["packed_load_s"] = bench.step_bytes, getattr(bench, "packed_load_s", None)
+        record["model"], record["packed_types"] = str(gguf_file(bench.model)), getattr(bench, "packed_types", None)
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
             for name, r in measure(bench, batch, args.rounds, record["errors"]).items():
                 r["bound"] = batch * record["bandwidth"]["best"] * 1e9 / bench.step_bytes[r["weights"]]
@@ -375,7 +390,8 @@ def main() -> None:
         record["errors"]["run"] = _one_line(e)
         raise
     finally:
-        print(f"bundled SmolLM2-135M-Instruct, CPU, greedy, {args.tokens} new tokens, {args.rounds} rounds\n")
+        what = args.model or "bundled SmolLM2-135M-Instruct"
+        print(f"{what}, CPU, greedy, {args.tokens} new tokens, {args.rounds} rounds\n")
         print(table(record))
         _write(out, record)
         print(f"\nwritten to {out}")

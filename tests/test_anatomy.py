@@ -57,7 +57,7 @@ def test_sliding_window_layers_are_named_and_counted():
                           num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=300)  # fmt: skip
     an = kvsize.anatomy(config).to_dict()
     dims = {d.name: (d.value, d.source) for d in anatomy.dimensions(an, 20)}
-    assert dims["sliding-window layers"] == ("0, 2", "window 8: these layers hold window − 1 positions")
+    assert dims["sliding-window layers"] == ("2 of 4", "layers 0, 2; window 8: they hold window − 1 = 7 positions")
     f = anatomy.formula(an, 20)
     assert f.numbers == "2 × 2 × 16 × 4 × 1 × (2 × 20 + 2 × 7)"
     assert f.result.startswith(f"{kvsize.anatomy(config).bytes_at(20):,} bytes")  # the calculator agrees

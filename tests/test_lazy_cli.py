@@ -11,7 +11,7 @@ import sys
 
 HEAVY = ("torch", "transformers", "numpy", "safetensors", "lmtrace.model.load", "lmtrace.decode.engine")
 COMMANDS = ("generate", "score", "cache", "kv-size", "verify", "branch", "render", "serve", "batch", "compare",
-            "export", "kv-lab", "audit", "stability", "intervene", "steer-vector")  # fmt: skip
+            "export", "kv-lab", "audit", "stability", "sample", "intervene", "steer-vector")  # fmt: skip
 ARGVS = [
     ["--help"],
     ["--version"],
@@ -31,6 +31,9 @@ ARGVS = [
     ["audit", "http://127.0.0.1:9"],  # nothing listens there: said before torch is imported
     ["generate", "Hi", "--regex", "a", "--choice", "x", "--choice", "y"],  # two constraints
     ["generate", "Hi", "--json-schema", "no-such-schema.json"],
+    ["sample", "Hi", "-n", "0"],  # sample's settings checked before the model loads
+    ["sample", "Hi", "--warmup", "2"],
+    ["generate", "Hi", "--uncertainty", "--confidence-window", "0"],
     ["stability", "Hi", "--variant", "fp8"],  # variant specs checked before the model is loaded
     ["stability", "Hi", "--variant", "model:/no/such/file.gguf"],
 ]

@@ -57,7 +57,8 @@ def test_packed_head_refines_the_top_logits_in_float32(qtype):
     """The lm_head's kernel output is bfloat16; its best `refine` logits per row are recomputed
     from the exact weights, so they equal float32 to rounding, the rest stay coarse."""
     raw, reference = _blocks(qtype, 256, 64, seed=2)
-    head = packed.PackedHead(int4_form(qtype.name, raw, 256, 64), None, torch.bfloat16, qtype.name, refine=16)
+    form = int4_form(qtype.name, raw, 256, 64)
+    head = packed.PackedHead(form, None, torch.bfloat16, qtype.name, refine=16, raw=raw.reshape(256, -1))
     x = torch.randn(2, 3, 64) * 4
     got, want = head(x), torch.nn.functional.linear(x, reference)
     top = want.topk(8, dim=-1).indices  # well inside the 16 refined ones
@@ -66,8 +67,8 @@ def test_packed_head_refines_the_top_logits_in_float32(qtype):
 
 
 def test_unsupported_type_has_no_int4_form():
-    with pytest.raises(ValueError, match="Q6_K"):
-        int4_form("Q6_K", np.zeros((4, 210), np.uint8), 4, 256)
+    with pytest.raises(ValueError, match="no packed form for Q2_K"):
+        int4_form("Q2_K", np.zeros((4, 84), np.uint8), 4, 256)
 
 
 def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -142,7 +143,7 @@ def test_every_quantized_linear_is_packed_and_the_rest_said(tiny_packed):
     assert packed.report_of(fast) is report and packed.report_of(model) is None
     from lmtrace.model.arch import summarize
 
-    want = "packed 4-bit (Q4_0 x2, Q4_1 x11, Q8_0 x1), bfloat16 activations; kept float: 1"
+    want = "packed (Q4_0 x2, Q4_1 x11, Q8_0 x1), bfloat16 activations; kept float: 1"
     assert summarize(fast.config, fast).weights == want
     assert summarize(fast.config, fast).parameters == summarize(model.config, model).parameters
     assert summarize(model.config, model).weights is None
@@ -257,7 +258,7 @@ def test_cli_verify_packed_on_the_bundled_model(capsys):
     d = json.loads(out.out)
     brief = {k: d[k] for k in ("ok", "max_logprob_diff", "first_divergence", "float32_mean_logprob_diff")}
     assert code == 0 and d["weights"] == "packed" and d["float32_top1_agreement"] == 1.0, brief
-    assert "packed weights: 211 linear layers at 4 bits" in out.err
+    assert "packed weights: 211 of 211 linear layers (Q4_1 x210, Q8_0 x1;" in out.err
 
 
 def test_fused_mlp_gives_the_same_numbers(tiny_packed):
@@ -277,3 +278,46 @@ def test_fused_mlp_gives_the_same_numbers(tiny_packed):
     with torch.inference_mode():
         assert torch.equal(fast(ids).logits, apart(ids).logits)
         assert torch.equal(fast(ids[:1, :1]).logits, apart(ids[:1, :1]).logits)  # one token, as a decode step
+
+
+def test_a_file_with_nothing_to_pack_is_refused(tmp_path, tiny_tok, monkeypatch, capsys):
+    """All of its matrices F16/F32: `--weights packed` says so in one line and exits 2, never
+    running float32 weights under the packed name."""
+    from lmtrace.cli import main
+    from tests.tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "f16.gguf", tiny_tok, qtype="F16")
+    monkeypatch.setenv("LMTRACE_GGUF_CACHE", "0")
+    code = main(["generate", "Hello", "--model", str(path), "--weights", "packed", "--max-new-tokens", "2"])
+    err = one_error(capsys.readouterr().err)
+    assert code == 2
+    assert err.startswith("lmtrace: error: weights: 'packed' packs none of the 15 linear layers of f16.gguf")
+    assert "F16: no packed form for F16" in err and "--weights float" in err
+
+
+def test_packed_load_reads_the_file_straight_into_packed_form(tmp_path, tiny_tok, monkeypatch):
+    """`load(weights="packed")` builds the model empty and fills it from the GGUF: packed layers
+    from their blocks, the rest dequantized; the same logits, bit for bit, as packing the float32
+    load, and no converted float32 copy is made."""
+    import lmtrace
+    from lmtrace.model.gguf import converted
+    from tests.tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_tok)
+    monkeypatch.setenv("LMTRACE_CACHE", str(tmp_path / "cache"))
+    direct = lmtrace.load(str(path), device="cpu", weights="packed")
+    assert converted.ready_folder(path) is None  # nothing converted: only the config and tokenizer kept
+    assert (converted.ready_meta(path) / "config.json").is_file()
+    again = lmtrace.load(str(path), device="cpu", weights="packed")  # from the kept config and tokenizer
+    assert again.tokenizer("Hello world")["input_ids"] == direct.tokenizer("Hello world")["input_ids"]
+    monkeypatch.setenv("LMTRACE_GGUF_CACHE", "0")
+    floats = lmtrace.load(str(path), device="cpu", dtype="float32")
+    report = packed.pack_gguf(floats.model, path)
+    assert packed.report_of(direct.model).packed == report.packed and len(report.packed) == 13
+    ids = torch.tensor([tiny_tok("Hello world, this is a test")["input_ids"]])
+    with torch.inference_mode():
+        assert torch.equal(direct.model(ids).logits, floats.model(ids).logits)
+    linears = [n for n, m in direct.model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == ["model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj"]  # F32 in the file
+    want = {n for n, _ in floats.model.named_parameters()}
+    assert {n for n, _ in direct.model.named_parameters()} == want  # norms and the embedding, float

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lmtrace
-from lmtrace.logits.sampling import apply_repetition_penalty, apply_temperature
+from lmtrace.logits.processors import apply_repetition_penalty, apply_temperature
 
 
 @pytest.mark.parametrize("temperature", [1e-64, 1e-300, 5e-324])

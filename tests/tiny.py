@@ -65,3 +65,24 @@ def plain_tokenizer() -> PreTrainedTokenizerFast:
     trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<eos>", "<pad>", "<unk>"], show_progress=False)
     tok.train_from_iterator(CORPUS[:2], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+
+
+def bos_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny byte-level BPE with a BOS its post-processor puts before every text (as Gemma's
+    and Llama's tokenizers do): encode("Hello") is [<bos>, ...]; its offset mapping gives the BOS (0, 0)."""
+    from tokenizers import processors
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<eos>", "<pad>", "<bos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    bos = tok.token_to_id("<bos>")
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                       special_tokens=[("<bos>", bos)])  # fmt: skip
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", bos_token="<bos>")

@@ -52,3 +52,26 @@ def final_head(arch: str, model):
         return model.transformer.ln_f, model.transformer.wte.weight, None
     cap = model.config.final_logit_softcapping if arch == "gemma2" else None
     return model.model.norm, model.lm_head.weight, cap
+
+
+def gemma3_config(vocab: int, eos: int, pad: int, layer_types: list[str], window: int, head_dim: int = 16):
+    """A Gemma-3-style text config: sliding and full layers mixed as `layer_types` says, one KV head."""
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(vocab_size=vocab, eos_token_id=eos, pad_token_id=pad, bos_token_id=None, hidden_size=64,
+                            intermediate_size=128, num_hidden_layers=len(layer_types), num_attention_heads=4,
+                            num_key_value_heads=1, head_dim=head_dim, sliding_window=window,
+                            layer_types=layer_types, max_position_embeddings=2048)  # fmt: skip
+
+
+def tiny_gemma3(tok: PreTrainedTokenizerFast, layer_types: list[str], window: int, head_dim: int = 16,
+                seed: int = 0) -> LM:  # fmt: skip
+    """A random-init Gemma-3-style model (mixed sliding and full layers) on the tiny tokenizer."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(gemma3_config(len(tok), tok.eos_token_id, tok.pad_token_id, layer_types,
+                                                           window, head_dim))  # fmt: skip
+    with torch.no_grad():
+        model.get_output_embeddings().weight.normal_(0, 0.5)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return LM.from_objects(model.eval(), tok, source="tiny-gemma3")

@@ -34,9 +34,10 @@ def _tensors(vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {k: v.astype(np.float32) for k, v in out.items()}
 
 
-def write_tiny_gguf(path: str | Path, tokenizer, seed: int = 0) -> Path:
+def write_tiny_gguf(path: str | Path, tokenizer, seed: int = 0, qtype: str = "Q8_0") -> Path:
     """Writes a 2-layer GQA Llama with `tokenizer`'s vocabulary (a byte-level BPE
-    PreTrainedTokenizerFast, as tests.tiny.tiny_tokenizer builds) to `path`."""
+    PreTrainedTokenizerFast, as tests.tiny.tiny_tokenizer builds) to `path`; its matrices (but q)
+    as `qtype` blocks ("F16": float16, no packed form)."""
     import gguf
 
     path = Path(path)
@@ -66,8 +67,8 @@ def write_tiny_gguf(path: str | Path, tokenizer, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     for name, array in _tensors(len(tokens), rng).items():
         if array.ndim == 2 and "attn_q" not in name:  # quantized, as real files are; q stays F32
-            packed = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, packed, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            kind = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
         else:
             w.add_tensor(name, array)
     w.write_header_to_file()

@@ -37,9 +37,11 @@ _NAMES = {
     "TokenScore": "lmtrace.records",
     "Trace": "lmtrace.records",
     "rescore": "lmtrace.scoring.rescore",
+    "rollouts": "lmtrace.scoring.rollouts.report",
     "ScoreResult": "lmtrace.scoring.score",
     "score": "lmtrace.scoring.score",
     "score_batch": "lmtrace.scoring.score",
+    "kld": "lmtrace.scoring.kld",
     "StabilityResult": "lmtrace.scoring.stability",
     "stability": "lmtrace.scoring.stability",
     "encode_prompt": "lmtrace.decode.tracing",
@@ -48,6 +50,9 @@ _NAMES = {
     "stream": "lmtrace.decode.tracing",
     "Observer": "lmtrace.decode.observers",
     "StopRow": "lmtrace.decode.rows",
+    "Uncertainty": "lmtrace.decode.uncertainty",
+    "SampleResult": "lmtrace.samples.run",
+    "sample": "lmtrace.samples.run",
     "CacheMisuseWarning": "lmtrace.external.watch",
     "watch": "lmtrace.external.watch",
 }
@@ -58,6 +63,7 @@ if TYPE_CHECKING:
     from lmtrace.decode.observers import Observer  # noqa: F401
     from lmtrace.decode.rows import StopRow  # noqa: F401
     from lmtrace.decode.tracing import encode_prompt, generate, generate_steps, stream  # noqa: F401
+    from lmtrace.decode.uncertainty import Uncertainty  # noqa: F401
     from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError  # noqa: F401
     from lmtrace.external.from_generate import from_generate  # noqa: F401
     from lmtrace.external.watch import CacheMisuseWarning, watch  # noqa: F401
@@ -67,7 +73,10 @@ if TYPE_CHECKING:
     from lmtrace.model.load import load  # noqa: F401
     from lmtrace.params import SamplingParams  # noqa: F401
     from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace  # noqa: F401
+    from lmtrace.samples.run import SampleResult, sample  # noqa: F401
+    from lmtrace.scoring.kld import kld  # noqa: F401
     from lmtrace.scoring.rescore import rescore  # noqa: F401
+    from lmtrace.scoring.rollouts.report import rollouts  # noqa: F401
     from lmtrace.scoring.score import ScoreResult, score, score_batch  # noqa: F401
     from lmtrace.scoring.stability import StabilityResult, stability  # noqa: F401
 

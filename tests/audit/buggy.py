@@ -21,6 +21,7 @@ BUGS = {
     "processed": "logprobs",  # vLLM #9453: processed values where raw were expected
     "zero_logprobs": "logprobs",  # llama.cpp #27972, vLLM #17876: logprob 0.0 under speculative decoding
     "echo_generation_only": "echo",  # llama.cpp #27174: echo returns the generated tokens' logprobs only
+    "bos_offsets": "echo",  # lmtrace issue 35: echo offsets shifted by len("<bos>"), then backwards
     "duplicate_top": "top_logprobs",  # vLLM #36660 / #36746: the sampled token twice in top_logprobs
     "stream_misaligned": "streaming",  # streamed logprobs one chunk behind the streamed text
     "prompts_order": "prompts",  # a prompt list's choices in another order than their indices say
@@ -85,6 +86,8 @@ class Bugs:
         if self.bug == "echo_generation_only" and body.get("echo"):
             for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                 lp[name] = lp[name][prompt_n:]
+        if self.bug == "bos_offsets" and body.get("echo"):  # as if a "<bos>" had been counted
+            lp["text_offset"][1:prompt_n] = [o + len("<bos>") for o in lp["text_offset"][1:prompt_n]]
         if self.bug == "stale_repeat" and body.get("echo"):
             prompt = str(body["prompt"])
             if prompt in self.seen:  # a prefix-cache hit: the cached rows come back stale

@@ -24,6 +24,7 @@ SAYS = {
     "processed": "logprobs are those of the processed distribution (temperature 0.7)",
     "zero_logprobs": "every greedy token logprob is 0.0",
     "echo_generation_only": "only the generated token's (llama.cpp #27174",
+    "bos_offsets": "text_offset goes backwards at token",
     "duplicate_top": "appears twice among the alternatives",
     "stream_misaligned": "the streamed logprobs are not the streamed text's",
     "prompts_order": "choice indices come back as [3, 2, 1, 0]",

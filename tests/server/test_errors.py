@@ -44,7 +44,7 @@ BAD = [
     ({"prompt": [[1], [2, 300]]}, "prompt", "prompt[1] token ids must be in [0, 299], got 300"),
     ({"prompt": [[1], "a", [1.5]]}, "prompt", "prompt[2] must be a string or a list of token ids (integers)"),
     ({"temperature": "warm"}, "temperature", 'temperature: Input should be a valid number, got "warm"'),
-    ({"max_tokens": 1.5}, "max_tokens", "max_tokens: Input should be a valid integer, got 1.5"),
+    ({"max_tokens": 1.5}, "max_tokens", "max_tokens must be an integer, got 1.5"),
     ({"stream": "yes"}, "stream", 'stream: Input should be a valid boolean, got "yes"'),
     (
         {"frequency_penalty": 0.5},

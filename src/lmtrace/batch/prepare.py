@@ -14,12 +14,14 @@ from lmtrace.decode import engine
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
 from lmtrace.logits import grammar
-from lmtrace.model.lm import LM
+from lmtrace.model.lm import LM, require_chat_template
 from lmtrace.params import CONSTRAINTS, SamplingParams
 
 # the per-line fields that override the command's defaults (plus `chat`); a constraint's keys
 # (json_schema, regex, choice, grammar, json_whitespace) among them
 OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
+# generate's options that a batch line cannot have: refused, never silently dropped
+NOT_IN_A_LINE = ("echo", "waterfall", "compile", "logits_processors", "observers")
 
 
 @dataclass
@@ -82,6 +84,7 @@ def _encode(lm: LM, data: dict[str, Any], chat: bool) -> tuple[str, list[int], l
     if "messages" in data:
         messages = _messages(data)
         tok = lm.tokenizer
+        require_chat_template(lm, "messages", "give a prompt instead")
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return text, list(tok(text, add_special_tokens=False)["input_ids"]), messages
     prompt = data.get("prompt")
@@ -94,6 +97,9 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
     """The job of one input line, or the one-line reason it cannot be done."""
     try:
         params, chat = line_params(line.data, defaults)
+        for name in NOT_IN_A_LINE:
+            if name in line.data:
+                raise InvalidParameter(f"{name}: a batch line does not take {name} (lmtrace generate does)")
         grammar.check(params)  # a constraint that does not compile is the line's error
         text, ids, messages = _encode(lm, line.data, chat or "messages" in line.data)
         inside_of(line.data, defaults)

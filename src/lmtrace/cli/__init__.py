@@ -11,7 +11,10 @@ import click
 # importing a command module registers its command on `cli`
 from lmtrace.cli import audit, batch, branch, cache, common, compare, export, generate, render, score, serve, verify  # noqa: E402, F401, I001
 from lmtrace.cli import intervene as _intervene  # noqa: E402, F401
+from lmtrace.cli import kld as _kld  # noqa: E402, F401
 from lmtrace.cli import kvlab as _kvlab  # noqa: E402, F401
+from lmtrace.cli import rollouts as _rollouts  # noqa: E402, F401
+from lmtrace.cli import sample as _sample  # noqa: E402, F401
 from lmtrace.cli import stability as _stability  # noqa: E402, F401
 from lmtrace.cli import steer_vector as _steer_vector  # noqa: E402, F401
 from lmtrace.cli.common import cli

@@ -117,6 +117,8 @@ def kv_size(model_or_config, context, batch, dtype, trust_remote_code, json_path
         "batch": batch,
         "dtype": an.dtype,
         "bytes_per_token": an.bytes_per_token,
+        "bytes_per_token_full": an.bytes_per_token_full,
+        "growth_at_context": an.growth_at(context),
         "total_bytes": an.bytes_at(context),
         "max_context": max_context,
         "anatomy": an.to_dict(),

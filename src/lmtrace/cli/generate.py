@@ -8,6 +8,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from lmtrace.arguments import step_selector
 from lmtrace.cli import remote
 from lmtrace.cli.common import announce, cli, consoles, load_draft, load_model, read_prompt, write_json
+from lmtrace.cli.confidence import confidence_options, settings_from
 from lmtrace.cli.options import (
     attribution_options,
     constraint_options,
@@ -74,6 +75,7 @@ def progress_bar(console, total: int) -> Progress:
     "--waterfall", default=None, metavar="STEP|all", help="Record the distribution after each sampling stage."
 )
 @inside_options
+@confidence_options
 @attribution_options
 @draft_options
 @server_option
@@ -86,6 +88,9 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     check_report_paths(html_path, plot_path)
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
     draft, draft_tokens = draft_from(kw)
+    confidence = settings_from(kw)
+    if kw["uncertainty"] and kw["server"]:
+        raise InvalidParameter("--uncertainty: not with --server (the scores are computed where the model runs)")
     if params.constraint is not None:  # a schema, regex or grammar that does not compile: before anything else
         from lmtrace.logits import grammar
 
@@ -110,17 +115,26 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
         lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, local["device_map"],
                         local["weights"])  # fmt: skip
         chosen = load_draft(status, lm, draft)
+        uncertainty = False
+        if kw["uncertainty"]:
+            from lmtrace.decode.uncertainty import Uncertainty
+
+            uncertainty = Uncertainty(**confidence, vocab=lm.model.config.vocab_size)
         with progress_bar(status, params.max_new_tokens) as progress:
             task = progress.add_task("generate", total=params.max_new_tokens)
             advance = lambda row, step: progress.advance(task)  # noqa: E731
             trace = run(lm, text, params, chat=kw["chat"], on_step=advance, echo=kw["echo"],
                         waterfall=kw["waterfall"], compile=kw["compile_"], draft=chosen, draft_tokens=draft_tokens,
-                        **inside, **attributing)  # fmt: skip
+                        uncertainty=uncertainty, **inside, **attributing)  # fmt: skip
     from lmtrace.render.terminal import print_trace
 
     write_json(json_path, trace.to_json(indent=2))
     print_trace(trace, view, kw["show_prompt"])
     print_extras(trace, kw["waterfall"], view)
+    if "uncertainty" in trace.entries:
+        from lmtrace.render.uncertainty_terminal import scores_table
+
+        view.print(scores_table(trace.uncertainty))
     if kw["lens"]:
         from lmtrace.render.lens_terminal import settled_line
 

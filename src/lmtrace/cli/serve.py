@@ -87,6 +87,21 @@ def check_options(
     show_default=True,
     help="Seconds requests in flight get to finish after SIGTERM or Ctrl-C; then they are cancelled.",
 )
+@click.option(
+    "--max-body-mb",
+    type=float,
+    default=8.0,
+    show_default=True,
+    help="Largest request body in MiB; a larger one is answered 413 before it is read in full.",
+)
+@click.option(
+    "--max-rows-per-request",
+    type=int,
+    default=1024,
+    show_default=True,
+    help="Rows (prompts times n) one request may ask for; more is a 400.",
+)
+@click.option("--no-docs", is_flag=True, help="Do not serve the OpenAPI document (/openapi.json, /docs, /redoc).")
 @draft_options
 def serve(
     model,
@@ -103,10 +118,14 @@ def serve(
     served_model_name,
     allow_host,
     shutdown_timeout,
+    max_body_mb,
+    max_rows_per_request,
+    no_docs,
     **kw,
 ):
-    """Serve the model: OpenAI's /v1/completions and /v1/chat/completions with exact logprobs,
-    /v1/traces with the full trace, and a viewer page at /."""
+    """Serve the model: OpenAI's /v1/completions, /v1/chat/completions (tools too) and
+    /v1/responses with exact logprobs, /v1/traces with the full trace, a viewer page at /, and
+    the OpenAPI document at /openapi.json (browsable at /docs)."""
     from rich.console import Console
 
     check_options(host, port, max_concurrency, api_key, shutdown_timeout)  # before torch is imported
@@ -115,6 +134,10 @@ def serve(
         raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
     if prefix_cache_mb < 0:
         raise InvalidParameter(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
+    if not 0 < max_body_mb <= 4096:
+        raise InvalidParameter(f"max_body_mb must be in (0, 4096], got {max_body_mb}")
+    if max_rows_per_request < 1:
+        raise InvalidParameter(f"max_rows_per_request must be >= 1, got {max_rows_per_request}")
     from lmtrace.server import create_app
     from lmtrace.server.run import Runner
 
@@ -131,6 +154,9 @@ def serve(
         draft=chosen,
         draft_tokens=draft_tokens,
         prefix_cache_bytes=prefix_cache_mb << 20,
+        docs=not no_docs,
+        max_body_bytes=max(1, int(max_body_mb * (1 << 20))),
+        max_rows=max_rows_per_request,
     )
     name = app.state.lmtrace.name
     shown = f"[{host}]" if ":" in host else host

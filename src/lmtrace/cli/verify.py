@@ -85,7 +85,7 @@ def report_view(report, tokenizer) -> Table | Text:
                       f"{s.max_logprob_diff:.2e}", top1, gen, gen_diff, f"{s.margin:.3f}")  # fmt: skip
     verdict = Text()
     if report.float32_max_logprob_diff is not None:
-        what = "packed 4-bit weights" if report.weights == "packed" else report.dtype
+        what = f"{report.packed} weights" if report.weights == "packed" else report.dtype
         verdict.append(f"{what} against float32 weights: largest log-probability difference "
                        f"{report.float32_max_logprob_diff:.3g}, mean over the chosen tokens "
                        f"{report.float32_mean_logprob_diff:.3g}, top-1 agreement "

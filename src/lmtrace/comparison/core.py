@@ -14,7 +14,7 @@ from lmtrace.comparison.parse import Reported, Token, token_bytes
 from lmtrace.comparison.verdict import fit_temperature, judge
 from lmtrace.detokenize import TokenBytes
 from lmtrace.logits import sampling
-from lmtrace.model.lm import LM
+from lmtrace.model.lm import LM, require_chat_template
 from lmtrace.params import SamplingParams
 
 
@@ -47,6 +47,7 @@ def prompt_ids(lm: LM, rep: Reported) -> list[int]:
         return list(rep.prompt_ids)
     tok = lm.tokenizer
     if rep.messages is not None:
+        require_chat_template(lm, "messages", "give a prompt instead")
         text = tok.apply_chat_template(rep.messages, add_generation_prompt=True, tokenize=False)
         return list(tok(text, add_special_tokens=False)["input_ids"])
     if rep.prompt is not None:

@@ -28,6 +28,7 @@ from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import GenerationError, InvalidParameter
 from lmtrace.inside import probe as inside
 from lmtrace.kv import ledger as kv
+from lmtrace.logits import processors
 from lmtrace.model.draft import draft_for
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams, check_integer
@@ -90,11 +91,12 @@ def _decode(
     p, logits = how.params[0], at.logits
     eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
     watchers = observers.build(probe)
+    expected = engine.expected_bytes(lm.model, 1)
     started = time.perf_counter()
     for index in range(at.start, p.max_new_tokens):
         forced = at.forced is not None and index == at.start
         how.forced = torch.tensor([at.forced], device=logits.device) if forced else None
-        tokens, step = one_step.take(index, logits, how, [True], kv.state(cache))
+        tokens, step = one_step.take(index, logits, how, [True], kv.state(cache, expected))
         if at.fork is not None and index == at.fork[0]:
             _save(at.fork[1], logits, how, probe)
         observers.run(watchers, step, logits, tokens, how)
@@ -167,10 +169,7 @@ class _Session:
 
     def original(self, at: int) -> tuple[Trace, _Fork]:
         lm, p, fork = self.lm, self.p, _Fork()
-        seen = None
-        if p.repetition_penalty != 1.0:
-            seen = torch.zeros((1, lm.model.config.vocab_size), dtype=torch.bool, device=lm.model.device)
-            seen[0, self.ids] = True
+        seen = processors.seen_mask(p, [self.ids], lm.model.config.vocab_size, lm.model.device)
         logits = engine.prefill(lm.model, torch.tensor([self.ids], device=lm.model.device), None, self.cache)
         rng, n = generator(lm, p), len(self.ids)
         start, how = _From(logits, 0, n, fork=(at, fork)), Choosing([p], rng, seen)
@@ -216,7 +215,7 @@ def branch(
     K most likely tokens other than the one the original chose. `lens` and `attention` record
     inside each step as in lmtrace.generate; `draft` decodes the original and every branch
     speculatively (decode/branch_draft.py)."""
-    p = seeded(make_params(params, **kwargs))
+    p = seeded(make_params(params, "branch", **kwargs))
     check_integer("at", at, low=0, high=p.max_new_tokens - 1)
     if p.constraint is not None:  # a branch's forced token may be one the grammar refuses
         raise InvalidParameter(f"{p.constraint}: branch does not take a constraint (generate does)")

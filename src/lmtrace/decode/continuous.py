@@ -29,6 +29,7 @@ from lmtrace.detokenize import TokenBytes
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger as kv
 from lmtrace.kv import rows as rowkv
+from lmtrace.logits import processors
 from lmtrace.model.lm import LM
 from lmtrace.records import Trace
 
@@ -80,10 +81,8 @@ class ContinuousBatch:
         padded = bool((mask == 0).any())
         with torch.inference_mode():
             logits = engine.prefill(model, ids, mask if padded else None, cache)  # (k, vocab)
-        for k, row in enumerate(rows):
-            if row.params.repetition_penalty != 1.0:
-                row.seen = torch.zeros((1, model.config.vocab_size), dtype=torch.bool, device=model.device)
-                row.seen[0, ids[k][mask[k].bool()]] = True
+        for row, spec in zip(rows, specs):
+            row.seen = _seen(model, row, spec.ids)
             row.step_ms = (time.perf_counter() - started) * 1000
         self._merge(rows, cache, logits, mask)
         return rows
@@ -208,11 +207,7 @@ class ContinuousBatch:
 
 def _seen(model, row: Row, ids: Sequence[int]) -> torch.Tensor | None:
     """The prompt's tokens as seen, for a repetition penalty (None without one)."""
-    if row.params.repetition_penalty == 1.0:
-        return None
-    seen = torch.zeros((1, model.config.vocab_size), dtype=torch.bool, device=model.device)
-    seen[0, list(ids)] = True
-    return seen
+    return processors.seen_mask(row.params, [ids], model.config.vocab_size, model.device)
 
 
 def first_steps(lm: LM, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]) -> list[Row]:

@@ -17,7 +17,7 @@ from lmtrace.decode.observers import Observer, attached
 from lmtrace.decode.step import BatchStep, Choosing, TokenHook
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger, size
-from lmtrace.logits import grammar, sampling
+from lmtrace.logits import grammar, processors, sampling
 from lmtrace.params import SamplingParams
 
 
@@ -26,7 +26,8 @@ class Setup:
     """What the loop needs besides the prompts, the params and the generator: the model's end
     and pad tokens, a hook that sees each chosen token (stop strings), a compiled decode step
     (a static cache and torch.compile: a one-off compile, the same tokens), the observers, each
-    row's grammar matcher (lmtrace.decode.constrained.matchers; None: unconstrained)."""
+    row's grammar matcher (lmtrace.decode.constrained.matchers; None: unconstrained), the user's
+    own logits processors (lmtrace.logits.processors.UserProcessor)."""
 
     eos_token_ids: Sequence[int] = ()
     pad_token_id: int = 0
@@ -34,6 +35,7 @@ class Setup:
     compile: bool = False
     observers: Sequence[Observer] = field(default_factory=list)
     grammars: Sequence[grammar.Matcher | None] | None = None
+    user: Sequence[processors.UserProcessor] = ()
 
 
 def left_pad(
@@ -116,11 +118,9 @@ def generate_steps(
     batch = len(prompt_ids)
     input_ids, mask = left_pad(prompt_ids, setup.pad_token_id, model.device)
     padded = bool((mask == 0).any())
-    seen = None
-    if params.repetition_penalty != 1.0:
-        seen = torch.zeros((batch, model.config.vocab_size), dtype=torch.bool, device=model.device)
-        seen.scatter_(1, input_ids, mask.bool())
-    how = Choosing([params], rng, seen, grammars=setup.grammars)
+    seen = processors.seen_mask(params, prompt_ids, model.config.vocab_size, model.device)  # (batch, vocab)
+    history = [[] for _ in prompt_ids] if setup.user else None
+    how = Choosing([params], rng, seen, grammars=setup.grammars, user=setup.user, history=history)
     next_pos = positions(mask)[:, -1:] + 1  # (batch, 1)
     cache = ledger.new_cache(model, input_ids.shape[1] + params.max_new_tokens if setup.compile else None)
     decode = compiled_decode(model) if setup.compile else decode_step

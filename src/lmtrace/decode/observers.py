@@ -137,7 +137,8 @@ class Waterfall(Observer):
 
     def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> None:
         if self.at(step.index):
-            step.waterfall = waterfall.stages(logits, how.params[0], how.batch_seen(), tokens, self.top_n, step.allowed)
+            step.waterfall = waterfall.stages(logits, how.params[0], how.batch_seen(), tokens, self.top_n, step.allowed,
+                                              how.user, how.history)  # fmt: skip
 
 
 class Inside(Observer):

@@ -4,6 +4,7 @@ at the end. Shared by generate, branch and continuous batching."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -72,8 +73,13 @@ class Row:
         self.error: BaseException | None = None
 
 
-def make_params(params: SamplingParams | None = None, **kwargs: Any) -> SamplingParams:
-    """`params` with `kwargs` laid over them (or SamplingParams(**kwargs))."""
+def make_params(params: SamplingParams | None = None, entry: str = "generate", **kwargs: Any) -> SamplingParams:
+    """`params` with `kwargs` laid over them (or SamplingParams(**kwargs)). A keyword that is no
+    sampling setting is an option the entry point (`entry`) does not take: refused in one line
+    that names both."""
+    for name in kwargs:
+        if name not in SamplingParams.__dataclass_fields__:
+            raise InvalidParameter(f"{name}: {entry} does not take {name}")
     if params is not None and kwargs:
         merged = {**params.to_dict(), **kwargs}
         return SamplingParams.from_dict(merged)
@@ -244,6 +250,13 @@ def anatomy(lm: LM, steps: list[Step]) -> dict[str, Any] | None:
     d = an.to_dict()
     d["mismatches"] = [s.index for s in steps if _measured(s.kv) != s.kv.get("expected_bytes", _measured(s.kv))]
     return d
+
+
+def row_params(params: SamplingParams, rows: int) -> list[SamplingParams]:
+    """Each row's own params in a batch of one settings: a sampled row r draws with seed + r."""
+    if params.greedy or rows == 1:
+        return [params] * rows
+    return [dataclasses.replace(params, seed=(params.seed + r) % 2**63) for r in range(rows)]
 
 
 def seeded(params: SamplingParams) -> SamplingParams:

@@ -21,12 +21,13 @@ from typing import Any
 
 import torch
 
-from lmtrace.decode import engine, observers
+from lmtrace.decode import constrained, engine, observers
 from lmtrace.decode import step as one_step
 from lmtrace.decode.observers import attached
-from lmtrace.decode.rows import RowRecord, generator, records
+from lmtrace.decode.rows import RowRecord, generator, records, row_params
 from lmtrace.decode.step import BatchStep, Choosing, Proposal
 from lmtrace.kv import ledger
+from lmtrace.logits import grammar, processors
 from lmtrace.model.draft import Draft
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
@@ -129,20 +130,28 @@ def fit(logits: torch.Tensor, width: int) -> torch.Tensor:
 
 def propose(
     draft: Side, seq: list[int], k: int, params: SamplingParams, rng: Any, seen: torch.Tensor | None, block: int,
-    width: int,
+    width: int, matcher: grammar.Matcher | None = None, user: Sequence[processors.UserProcessor] = (),
+    history: list[list[int]] | None = None,
 ) -> list[Proposal]:  # fmt: skip
     """The draft's K proposals, each drawn from its processed distribution (the target's
-    processors, the seen tokens including the proposals before it)."""
+    processors, the seen tokens including the proposals before it). A constrained row's draft
+    proposes under the same grammar: a fork of the row's matcher moves past each proposal (the
+    row's own matcher moves only past the tokens the verification emits)."""
     if k == 0:
         return []
     logits = fit(draft.feed(seq[draft.fed :], keep=1), width)  # (1, vocab)
-    own = Choosing([params], rng, None if seen is None else seen.clone())
+    grammars = None if matcher is None else [matcher.fork()]
+    own = Choosing([params], rng, None if seen is None else seen.clone(), grammars=grammars, user=user,
+                   history=None if history is None else [list(h) for h in history])  # fmt: skip
     out: list[Proposal] = []
     for j in range(k):
-        q = own.process(logits)
+        allowed = own.allowed(width, [True])  # (1, vocab) bool, None unconstrained
+        q = own.process(logits, allowed)
         token = own.choose(q)  # (1,)
         out.append(Proposal(int(token[0]), q, j, block))
         own.saw(token)
+        if grammars is not None and not grammars[0].done and not grammars[0].accept(int(token[0])):
+            break  # nothing the grammar allows could be proposed here: the block is shorter
         if j < k - 1:
             logits = fit(draft.feed([int(token[0])], keep=1), width)
     return out
@@ -170,11 +179,9 @@ def generate_steps(
     if compile:  # room for the prompt, the tokens and a block past them, in whole buckets
         static = -(-(len(seq) + params.max_new_tokens + k + 1) // STATIC_BUCKET) * STATIC_BUCKET
     target, proposer = Side(model), Side(draft, static)
-    seen = None
-    if params.repetition_penalty != 1.0:
-        seen = torch.zeros((1, model.config.vocab_size), dtype=torch.bool, device=model.device)
-        seen[0, seq] = True
-    loop = _Loop(target, proposer, params, rng, setup, tally, engine.expected_bytes(model, 1))
+    seen = processors.seen_mask(params, [seq], model.config.vocab_size, model.device)
+    loop = _Loop(target, proposer, params, rng, setup, tally, engine.expected_bytes(model, 1),
+                 [[]] if setup.user else None)  # fmt: skip
     with torch.inference_mode(), attached(setup.observers, model):
         ids = torch.tensor([seq], device=model.device)
         held = engine.prefill_observed(model, ids, torch.ones_like(ids), False, target.cache, setup.observers)
@@ -182,7 +189,9 @@ def generate_steps(
         width = held.shape[-1]  # the target's vocabulary: a draft's logits are fitted to it
         while len(seq) - len(prompt_ids) < params.max_new_tokens and not loop.done:
             k_now = min(k, params.max_new_tokens - (len(seq) - len(prompt_ids)) - 1)
-            proposals = propose(proposer, seq, k_now, params, rng, seen, len(tally.blocks), width)
+            matcher = setup.grammars[0] if setup.grammars else None
+            proposals = propose(proposer, seq, k_now, params, rng, seen, len(tally.blocks), width, matcher,
+                                setup.user, loop.history)  # fmt: skip
             rows = verify(target, seq, proposals, held)  # (k_now + 1, vocab)
             held = None
             yield from loop.block(seq, len(seq) - len(prompt_ids), proposals, rows, seen)
@@ -199,6 +208,7 @@ class _Loop:
     setup: engine.Setup
     tally: Tally
     expected: Any
+    history: list[list[int]] | None = None  # the tokens emitted so far, for the user's processors
     done: bool = False
     started: float = field(default_factory=time.perf_counter)
 
@@ -210,9 +220,12 @@ class _Loop:
         verdicts: list[bool] = []
         for i in range(len(proposals) + 1):
             proposal = proposals[i] if i < len(proposals) else None
-            how = Choosing([self.params], self.rng, seen, draft=proposal)
+            how = Choosing([self.params], self.rng, seen, grammars=self.setup.grammars, draft=proposal,
+                           user=self.setup.user, history=self.history)  # fmt: skip
             kv = ledger.prefix_state(self.target.cache, len(seq), self.expected)
             tokens, step = one_step.take(index + i, rows[i : i + 1], how, [True], kv)
+            for error in one_step.nothing_allowed(step, how).values():
+                raise error
             step.draft = step.draft or [None]
             observers.run(self.setup.observers, step, rows[i : i + 1], tokens, how)
             one_step.finish(step, self.setup.eos_token_ids, self.params, self.setup.on_token)
@@ -243,20 +256,21 @@ def _crop(target: Side, draft: Side, keep: int) -> dict[str, Any] | None:
 
 def iter_rows(
     lm: LM, draft: Draft, prompts: Sequence[list[int]], params: SamplingParams, rows: list[RowRecord], k: int,
-    watchers: Sequence[Any] = (), compile: bool = False,
+    watchers: Sequence[Any] = (), compile: bool = False, user: Sequence[processors.UserProcessor] = (),
 ) -> Iterator[tuple[int, Step, Tally]]:  # fmt: skip
-    """Each prompt decoded alone with the draft, one after another, drawing from one generator
-    seeded by the params (the first prompt draws as it would alone); yields (row, Step, the
+    """Each prompt decoded alone with the draft, one after another, row r drawing with its own
+    generator seeded by seed + r (as without a draft: rows.row_params); yields (row, Step, the
     row's Tally) as steps are produced."""
     eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
-    rng = generator(lm, params)
-    for r, ids in enumerate(prompts):
+    for r, (ids, own) in enumerate(zip(prompts, row_params(params, len(prompts)))):
+        rng = generator(lm, own)
 
         def hook(row: int, token: int, r: int = r) -> bool:
             return rows[r].add(token, token in eos)
 
         tally = Tally(draft.spec, k, draft.describe())
-        setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, False, list(watchers))
+        setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, False, list(watchers),
+                             constrained.matchers(lm, [params]), user)  # fmt: skip
         steps = generate_steps(lm.model, draft.model, ids, params, rng, setup, k, tally, compile)
         for _, step in records(lm, [ids], steps, [rows[r]]):
             yield r, step, tally

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lmtrace.errors import InvalidParameter
+from lmtrace.errors import GenerationError, InvalidParameter
 from lmtrace.kv import ledger
-from lmtrace.logits import acceptance, grammar, measure, sampling
+from lmtrace.logits import acceptance, grammar, measure, processors, sampling
 from lmtrace.params import SamplingParams
 
 # on_token(row, token_id) -> True when the row must stop (a stop string was completed)
@@ -110,6 +110,10 @@ class Choosing:
     forced: torch.Tensor | None = None
     grammars: Sequence[grammar.Matcher | None] | None = None
     draft: Proposal | None = None
+    # the user's own processors (run first, each over one row) and each row's tokens generated
+    # so far, which they are handed (kept up to date by `saw`)
+    user: Sequence[processors.UserProcessor] = ()
+    history: list[list[int]] | None = None
 
     @property
     def shared(self) -> bool:
@@ -143,6 +147,11 @@ class Choosing:
         without a penalty or grammar (one distribution, measured once)."""
         if allowed is not None:
             logits = grammar.mask(logits, allowed)
+        if self.user:  # first, once (the waterfall, an observer, calls them again: they must be pure)
+            logits = user_only(logits, self.user, self.history)
+            if not torch.isfinite(logits).any(-1).all():
+                names = ", ".join(u.name for u in self.user)
+                raise GenerationError(f"logits_processors: {names} left no token to choose (every logit -inf)")
         if self.shared:
             return sampling.process_logits(logits, self.params[0], self.batch_seen())
         if all(p.greedy for p in self.params) and all(self._seen(r) is None for r in range(len(self.params))):
@@ -162,13 +171,25 @@ class Choosing:
         return torch.cat(rows)
 
     def saw(self, tokens: torch.Tensor) -> None:
-        """Marks the chosen tokens (batch,) as seen, for the next step's repetition penalty."""
+        """Marks the chosen tokens (batch,) as seen, for the next step's repetition penalty (and
+        the user's processors)."""
+        if self.history is not None:
+            for row, token in zip(self.history, tokens.tolist()):
+                row.append(token)
         if isinstance(self.seen, torch.Tensor):
             self.seen.scatter_(1, tokens[:, None], True)
         elif self.seen is not None:
             for row, token in enumerate(tokens.tolist()):
                 if self.seen[row] is not None:
                     self.seen[row][0, token] = True
+
+
+def user_only(logits: torch.Tensor, user: Sequence[processors.UserProcessor], history: list[list[int]] | None
+              ) -> torch.Tensor:  # fmt: skip
+    """The logits after the user's processors alone (batch, vocab)."""
+    for u in user:
+        logits = u(logits, history or [[]] * logits.shape[0])
+    return logits
 
 
 def take(

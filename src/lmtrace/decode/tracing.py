@@ -10,13 +10,14 @@ from lmtrace import arguments
 from lmtrace.decode import attribution as attributing
 from lmtrace.decode import constrained, engine, speculative
 from lmtrace.decode.observers import Observer, build, checked
-from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
+from lmtrace.decode.rows import RowRecord, generator, make_params, records, row_params, seeded, to_trace
 from lmtrace.decode.step import BatchStep
+from lmtrace.decode.uncertainty import Uncertainty, observer_for
 from lmtrace.inside import probe as inside
 from lmtrace.kv import rows as kv_rows
-from lmtrace.logits import sampling
+from lmtrace.logits import processors, sampling
 from lmtrace.model import draft as drafts
-from lmtrace.model.lm import LM
+from lmtrace.model.lm import LM, require_chat_template
 from lmtrace.params import SamplingParams
 from lmtrace.records import Step, Trace
 
@@ -27,6 +28,7 @@ def encode_prompt(lm: LM, prompt: str, chat: bool = False) -> list[int]:
     """Token ids of a prompt; with `chat` the tokenizer's chat template wraps a user message."""
     tok = lm.tokenizer
     if chat:
+        require_chat_template(lm)
         text = tok.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
         )
@@ -42,17 +44,21 @@ def _iter_rows(
     watchers: Sequence[Observer] = (),
     compile: bool = False,
     rng: sampling.Rng = None,
+    user: Sequence[processors.UserProcessor] = (),
 ) -> Iterator[tuple[int, Step]]:
     """Runs the engine and yields (row, Step) for every row still generating at each step.
-    `rng` None means one generator seeded by `params.seed`."""
+    `rng` None means a generator per row, row r seeded by `params.seed + r` (`row_params`), so
+    that every row draws as the same prompt would alone with its own seed."""
     eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
 
     def hook(row: int, token: int) -> bool:
         return rows[row].add(token, token in eos)
 
-    rng = rng if rng is not None else generator(lm, params)
+    if rng is None:
+        own = row_params(params, len(prompts))
+        rng = generator(lm, params) if len(prompts) == 1 else [generator(lm, p) for p in own]
     grammars = constrained.matchers(lm, [params] * len(prompts))
-    setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, compile, list(watchers), grammars)
+    setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, compile, list(watchers), grammars, user)
     yield from records(lm, prompts, engine.generate_steps(lm.model, prompts, params, rng, setup), rows)
 
 
@@ -71,6 +77,8 @@ def generate(
     draft: str | LM | drafts.Draft | None = None,
     draft_tokens: int = 4,
     observers: Sequence[Observer] = (),
+    logits_processors: Sequence[processors.UserFn] = (),
+    uncertainty: bool | Uncertainty = False,
     attribution: bool = False,
     against: str | int | None = None,
     **kwargs: Any,
@@ -89,9 +97,13 @@ def generate(
     each step's token attended to in the cache, the mean over heads (True) and also each head
     ("heads") (lmtrace.inside.lens, lmtrace.inside.attention). `observers`: your own
     lmtrace.Observer instances, each writing its entry at every step (`step.NAME`) and, where it
-    summarizes, on the trace (`trace.NAME`). `attribution` splits each step's logit difference
-    between the chosen token and `against` ("rank:N", default rank:2 the runner-up, a token id
-    or a token's text) over the embedding, every layer's attention and MLP, and every head
+    summarizes, on the trace (`trace.NAME`). `logits_processors`: your own callables
+    `fn(token_ids, logits) -> logits` (a row's tokens generated so far, its (vocab,) float32
+    logits), run before the built-in processors, named in the trace's params and the waterfall.
+    `uncertainty` (True, or an Uncertainty with its own k, window and tail) records each step's
+    `uncertainty` and the trace's (decode/uncertainty.py). `attribution` splits each step's logit
+    difference between the chosen token and `against` ("rank:N", default rank:2 the runner-up, a
+    token id or a token's text) over the embedding, every layer's attention and MLP, and every head
     (`step.attribution`, lmtrace.inside.attribution)."""
     p = seeded(make_params(params, **kwargs))
     inside.check(compile, lens, attention)
@@ -99,24 +111,35 @@ def generate(
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     ids = [encode_prompt(lm, text, chat) for text in prompts]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
-    own = checked(observers) + attributing.wanted(lm, attribution, against, draft=draft, compile=compile)
+    own = checked([*observers, *observer_for(uncertainty, lm.model.config.vocab_size)])
+    own += attributing.wanted(lm, attribution, against, draft=draft, compile=compile)
+    user = processors.user_processors(logits_processors)
     watchers = build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens,
                                top_n=p.top_logprobs) + own  # fmt: skip
     rows = [RowRecord(lm, p.stop) for _ in ids]
     tallies: dict[int, speculative.Tally] = {}
     if chosen is not None:
-        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens, watchers, compile)
+        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens, watchers, compile, user)
     else:
-        produced = ((r, step, None) for r, step in _iter_rows(lm, ids, p, rows, watchers, compile))
+        produced = ((r, step, None) for r, step in _iter_rows(lm, ids, p, rows, watchers, compile, user=user))
     for r, step, tally in produced:
         if tally is not None:
             tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
-    traces = [to_trace(lm, text, i, p, row, chat, compile, probe, own) for text, i, row in zip(prompts, ids, rows)]
+    traces = [to_trace(lm, text, i, rp, row, chat, compile, probe, own)
+              for text, i, rp, row in zip(prompts, ids, row_params(p, len(ids)), rows)]  # fmt: skip
+    _name_processors(traces, user)
     for r, tally in tallies.items():  # a row's speculative summary: its draft, acceptance, forwards
         traces[r].speculative = tally.to_dict()
     return traces[0] if isinstance(prompt, str) else traces
+
+
+def _name_processors(traces: Sequence[Trace], user: Sequence[processors.UserProcessor]) -> None:
+    """The trace's params name the user's processors that ran (in their order)."""
+    if user:
+        for trace in traces:
+            trace.params["logits_processors"] = [u.name for u in user]
 
 
 def _draft(lm: LM, draft: Any, k: int, lens: bool = False, attention: bool | str = False) -> drafts.Draft | None:
@@ -176,22 +199,24 @@ def stream(
     draft: str | LM | drafts.Draft | None = None,
     draft_tokens: int = 4,
     observers: Sequence[Observer] = (),
+    logits_processors: Sequence[processors.UserFn] = (),
     **kwargs: Any,
 ) -> Iterator[Step]:
-    """Steps with text and timing, as they are produced (`lens`, `attention`, `draft`, `observers`
-    as in generate)."""
-    p = seeded(make_params(params, **kwargs))
+    """Steps with text and timing, as they are produced (`lens`, `attention`, `draft`, `observers`,
+    `logits_processors` as in generate)."""
+    p = seeded(make_params(params, "stream", **kwargs))
     chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
     ids = encode_prompt(lm, prompt, chat)
     probe = inside.Probe([ids], p.top_logprobs, lens, attention)
     watchers = build(probe, waterfall=waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
     watchers += checked(observers)
+    user = processors.user_processors(logits_processors)
     if chosen is not None:
         for _, step, _tally in speculative.iter_rows(lm, chosen, [ids], p, [RowRecord(lm, p.stop)], draft_tokens,
-                                                     watchers):  # fmt: skip
+                                                     watchers, user=user):  # fmt: skip
             yield step
         return
-    for _, step in _iter_rows(lm, [ids], p, [RowRecord(lm, p.stop)], watchers):
+    for _, step in _iter_rows(lm, [ids], p, [RowRecord(lm, p.stop)], watchers, user=user):
         yield step
 
 
@@ -218,30 +243,33 @@ def generate_ids(
     draft: str | LM | drafts.Draft | None = None,
     draft_tokens: int = 4,
     observers: Sequence[Observer] = (),
+    logits_processors: Sequence[processors.UserFn] = (),
     **kwargs: Any,
 ) -> list[Trace]:
     """Like `generate` for prompts already tokenized (a server's token-id prompts, a chat
     template applied by the caller): one left-padded batch, one Trace per prompt. An exception
     raised by `on_step` stops the generation (a server uses this when its client goes away).
-    `draft` and `observers` as in generate."""
-    p = seeded(make_params(params, **kwargs))
+    `draft`, `observers` and `logits_processors` as in generate."""
+    p = seeded(make_params(params, "generate_ids", **kwargs))
     chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
-    own = checked(observers)
+    own, user = checked(observers), processors.user_processors(logits_processors)
     ids = [list(i) for i in prompt_ids]
     texts = list(prompt_texts) if prompt_texts is not None else [lm.tokenizer.decode(i) for i in ids]
     rows = [RowRecord(lm, p.stop) for _ in ids]
     probe = inside.Probe(ids, p.top_logprobs, lens, attention)
     tallies: dict[int, speculative.Tally] = {}
     if chosen is not None:
-        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens, own)
+        produced = speculative.iter_rows(lm, chosen, ids, p, rows, draft_tokens, own, user=user)
     else:
-        produced = ((r, step, None) for r, step in _iter_rows(lm, ids, p, rows, build(probe) + own))
+        produced = ((r, step, None) for r, step in _iter_rows(lm, ids, p, rows, build(probe) + own, user=user))
     for r, step, tally in produced:
         if tally is not None:
             tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
-    traces = [to_trace(lm, text, i, p, row, chat, probe=probe, watchers=own) for text, i, row in zip(texts, ids, rows)]
+    traces = [to_trace(lm, text, i, rp, row, chat, probe=probe, watchers=own)
+              for text, i, rp, row in zip(texts, ids, row_params(p, len(ids)), rows)]  # fmt: skip
+    _name_processors(traces, user)
     for r, tally in tallies.items():
         traces[r].speculative = tally.to_dict()
     return traces

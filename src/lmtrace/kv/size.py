@@ -54,14 +54,50 @@ class Anatomy:
         return sum(2 * s.kv_heads * s.head_dim for s in self.specs if s.kind != "none") * self.bytes_per_element
 
     @property
+    def bytes_per_token_full(self) -> int:
+        """Growth per token of one sequence once every sliding window is full: only the
+        full-attention layers still grow."""
+        return sum(2 * s.kv_heads * s.head_dim for s in self.specs if s.kind == kv.FULL) * self.bytes_per_element
+
+    def growth_at(self, positions: int) -> int:
+        """Bytes one sequence's cache grows by with its `positions`-th token (1-based)."""
+        grows = [s for s in self.specs if s.held(positions) > s.held(positions - 1)]
+        return sum(2 * s.kv_heads * s.head_dim for s in grows) * self.bytes_per_element
+
+    @property
     def sliding_layers(self) -> list[int]:
         return [i for i, s in enumerate(self.specs) if s.window]
 
+    @property
+    def full_layers(self) -> list[int]:
+        return [i for i, s in enumerate(self.specs) if s.kind == kv.FULL]
+
+    def groups(self) -> list[dict[str, Any]]:
+        """Layers with the same cache shape: {kind, window, kv_heads, head_dim, layers: [indices]},
+        in the order of their first layer (layers without a cache left out)."""
+        out: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for i, s in enumerate(self.specs):
+            if s.kind == "none":
+                continue
+            key = (s.kind, s.window, s.kv_heads, s.head_dim)
+            group = out.setdefault(key, {"kind": s.kind, "window": s.window, "kv_heads": s.kv_heads,
+                                         "head_dim": s.head_dim, "layers": []})  # fmt: skip
+            group["layers"].append(i)
+        return list(out.values())
+
     def formula(self) -> str:
-        return (
-            f"bytes = 2 × {self.layers} layers × {self.kv_heads} kv_heads × {self.head_dim} head_dim × positions"
-            f" × {self.batch} batch × {self.bytes_per_element} bytes ({self.dtype})"
-        )
+        """The formula in words with this model's numbers; one term per group of layers."""
+        tail = f" × {self.batch} batch × {self.bytes_per_element} bytes ({self.dtype})"
+        groups = sorted(self.groups(), key=lambda g: bool(g["window"]))  # full layers first
+        if len(groups) == 1 and not groups[0]["window"] and len(groups[0]["layers"]) == self.layers:
+            return (f"bytes = 2 × {self.layers} layers × {self.kv_heads} kv_heads × {self.head_dim} head_dim"
+                    f" × positions" + tail)  # fmt: skip
+        terms = [
+            f"{len(g['layers'])} {'sliding' if g['window'] else 'full'} layers × {g['kv_heads']} kv_heads"
+            f" × {g['head_dim']} head_dim × " + (f"min(positions, {g['window'] - 1})" if g["window"] else "positions")
+            for g in groups
+        ]
+        return "bytes = 2 × (" + " + ".join(terms) + ")" + tail
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,7 +111,10 @@ class Anatomy:
             "bytes_per_element": self.bytes_per_element,
             "batch": self.batch,
             "bytes_per_token": self.bytes_per_token,
+            "bytes_per_token_full": self.bytes_per_token_full,
             "sliding_layers": self.sliding_layers,
+            "full_layers": self.full_layers,
+            "groups": self.groups(),
             "windows": sorted({s.window for s in self.specs if s.window}),
             "sources": self.sources,
             "formula": self.formula(),

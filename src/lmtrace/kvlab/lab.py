@@ -153,7 +153,10 @@ def kvlab(
     from lmtrace.decode.tracing import encode_prompt, generate, make_params
 
     chosen = parse_policies(list(policies))
-    params = seeded(make_params(params, **sampling))
+    params = seeded(make_params(params, "kv-lab", **sampling))
+    if params.constraint is not None:  # the arms choose their own tokens, and know no grammar
+        name = params.constraint
+        raise InvalidParameter(f"{name}: kv-lab does not take a constraint (its arms decode unconstrained)")
     ids = encode_prompt(lm, prompt, chat)
     started = time.perf_counter()
     if continuation is not None:

@@ -19,7 +19,7 @@ from lmtrace.kvlab import capture, metrics
 from lmtrace.kvlab.cache import LabCache
 from lmtrace.kvlab.policies.base import Policy
 from lmtrace.kvlab.policies.full import Full
-from lmtrace.logits import sampling
+from lmtrace.logits import processors, sampling
 from lmtrace.params import SamplingParams
 
 
@@ -122,10 +122,7 @@ def lockstep(
     ref = new_arm(model, Full(), params, capture.Recorder())
     arms = [new_arm(model, p, params) for p in policies]
     vocab = model.config.get_text_config().vocab_size
-    seen_ids = None
-    if params.repetition_penalty != 1.0:
-        seen_ids = torch.zeros((1, vocab), dtype=torch.bool, device=model.device)
-        seen_ids[0, prompt_ids] = True
+    seen_ids = processors.seen_mask(params, [prompt_ids], vocab, model.device)
     with torch.inference_mode(), capture.capturing(model):
         for index, token in enumerate(tokens):
             ids, start = (prompt_ids, 0) if index == 0 else ([tokens[index - 1]], len(prompt_ids) + index - 1)
@@ -159,10 +156,9 @@ def run_free(model: Any, arm: Arm, prompt_ids: list[int], tokens: list[int], par
     lab, policy, rng, own = arm.fork
     alone = Arm(policy, lab, arm.recorder, arm.formula, rng)
     out = [own]
-    seen = None
-    if params.repetition_penalty != 1.0:  # the penalty's view: prompt, the shared tokens, its own
-        seen = torch.zeros((1, model.config.get_text_config().vocab_size), dtype=torch.bool, device=model.device)
-        seen[0, prompt_ids + tokens[: arm.divergence] + [own]] = True
+    # the penalty's view: prompt, the shared tokens, its own
+    seen = processors.seen_mask(params, [prompt_ids + tokens[: arm.divergence] + [own]],
+                                model.config.get_text_config().vocab_size, model.device)  # fmt: skip
     with torch.inference_mode(), capture.capturing(model):
         for index in range(arm.divergence + 1, len(tokens)):
             if out[-1] in eos:

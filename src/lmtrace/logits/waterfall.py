@@ -1,53 +1,35 @@
 """The sampling waterfall: the distribution after each stage of the processors, in the
-documented order raw -> [grammar] -> repetition penalty -> temperature -> top-k -> top-p -> min-p.
-The grammar stage (a constrained step: lmtrace.logits.grammar's mask) is listed only where a
-grammar constrained the step.
+documented order raw -> [grammar] -> [the user's processors] -> repetition penalty -> temperature
+-> top-k -> top-p -> min-p. The grammar stage (a constrained step: lmtrace.logits.grammar's mask)
+is listed only where a grammar constrained the step, a user's processor under its own name.
 
-Each stage is the very function `sampling.process_logits` applies, called one at a time, so
-the last stage is exactly the distribution the token was chosen from (its `sampled_logprob`).
+The stages are a scan of the one list processing folds (lmtrace.logits.processors), so the
+last stage is exactly the distribution the token was chosen from (its `sampled_logprob`).
 Greedy decoding applies only the penalty: the later stages are listed as not applied."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from lmtrace.logits import grammar, measure, sampling
+from lmtrace.logits import grammar, measure, processors
 from lmtrace.params import SamplingParams
 
 DEFAULT_TOKENS = 5  # raw top tokens followed through the stages when top_logprobs is 0
 
 
 def _stage_logits(
-    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None, allowed: torch.Tensor | None
-) -> list[tuple]:
-    """[(stage, setting, applied, logits (batch, vocab))] for the six stages (seven with a grammar)."""
-    sampled = not params.greedy
-    plan: list[tuple[str, Any, bool, Callable[[torch.Tensor], torch.Tensor]]] = [
-        (
-            "repetition_penalty",
-            params.repetition_penalty,
-            params.repetition_penalty != 1.0 and seen is not None,
-            lambda x: sampling.apply_repetition_penalty(x, seen, params.repetition_penalty),
-        ),
-        (
-            "temperature",
-            params.temperature,
-            sampled and params.temperature != 1.0,
-            lambda x: sampling.apply_temperature(x, params.temperature),
-        ),
-        ("top_k", params.top_k, sampled and params.top_k > 0, lambda x: sampling.apply_top_k(x, params.top_k)),
-        ("top_p", params.top_p, sampled and params.top_p < 1.0, lambda x: sampling.apply_top_p(x, params.top_p)),
-        ("min_p", params.min_p, sampled and params.min_p > 0, lambda x: sampling.apply_min_p(x, params.min_p)),
-    ]
+    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None, allowed: torch.Tensor | None,
+    user: Sequence[processors.UserProcessor] = (), history: Sequence[Sequence[int]] | None = None,
+) -> list[tuple]:  # fmt: skip
+    """[(stage, setting, applied, logits (batch, vocab))]: raw, the grammar (where a grammar
+    constrained the step), then the processors' own scan (the user's first, under their names)."""
     out = [("raw", None, True, logits)]
     if allowed is not None:
         out.append(("grammar", params.constraint, True, grammar.mask(logits, allowed)))
-    for name, setting, applied, fn in plan:
-        out.append((name, setting, applied, fn(out[-1][3]) if applied else out[-1][3]))
-    return out
+    return out + processors.scan(out[-1][3], params, seen, processors.ORDER, user, history)
 
 
 def stages(
@@ -57,6 +39,8 @@ def stages(
     chosen: torch.Tensor,
     top_n: int,
     allowed: torch.Tensor | None = None,
+    user: Sequence[processors.UserProcessor] = (),
+    history: Sequence[Sequence[int]] | None = None,
 ) -> list[dict[str, Any]]:
     """One waterfall per row of `logits` (batch, vocab) for the chosen tokens (batch,):
     {"token_ids": raw top tokens, "stages": [{stage, setting, applied, allowed, removed_mass,
@@ -68,7 +52,7 @@ def stages(
     follow = torch.topk(logits, n, dim=-1).indices  # (batch, n)
     rows: list[dict[str, Any]] = [{"token_ids": follow[r].tolist(), "stages": []} for r in range(logits.shape[0])]
     previous = None
-    for name, setting, applied, stage_logits in _stage_logits(logits.float(), params, seen, allowed):
+    for name, setting, applied, stage_logits in _stage_logits(logits.float(), params, seen, allowed, user, history):
         logp = torch.log_softmax(stage_logits, dim=-1)  # (batch, vocab)
         probs = logp.exp()
         allowed = torch.isfinite(stage_logits)

@@ -24,6 +24,8 @@ class ArchSummary:
     # how the linear layers' weights are held where not plain `dtype` tensors: e.g.
     # "packed 4-bit (Q4_1 x210, Q8_0 x1), bfloat16 activations" (lmtrace.model.gguf.packed)
     weights: str | None = None
+    # the layers that attend over a sliding window, where some do: "15 of 18 layers, window 512"
+    sliding: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,7 +73,18 @@ def summarize(config: Any, model: Any = None) -> ArchSummary:
         device=device,
         parameters=params,
         weights=_weights(model),
+        sliding=sliding_summary(c),
     )
+
+
+def sliding_summary(c: Any) -> str | None:
+    """'15 of 18 layers, window 512' from `layer_types` and `sliding_window`; None where no layer slides."""
+    types = list(getattr(c, "layer_types", None) or [])
+    window = getattr(c, "sliding_window", None)
+    sliding = sum(t in ("sliding_attention", "chunked_attention") for t in types)
+    if not sliding or not window:
+        return None
+    return f"{sliding} of {len(types)} layers, window {window}"
 
 
 def _weights(model: Any) -> str | None:

@@ -51,3 +51,12 @@ def model_name(model: Any) -> str:
 
     source = source_of(name)
     return source if source is not None else name
+
+
+def require_chat_template(lm: LM, option: str = "chat (--chat)", instead: str = "leave out --chat") -> None:
+    """Raises InvalidParameter, one line naming `option` and the model, when its tokenizer has
+    no chat template (transformers' own error is a multi-line ValueError)."""
+    if not getattr(lm.tokenizer, "chat_template", None):
+        from lmtrace.errors import InvalidParameter
+
+        raise InvalidParameter(f"{option}: {lm.source} has no chat template; {instead}")

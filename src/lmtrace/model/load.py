@@ -181,6 +181,12 @@ def load(
     where, extra, name = _locate(source, allow_pickle, trust_remote_code)
     _check_weights(weights, extra, torch_device, name)
     gguf_path = Path(where) / extra["gguf_file"] if "gguf_file" in extra else None
+    if weights == "packed":
+        direct = _load_packed(gguf_path, gguf_cache, trust_remote_code, name, status)
+        if direct is not None:  # packed straight from the file, no float32 copy
+            lm = LM.from_objects(direct[0], direct[1], name)
+            lm.load_timing = {"imports_s": imports, "weights_s": time.perf_counter() - started - imports}
+            return lm
     if "gguf_file" in extra and gguf_cache:
         where, extra = _through_cache(Path(where) / extra["gguf_file"], where, extra, trust_remote_code, status)
     shared = ("gguf_file", "local_files_only")  # for the config and the tokenizer as well as the weights
@@ -208,6 +214,45 @@ def load(
     lm = LM.from_objects(model, tokenizer, name)
     lm.load_timing = {"imports_s": imports, "weights_s": time.perf_counter() - started - imports}
     return lm
+
+
+def _load_packed(
+    path: Path, gguf_cache: bool, trust_remote_code: bool, name: str, status: Callable[[str], None] | None
+) -> tuple[Any, Any] | None:
+    """(model, tokenizer) with the GGUF's linear layers packed straight from the file and only the
+    rest in float (model/gguf/direct.py); the config and tokenizer from the converted copy when
+    there is one (milliseconds), else from the file. None (said on `status`) when the file cannot
+    be loaded that way: the caller then loads the float32 copy and packs it."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from lmtrace.model.gguf import converted as gguf_cache_module
+    from lmtrace.model.gguf.direct import load_packed
+    from lmtrace.model.gguf.quiet import quiet_gguf
+
+    folder = (gguf_cache_module.ready_folder(path) or gguf_cache_module.ready_meta(path)) if gguf_cache else None
+    where, kwargs = (str(folder), {}) if folder is not None else (str(path.parent), {"gguf_file": path.name})
+    if folder is None and status is not None:
+        status(f"{path.name}: reading its config and tokenizer (once: kept in the cache for later runs)…")
+    try:
+        with quiet_gguf():
+            config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, **kwargs)
+            _check_causal(config, name)
+            tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **kwargs)
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise _load_error(e, where, kwargs, name) from e
+    if folder is None and gguf_cache:
+        gguf_cache_module.save_meta(path, config, tokenizer)
+    try:
+        return load_packed(config, path), tokenizer
+    except InvalidParameter:
+        raise
+    except (ValueError, RuntimeError, NotImplementedError) as e:
+        if status is not None:
+            status(f"{path.name}: cannot be packed straight from the file ({_one_line(e)}); "
+                   "loading its float32 copy first")  # fmt: skip
+        return None
 
 
 def _import_class(config: Any, trust_remote_code: bool) -> float:

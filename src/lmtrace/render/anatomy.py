@@ -56,11 +56,48 @@ def dimensions(an: dict[str, Any], positions: int | None = None) -> list[Dimensi
         counted = "prompt tokens + generated tokens" + (" (at most window − 1 on a sliding layer)" if sliding else "")
         rows.append(Dimension("positions", str(positions), counted))
     rows.append(Dimension("bytes per element", str(an.get("bytes_per_element")), f"dtype {an.get('dtype')}"))
-    windows = listed(an.get("windows"))
-    rows.append(Dimension("sliding-window layers", listed(sliding),
-                          f"window {windows}: these layers hold window − 1 positions" if sliding
-                          else "every layer keeps every position"))  # fmt: skip
+    if not sliding:
+        rows.append(Dimension("sliding-window layers", "none", "every layer keeps every position"))
+        return rows
+    windows = [w for w in an.get("windows") or [] if w]
+    held = ", ".join(str(int(w) - 1) for w in windows)
+    rows.append(Dimension("sliding-window layers", f"{len(sliding)} of {an.get('layers')}",
+                          f"layers {spans(sliding)}; window {listed(windows)}: they hold window − 1 = {held}"
+                          " positions"))  # fmt: skip
     return rows
+
+
+def spans(indices: list[int]) -> str:
+    """[0, 1, 2, 4, 6, 7] -> '0–2, 4, 6–7'."""
+    out: list[str] = []
+    for i in sorted(indices):
+        if out and out[-1][1] == i - 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in out)  # type: ignore[misc]
+
+
+def groups(an: dict[str, Any]) -> list[dict[str, Any]]:
+    """The layer groups of the anatomy ({kind, window, kv_heads, head_dim, layers}); older records
+    without them: the full layers and one group per window, from `sliding_layers` and `windows`."""
+    if an.get("groups"):  # full layers first, then the sliding ones, as the formula reads
+        return sorted(an["groups"], key=lambda g: bool(g.get("window")))
+    layers, sliding = int(an.get("layers") or 0), list(an.get("sliding_layers") or [])
+    shape = {"kv_heads": an.get("kv_heads"), "head_dim": an.get("head_dim")}
+    out = []
+    full = [i for i in range(layers) if i not in sliding]
+    if full:
+        out.append({"kind": "full_attention", "window": None, "layers": full, **shape})
+    windows = an.get("windows") or []
+    if sliding and len(windows) == 1:
+        out.append({"kind": "sliding_window", "window": int(windows[0]), "layers": sliding, **shape})
+    return out
+
+
+def held(group: dict[str, Any], positions: int) -> int:
+    """Positions a layer of `group` keeps after `positions` tokens (transformers keeps window − 1)."""
+    return min(positions, int(group["window"]) - 1) if group.get("window") else positions
 
 
 @dataclass
@@ -75,26 +112,60 @@ class Formula:
 def formula(an: dict[str, Any], positions: int | None = None, measured: int | None = None) -> Formula:
     per_position = int(an.get("bytes_per_token") or 0)
     head = [2, an.get("kv_heads"), an.get("head_dim"), an.get("bytes_per_element")]
-    sliding, windows, layers = an.get("sliding_layers") or [], an.get("windows") or [], int(an.get("layers") or 0)
+    layers = int(an.get("layers") or 0)
     seen = None if measured is None else f"{measured:,} bytes ({human(measured)})"
-    per_line = f"{human(per_position)} per token ({per_position:,} bytes per position of one sequence)"
+    parts = groups(an)
+    per_line = growth_line(an, parts, positions)
     if positions is None:
         symbols = "bytes per position = 2 (keys and values) × layers × KV heads × head_dim × bytes per element"
         numbers = " × ".join(str(f) for f in [2, layers, *head[1:]])
         return Formula(symbols, numbers, f"{per_position:,} bytes ({human(per_position)})", per_line, seen)
+    if any(g.get("window") for g in parts):
+        return _windowed(an, parts, positions, per_line, seen)
     batch = int(an.get("batch") or 1)
-    if sliding and len(windows) == 1 and layers:
-        held = min(positions, int(windows[0]) - 1)  # a sliding layer keeps the last window - 1 positions
-        full = layers - len(sliding)
-        symbols = ("bytes = 2 (keys and values) × KV heads × head_dim × bytes per element × batch"
-                   " × (full layers × positions + sliding layers × min(positions, window − 1))")  # fmt: skip
-        numbers = " × ".join(str(f) for f in [*head, batch]) + f" × ({full} × {positions} + {len(sliding)} × {held})"
-        total = per_position // layers * batch * (full * positions + len(sliding) * held)
-    else:
-        symbols = "bytes = 2 (keys and values) × layers × KV heads × head_dim × bytes per element × batch × positions"
-        numbers = " × ".join(str(f) for f in [2, layers, *head[1:], batch, positions])
-        total = per_position * batch * positions
+    symbols = "bytes = 2 (keys and values) × layers × KV heads × head_dim × bytes per element × batch × positions"
+    numbers = " × ".join(str(f) for f in [2, layers, *head[1:], batch, positions])
+    total = per_position * batch * positions
     return Formula(symbols, numbers, f"{total:,} bytes ({human(total)})", per_line, seen)
+
+
+def _windowed(an: dict[str, Any], parts: list[dict[str, Any]], positions: int, per_line: str,
+              seen: str | None) -> Formula:  # fmt: skip
+    """One term per group of layers: full layers × positions + sliding layers × min(positions,
+    window − 1); KV heads and head_dim factored out where every layer shares them."""
+    batch, bpe = int(an.get("batch") or 1), int(an.get("bytes_per_element") or 0)
+    words = " + ".join("sliding layers × min(positions, window − 1)" if w else "full layers × positions"
+                       for w in sorted({bool(g.get("window")) for g in parts}))  # fmt: skip
+    terms = [f"{len(g['layers'])} × {held(g, positions)}" for g in parts]
+    if all((g["kv_heads"], g["head_dim"]) == (an.get("kv_heads"), an.get("head_dim")) for g in parts):
+        symbols = f"bytes = 2 (keys and values) × KV heads × head_dim × bytes per element × batch × ({words})"
+        numbers = " × ".join(str(f) for f in [2, an.get("kv_heads"), an.get("head_dim"), bpe, batch])
+        numbers += " × (" + " + ".join(terms) + ")"
+    else:
+        symbols = f"bytes = 2 (keys and values) × bytes per element × batch × Σ KV heads × head_dim × ({words})"
+        numbers = f"2 × {bpe} × {batch} × (" + " + ".join(
+            f"{g['kv_heads']} × {g['head_dim']} × {t}" for g, t in zip(parts, terms)) + ")"  # fmt: skip
+    total = 2 * bpe * batch * sum(g["kv_heads"] * g["head_dim"] * len(g["layers"]) * held(g, positions) for g in parts)
+    return Formula(symbols, numbers, f"{total:,} bytes ({human(total)})", per_line, seen)
+
+
+def growth_line(an: dict[str, Any], parts: list[dict[str, Any]], positions: int | None) -> str:
+    """How much one sequence's cache grows per token: on a model with sliding layers, the growth
+    while the windows fill and after (only the full layers grow), and the growth now."""
+    per_position = int(an.get("bytes_per_token") or 0)
+    line = f"{human(per_position)} per token ({per_position:,} bytes per position of one sequence)"
+    windows = sorted(int(g["window"]) for g in parts if g.get("window"))
+    if not windows:
+        return line
+    bpe = int(an.get("bytes_per_element") or 0)
+    full = sum(2 * g["kv_heads"] * g["head_dim"] * len(g["layers"]) for g in parts if not g.get("window")) * bpe
+    line = (f"{human(per_position)} per token while the windows fill (up to {windows[-1] - 1:,} positions), then "
+            f"{human(full)} per token ({full:,} bytes: only the full-attention layers grow)")  # fmt: skip
+    if positions is not None:
+        now = 2 * bpe * sum(g["kv_heads"] * g["head_dim"] * len(g["layers"]) for g in parts
+                            if held(g, positions) > held(g, positions - 1))  # fmt: skip
+        line += f"; at {positions:,} positions: +{human(now)} per token"
+    return line
 
 
 def alert(an: dict[str, Any]) -> str | None:
@@ -107,8 +178,20 @@ def alert(an: dict[str, Any]) -> str | None:
 
 def shape_line(an: dict[str, Any], positions: int | None) -> str:
     seq = positions if positions is not None else "seq_len"
-    return (f"keys and values, each (batch, KV heads, positions, head_dim) = "
-            f"({an.get('batch')}, {an.get('kv_heads')}, {seq}, {an.get('head_dim')}) per layer")  # fmt: skip
+    head = "keys and values, each (batch, KV heads, positions, head_dim)"
+    parts = groups(an)
+    if not any(g.get("window") for g in parts):
+        return f"{head} = ({an.get('batch')}, {an.get('kv_heads')}, {seq}, {an.get('head_dim')}) per layer"
+    shapes = []
+    for g in parts:
+        kept = held(g, positions) if positions is not None else (
+            f"min(seq_len, {int(g['window']) - 1})" if g.get("window") else "seq_len")  # fmt: skip
+        kind = "sliding" if g.get("window") else "full"
+        n = len(g["layers"])
+        shapes.append(
+            f"{n} {kind} layer{'s' if n > 1 else ''} ({an.get('batch')}, {g['kv_heads']}, {kept}, {g['head_dim']})"
+        )
+    return f"{head}: " + ", ".join(shapes)
 
 
 def html(an: dict[str, Any], positions: int | None = None, measured: int | None = None) -> Markup:
@@ -142,7 +225,7 @@ def terminal(an: dict[str, Any], model: str, positions: int | None = None, measu
     """The same reading for `lmtrace cache` and `lmtrace kv-size`, laid out for any width: a long
     line wraps under its own start (a dimension's source under the sources, the formula under
     its "="), never back to column 0."""
-    rows: list[Any] = [Text(f"KV cache of {model}", style="bold")]
+    rows: list[Any] = [title("KV cache of", model)]
     warning = alert(an)
     if warning:
         rows.append(_indented(Text(f"error: {warning}", style="bold red")))
@@ -166,6 +249,15 @@ def terminal(an: dict[str, Any], model: str, positions: int | None = None, measu
     measured_text = f"; measured after the last step: {f.measured}" if f.measured else ""
     rows.append(_indented(Text(f.per_position + measured_text)))
     return Group(*rows)
+
+
+def title(label: str, name: str) -> Table:
+    """'label name' in bold, a long name (a path) wrapping under its own start."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, style="bold")
+    grid.add_column(style="bold", overflow="fold")
+    grid.add_row(label, name)
+    return grid
 
 
 def _indented(renderable: Any) -> Padding:

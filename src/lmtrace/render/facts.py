@@ -51,6 +51,7 @@ def model_group(model: Any) -> Group:
         rows += [
             ("architecture", value(c.get("architecture"))),
             ("layers", value(c.get("layers"))),
+            *([("sliding window", value(c["sliding"]))] if c.get("sliding") else []),
             (
                 "heads",
                 f"{value(c.get('attention_heads'))}, {value(c.get('kv_heads'))} KV ({value(c.get('attention'))})",
@@ -124,7 +125,31 @@ def trace_groups(d: dict[str, Any]) -> list[Group]:
         keys = ("draft", "draft_tokens", "mean_accepted_per_block", "blocks", "target_forwards", "draft_forwards")
         rows = [(k.replace("_", " "), value(spec.get(k), k)) for k in keys if spec.get(k) is not None]
         groups.append(("Draft", rows))
+    u = d.get("uncertainty")
+    if isinstance(u, dict) and "deepconf" in u:  # --uncertainty: the sequence scores (docs/uncertainty.md)
+        groups.append(uncertainty_group(u))
     return groups
+
+
+def uncertainty_group(u: dict[str, Any]) -> Group:
+    """The answer's scores: raw, with the processed ones beside them where it was sampled."""
+
+    def both(key: str, inner: str | None = None) -> str:
+        raw = u.get(key) if inner is None else (u.get(key) or {}).get(inner)
+        out = value(raw)
+        if f"sampled_{key}" in u:
+            done = u[f"sampled_{key}"] if inner is None else (u[f"sampled_{key}"] or {}).get(inner)
+            out += f" (processed {value(done)})"
+        return out
+
+    rows = [("−Σ log p (msp)", both("msp")), ("mean NLL", both("mean_nll")), ("perplexity", both("perplexity")),
+            ("mean / max entropy", f"{both('mean_entropy')} / {both('max_entropy')}")]  # fmt: skip
+    rows += [(f"DeepConf {name.replace('_', ' ')}", both("deepconf", name))
+             for name in ("mean", "bottom10", "lowest_group", "tail")]  # fmt: skip
+    low = u.get("lowest_token")
+    if low:
+        rows.append(("least likely token", f"{low['text']!r} at step {low['index']} ({value(low['logprob'])})"))
+    return "How sure", rows
 
 
 def scalars(d: dict[str, Any], skip: set[str]) -> list[tuple[str, str]]:

@@ -3,9 +3,11 @@ calculator's table, and the two loops of the misuse demo."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from rich.console import Group
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -52,24 +54,32 @@ def steps_view(steps: list[dict[str, Any]]) -> Table:
     for i, kv in enumerate(steps):
         growth = "" if previous is None else f"+{human(kv['bytes'] - previous)}"
         layers = kv.get("layers") or []
-        shapes = sorted({tuple(x["keys"]) for x in layers if x.get("keys")})
-        shape_text = ", ".join(f"{len(layers)} × {list(s)}" for s in shapes)
+        shapes = Counter(tuple(x["keys"]) for x in layers if x.get("keys"))  # layers per shape
+        shape_text = ", ".join(f"{n} × {list(s)}" for s, n in sorted(shapes.items()))
         table.add_row(str(i), str(kv["seq_len"]), human(kv["bytes"]), growth, shape_text)
         previous = kv["bytes"]
     return table
 
 
 def size_view(d: dict[str, Any]) -> Group:
+    from lmtrace.render.anatomy import title
+
     head = Text()
-    head.append(f"{d['model']}: ", style="bold")
-    head.append(f"{human(d['bytes_per_token'])} per token ({d['bytes_per_token']} bytes, {d['dtype']}); ")
+    full = d.get("bytes_per_token_full", d["bytes_per_token"])
+    if full != d["bytes_per_token"]:  # sliding layers: they stop growing once their window is full
+        head.append(
+            f"{human(d['bytes_per_token'])} per token while the windows fill, then {human(full)} per token "
+            f"({d['dtype']}); +{human(d.get('growth_at_context', full))} per token at context {d['context']}; "
+        )
+    else:
+        head.append(f"{human(d['bytes_per_token'])} per token ({d['bytes_per_token']} bytes, {d['dtype']}); ")
     head.append(f"{human(d['total_bytes'])} at context {d['context']} × batch {d['batch']}", style="bold")
     table = Table(box=None, header_style="bold", pad_edge=False)
     table.add_column("context", justify="right")
     table.add_column(f"batch {d['batch']}", justify="right")
     for row in d["table"]:
         table.add_row(f"{row['context']:,}", human(row["bytes"] * d["batch"]))
-    return Group(head, Text(), table)
+    return Group(title(f"{d['model']}:", ""), Padding(head, (0, 0, 0, 2)), Text(), table)
 
 
 def misuse_view(d: dict[str, Any]) -> Group:

@@ -11,7 +11,7 @@ from typing import Any
 from markupsafe import Markup
 
 from lmtrace.render import anatomy as kv_anatomy
-from lmtrace.render import attribution_html, facts, inside, structured_html, views
+from lmtrace.render import attribution_html, confidence, facts, inside, structured_html, views
 from lmtrace.render import speculative as spec_view
 from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
 from lmtrace.render.templating import parts
@@ -178,6 +178,26 @@ def steps_table(tv: list[dict[str, Any]], sampled: bool) -> Section:
     return Section("steps", "All steps", body)
 
 
+def uncertainty_section(d: dict[str, Any]) -> Section | None:
+    """--uncertainty: the text shaded by each token's DeepConf confidence and the confidence
+    chart with the group window (render/confidence.py)."""
+    u, steps = d.get("uncertainty"), d.get("steps") or []
+    if not isinstance(u, dict) or not steps or not all(isinstance(s.get("uncertainty"), dict) for s in steps):
+        return None
+    conf = [s["uncertainty"]["confidence"] for s in steps]
+    low, high = min(conf), max(conf)
+    spans = Markup("").join(
+        Markup('<span style="background:{}" title="step {}: confidence {:.3f}">{}</span>').format(
+            confidence.shade(c, low, high), s["index"], c, s["text"])
+        for s, c in zip(steps, conf)
+    )  # fmt: skip
+    window = (u.get("settings") or {}).get("window", len(conf))
+    note = Markup('<p class="meta">tokens shaded by DeepConf confidence (red: the least confident); chart: token '
+                  "confidence (dots) and group confidence (line)</p>")  # fmt: skip
+    body = note + Markup('<div class="tokens" style="white-space:pre-wrap">') + spans + Markup("</div>")
+    return Section("uncertainty", "How sure was the model?", body + confidence.confidence_svg(conf, window))
+
+
 def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], bool]:
     """(sections, the script's views, whether sampled differs from raw) for one trace."""
     tv = views.token_views(d["steps"])
@@ -190,6 +210,7 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
                      templated=(d.get("prompt") or {}).get("templated")),
         *[Section(*c) for c in constrained if c],
         speculative_section(d),
+        uncertainty_section(d),
         lens_section(d, tv),
         attribution_section(d),
         attention_section(d, tv),

@@ -1,6 +1,6 @@
 """Variant specs of the stability ledger, parsed and checked before any model loads (no torch
 here): `dtype:bfloat16`, `weights:packed`, `attention:eager`, `batch:4`, `threads:1`,
-`compile`, `engine:vllm`, `model:PATH`. Every error names the parameter and the value.
+`compile`, `engine:vllm`, `model:PATH`, `lm_head:float32`. Every error names the parameter and the value.
 
 An engine above this family (lmtrace.vllm) runs its variant through `register_engine`, called
 from the package's __init__, so that this family never imports one above it."""
@@ -28,6 +28,7 @@ KINDS = {
     "compile": "no value",
     "engine": "one of " + ", ".join(ENGINES),
     "model": "the path of another model file or folder (the same tokenizer)",
+    "lm_head": "float32 (the model in bfloat16, its lm_head in float32, as RL trainers run it)",
 }
 DEFAULT = ("dtype:bfloat16", "weights:packed", "attention:eager", "batch:4", "threads:1")
 
@@ -85,7 +86,7 @@ def parse_variant(spec: str | VariantSpec) -> VariantSpec:
         if not Path(raw).expanduser().exists():
             raise _bad(spec, f"names no file or folder: {raw!r}")
         return VariantSpec(kind, raw)
-    choices = {"weights": ("packed",), "attention": ATTENTION, "engine": ENGINES}[kind]
+    choices = {"weights": ("packed",), "attention": ATTENTION, "engine": ENGINES, "lm_head": ("float32",)}[kind]
     if raw.lower() not in choices:
         raise _bad(spec, f"needs {KINDS[kind]}, got {raw!r}")
     return VariantSpec(kind, raw.lower())

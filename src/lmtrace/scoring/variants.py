@@ -201,6 +201,23 @@ def cast(model: Any, dtype: torch.dtype) -> Any:
     return model
 
 
+class Float32Head(torch.nn.Module):
+    """An lm_head in float32 over a lower-precision model: its input upcast, float32 logits."""
+
+    def __init__(self, head: torch.nn.Module):
+        super().__init__()
+        self.head = copy.deepcopy(head).float()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden.float())  # (..., hidden) bfloat16 -> (..., vocab) float32
+
+
+def _float32_head(lm: LM, spec: VariantSpec) -> World:
+    model = cast(lm.model, torch.bfloat16)
+    model.set_output_embeddings(Float32Head(lm.model.get_output_embeddings()))
+    return CopyWorld(lm, spec, model, "weights and activations in bfloat16, the lm_head in float32")
+
+
 def _packed(lm: LM, spec: VariantSpec) -> World:
     from lmtrace.model.gguf.packed import pack_gguf, report_of
 
@@ -234,6 +251,8 @@ def build(lm: LM, spec: VariantSpec) -> World:
         return CopyWorld(lm, spec, model, f"weights and activations in {spec.value}")
     if spec.kind == "weights":
         return _packed(lm, spec)
+    if spec.kind == "lm_head":
+        return _float32_head(lm, spec)
     if spec.kind in ("attention", "threads"):
         return SettingWorld(lm, spec)
     if spec.kind == "batch":

@@ -41,6 +41,8 @@ class VerifyReport:
     float32_mean_logprob_diff: float | None = None
     float32_top1_agreement: float | None = None
     weights: str = "float"  # "packed": a GGUF's own 4-bit weights (lmtrace.model.gguf.packed)
+    # with packed weights, what ran packed: "packed (Q4_K x27, Q5_0 x81, …), bfloat16 activations"
+    packed: str | None = None
 
     @property
     def max_logprob_diff(self) -> float:
@@ -64,6 +66,7 @@ class VerifyReport:
             "float32_mean_logprob_diff": self.float32_mean_logprob_diff,
             "float32_top1_agreement": self.float32_top1_agreement,
             "weights": self.weights,
+            "packed": self.packed,
             "steps": [asdict(s) for s in self.steps],
         }
 
@@ -147,14 +150,16 @@ def verify(lm: LM, prompt_ids: list[int], max_new_tokens: int = 32, tolerance: f
     from lmtrace.model.gguf.packed import report_of
 
     dtype = str(next(lm.model.parameters()).dtype).replace("torch.", "")
-    packed = report_of(lm.model) is not None
+    pack = report_of(lm.model)
+    packed = pack is not None
     tolerance = default_tolerance(dtype, packed) if tolerance is None else tolerance
     tokens, cached = cached_greedy(lm, prompt_ids, max_new_tokens)
     full = uncached_logits(lm, prompt_ids, tokens)
     hf_ids, hf_logits = generate_oracle(lm, prompt_ids, max_new_tokens)
     lp_cached, lp_full = torch.log_softmax(cached, -1), torch.log_softmax(full, -1)
     lp_hf = torch.log_softmax(hf_logits, -1)
-    report = VerifyReport(tolerance=tolerance, dtype=dtype, weights="packed" if packed else "float")
+    report = VerifyReport(tolerance=tolerance, dtype=dtype, weights="packed" if packed else "float",
+                          packed=pack.short() if packed else None)  # fmt: skip
     if dtype != "float32" or packed:
         cost = against_float32(lm, prompt_ids, tokens, lp_cached)
         report.float32_max_logprob_diff = cost["max"]

@@ -10,11 +10,26 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from lmtrace import __version__
 from lmtrace.model.lm import LM
-from lmtrace.server import chat, completions, errors, extensions, metrics, models, tokenization, traces, viewer
+from lmtrace.server import (
+    chat,
+    completions,
+    errors,
+    extensions,
+    metrics,
+    models,
+    openapi,
+    responses,
+    tokenization,
+    traces,
+    viewer,
+)
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.generation import ServerState
 from lmtrace.server.lane import DEFAULT_PREFIX_CACHE_BYTES
+from lmtrace.server.limits import DEFAULT_MAX_BODY_MB, BodyLimit
+from lmtrace.server.prepare import DEFAULT_MAX_ROWS
 from lmtrace.server.security import HostCheck, KeyCheck
 from lmtrace.server.worker import ModelWorker
 
@@ -41,6 +56,9 @@ def create_app(
     draft: Any = None,
     draft_tokens: int = 4,
     prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+    docs: bool = True,
+    max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20,
+    max_rows: int = DEFAULT_MAX_ROWS,
 ) -> FastAPI:
     """The server for one loaded model. `max_concurrency` requests are admitted at once; their
     rows (a choice of a prompt each) decode together, up to `max_batch` rows, a request that
@@ -51,32 +69,42 @@ def create_app(
     With a `draft` (lmtrace.model.draft.draft_for) every request decodes speculatively, one row
     at a time, proposing `draft_tokens` a block (a request's `draft_tokens` overrides it).
     Prompts are prefilled together and share computed beginnings through a prefix cache of at
-    most `prefix_cache_bytes` (0: off; with `max_batch` 1 there is none)."""
+    most `prefix_cache_bytes` (0: off; with `max_batch` 1 there is none). With `docs` the
+    OpenAPI document is served at /openapi.json, browsable at /docs and /redoc. A body over
+    `max_body_bytes` is answered 413 before it is read in full; a request of more than
+    `max_rows` rows (prompts times `n`) is a 400."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     if prefix_cache_bytes < 0:
         raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
+    if max_body_bytes < 1 or max_rows < 1:
+        raise ValueError(f"max_body_bytes and max_rows must be >= 1, got {max_body_bytes} and {max_rows}")
     if max_batch > 1:
         worker: ModelWorker = BatchingWorker(lm, max_concurrency, max_batch, prefix_cache_bytes)
     else:
         worker = ModelWorker(max_concurrency)
-    state = ServerState(lm, name or served_name(lm), worker, draft=draft, draft_tokens=draft_tokens)
+    state = ServerState(lm, name or served_name(lm), worker, draft=draft, draft_tokens=draft_tokens, max_rows=max_rows)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         state.worker.shutdown()
 
-    app = FastAPI(title="lmtrace", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    schema, page, redoc = ("/openapi.json", "/docs", "/redoc") if docs else (None, None, None)
+    app = FastAPI(
+        title="lmtrace", version=__version__, lifespan=lifespan, openapi_url=schema, docs_url=page, redoc_url=redoc
+    )
     app.state.lmtrace = state
     errors.install(app)
-    for module in (models, completions, chat, traces, extensions, tokenization, viewer, metrics):
+    for module in (models, completions, chat, responses, traces, extensions, tokenization, viewer, metrics):
         app.include_router(module.router)
+    openapi.install(app, keyed=bool(api_key))
 
     @app.get("/health", include_in_schema=False)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    app.add_middleware(BodyLimit, limit=max_body_bytes)  # after the key check: no body read without the key
     if api_key:
         app.add_middleware(KeyCheck, key=api_key)
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # added last: runs first

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
 from lmtrace.decode.continuous import ContinuousBatch, Row, RowSpec
@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from lmtrace.server.prepare import Job
 
 IDLE_WAIT_S = 0.5
+# a request holds at most all but max_batch // RESERVED_PART of the batch's rows (at least one
+# kept from a batch of 4 or more; 16: 14), so a request that arrives while a large one runs
+# joins at the next step
+RESERVED_PART = 8
 
 
 class _Request:
@@ -198,14 +202,35 @@ class BatchingWorker(ModelWorker):
                 if req.handle.cancelled:
                     self._close(req, Cancelled())
             self._rows = deque(item for item in self._rows if not item[0].closed)
-        arriving = []
-        while self._rows and len(arriving) < batch.free:
-            req, spec = self._rows.popleft()
-            if not req.closed:
-                arriving.append((req, spec))
+        arriving = self._admit_rows(batch) if batch.free else []
         if arriving:
             self._join_rows(batch, arriving, retry=True)
         self.peak_rows = max(self.peak_rows, len(batch.rows))
+
+    def _admit_rows(self, batch: ContinuousBatch) -> list[tuple[_Request, RowSpec]]:
+        """Admission: the waiting rows that join the batch now. Round-robin over the waiting
+        requests in arrival order (one row of each in turn), so a request of thousands of rows
+        does not hold back another's first row; a request holds at most `share` of the batch
+        (room kept for a request that arrives while it runs)."""
+        held = Counter(id(row.spec.tag[0]) for row in batch.rows)
+        share = self.max_batch - (max(1, self.max_batch // RESERVED_PART) if self.max_batch >= 4 else 0)
+        lines: dict[int, deque[tuple[_Request, RowSpec]]] = {}
+        for item in self._rows:
+            if not item[0].closed:
+                lines.setdefault(id(item[0]), deque()).append(item)
+        taken: list[tuple[_Request, RowSpec]] = []
+        free = batch.free
+        while free and lines:
+            for key in list(lines):
+                if free and held[key] < share:
+                    taken.append(lines[key].popleft())
+                    held[key] += 1
+                    free -= 1
+                if not lines[key] or held[key] >= share:
+                    del lines[key]
+        chosen = {id(spec) for _, spec in taken}
+        self._rows = deque(item for item in self._rows if id(item[1]) not in chosen and not item[0].closed)
+        return taken
 
     def _join_rows(self, batch: ContinuousBatch, arriving: list[tuple[_Request, RowSpec]], retry: bool) -> None:
         """The rows that arrived together, prefilled together and joined; when that fails, one

@@ -1,6 +1,7 @@
 """POST /v1/chat/completions, as OpenAI's: `messages` through the model's chat template,
 `logprobs: true` (+ `top_logprobs` N) gives choices[].logprobs.content[] = {token, logprob,
-bytes, top_logprobs: [{token, logprob, bytes}]}."""
+bytes, top_logprobs: [{token, logprob, bytes}]}; `tools` and `tool_choice` give
+message.tool_calls (lmtrace.server.tools)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from lmtrace.records import Trace
+from lmtrace.server import tools
+from lmtrace.server.errors import failure
 from lmtrace.server.generation import Part, ServerState, collect, new_id, openai_chunks, start, usage
 from lmtrace.server.logprobs import chat_entry
 from lmtrace.server.prepare import Job, chat_job, check_model
 from lmtrace.server.schemas import ChatRequest
-from lmtrace.server.sse import SSEResponse
+from lmtrace.server.sse import DONE, SSEResponse, sse
 from lmtrace.server.worker import Handle
 
 router = APIRouter()
@@ -24,24 +28,60 @@ router = APIRouter()
 async def create_chat_completion(body: ChatRequest, request: Request) -> Any:
     state: ServerState = request.app.state.lmtrace
     check_model(body, state.name)
-    job = chat_job(state.front, body)
+    job = await state.prepare(chat_job, body)
     handle = start(state, job)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": state.name}
     if body.stream:
         with_usage = body.stream_options is not None and body.stream_options.include_usage
+        if job.tools is not None:
+            return SSEResponse(_whole(job, handle, request, head, with_usage), handle.cancel)
         return SSEResponse(_chunks(state, job, handle, request, head, with_usage), handle.cancel)
     answer = await collect(handle, request)
     traces = answer.traces
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": t.text},
-            "logprobs": {"content": [chat_entry(s, job.sampled) for s in t.steps]} if job.logprobs else None,
-            "finish_reason": t.finish_reason,
-        }
-        for i, t in enumerate(traces)
-    ]
+    choices = [choice(job, i, t) for i, t in enumerate(traces)]
     return {**head, "object": "chat.completion", "choices": choices, "usage": usage(job, traces, answer.cached)}
+
+
+def choice(job: Job, index: int, trace: Trace) -> dict[str, Any]:
+    """One choice of the answer. With tools, a call the model made is the message's
+    `tool_calls` (finish_reason "tool_calls"), and the extension `tool_call_fields` gives each
+    argument's confidence."""
+    out: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": trace.text}}
+    out["logprobs"] = {"content": [chat_entry(s, job.sampled) for s in trace.steps]} if job.logprobs else None
+    out["finish_reason"] = trace.finish_reason
+    if job.tools is not None:
+        calls, before = tools.read_calls(job.tools, trace.text)
+        if calls:
+            out["message"] = {"role": "assistant", "content": before or None,
+                              "tool_calls": [c.to_openai() for c in calls]}  # fmt: skip
+            out["finish_reason"] = "tool_calls"
+            out["tool_call_fields"] = tools.call_fields(trace, calls, job.tools.forced)
+    return out
+
+
+async def _whole(job: Job, handle: Handle, request: Request, head: dict, with_usage: bool) -> AsyncIterator[str]:
+    """A stream with tools: whether the answer is a call is known at its end, so each choice
+    comes in one chunk then (the role, the content or tool_calls, its logprobs), as OpenAI's
+    chunks shape them (tool_calls with an `index`)."""
+    head = {**head, "object": "chat.completion.chunk"}
+    try:
+        answer = await collect(handle, request)
+        for i, trace in enumerate(answer.traces):
+            whole = choice(job, i, trace)
+            delta = {**whole["message"]}
+            if "tool_calls" in delta:
+                delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(delta["tool_calls"])]
+            first = {"index": i, "delta": delta, "logprobs": whole["logprobs"], "finish_reason": None}
+            yield sse({**head, "choices": [first]})
+            last = {"index": i, "delta": {}, "logprobs": None, "finish_reason": whole["finish_reason"]}
+            if "tool_call_fields" in whole:
+                last["tool_call_fields"] = whole["tool_call_fields"]
+            yield sse({**head, "choices": [last]})
+        if with_usage:
+            yield sse({**head, "choices": [], "usage": usage(job, answer.traces, answer.cached)})
+    except Exception as e:  # the stream has started: the error goes in an event
+        yield sse(failure(e).body())
+    yield DONE
 
 
 def _chunks(

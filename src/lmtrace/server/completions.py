@@ -27,7 +27,7 @@ router = APIRouter()
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     state: ServerState = request.app.state.lmtrace
     check_model(body, state.name)
-    job = completion_job(state.front, body)
+    job = await state.prepare(completion_job, body)
     handle = start(state, job)
     head = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": state.name}
     if body.stream:
@@ -46,7 +46,7 @@ def _choice(job: Job, index: int, trace: Trace | None, prompt: list[PromptToken]
     if job.logprobs:
         lp = CompletionLogprobs(0 if job.echo else len(prompt_text))
         if job.echo:
-            lp.add_prompt(prompt or [])
+            lp.add_prompt(prompt or [], prompt_text)
             lp.offset = len(prompt_text)
         steps = trace.steps if trace else []
         for step, piece in zip(steps, answer_pieces(steps, text)):
@@ -70,7 +70,7 @@ def _chunks(
         if job.logprobs and (part.steps or part.prompt is not None):
             lp = CompletionLogprobs(0 if part.prompt is not None else offsets[part.choice])
             if part.prompt is not None:
-                lp.add_prompt(part.prompt)
+                lp.add_prompt(part.prompt, job.prompt_of(part.choice).text)
             else:
                 for step, piece in part.steps:
                     lp.add_step(step, piece, job.sampled)

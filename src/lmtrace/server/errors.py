@@ -1,6 +1,9 @@
 """OpenAI's error envelope, {"error": {"message", "type", "param", "code"}}, for every failure:
-bad requests (400), a wrong key (401), an unknown model or route (404), a full queue (429),
-a request cancelled by the server's shutdown (503)."""
+bad requests (400), a wrong key (401), an unknown model or route (404), a method the route does
+not take (405, with `Allow`), a body over the limit (413), a full queue (429), a request
+cancelled by the server's shutdown (503). Pydantic's errors are said in OpenAI's words: a field
+as `messages[0].content` in the message and `messages.[0].content` in `param`, never a
+validator's internal name."""
 
 from __future__ import annotations
 
@@ -22,6 +25,10 @@ log = logging.getLogger("lmtrace.server")
 # SamplingParams speaks lmtrace's names; the API speaks OpenAI's.
 API_NAMES = {"max_new_tokens": "max_tokens"}
 _LEADING_NAME = re.compile(r"^([a-z_]+)\b")
+# a step of a pydantic location that names a validator or a union member, not a field
+_INTERNAL = re.compile(r"[\[\](),]|^(str|int|float|bool|list|dict|none|tagged-union|literal)$")
+MAX_JSON_DEPTH = 512  # arrays and objects nested in a request body (no request field needs 20)
+PARSE_FAILED = "There was an error parsing the body"  # FastAPI's words
 # a lone surrogate (JSON allows "\ud800") cannot be encoded as UTF-8: one echoed back in a
 # message would make the error answer itself fail
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -74,25 +81,81 @@ def from_invalid(e: InvalidParameter, renames: dict[str, str] | None = None) -> 
     return bad_request(message, name)
 
 
+def field_path(loc: tuple | list, dotted: bool) -> str:
+    """A pydantic location as OpenAI writes it: `messages[0].role` (messages) or
+    `messages.[0].role` (`param`); validator and union-member names left out."""
+    out = ""
+    for p in loc:
+        if p == "body" and not out:
+            continue
+        if isinstance(p, int):
+            out += f".[{p}]" if dotted and out else f"[{p}]"
+        elif not _INTERNAL.search(str(p)):
+            out += f".{p}" if out else str(p)
+    return out
+
+
 def _validation_error(exc: RequestValidationError) -> APIError:
     first = exc.errors()[0] if exc.errors() else {}
     kind = first.get("type", "")
-    # OpenAI writes a nested field as messages.[0].role
-    loc = [f"[{p}]" if isinstance(p, int) else str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = first.get("loc", ())
     if kind == "json_invalid":
         return bad_request(f"the request body is not valid JSON ({first.get('msg', 'parse error')})")
-    param = ".".join(loc) or None
+    where, param = field_path(loc, False), field_path(loc, True) or None
     if kind == "missing":
-        return bad_request(f"{param} is required", param)
+        if not where:  # no body at all
+            return bad_request("the request body is required: a JSON object")
+        return bad_request(f"{where} is required", param)
     if kind == "extra_forbidden":
-        return bad_request(f"Unrecognized request argument supplied: {param}", param)
+        return bad_request(f"Unrecognized request argument supplied: {where}", param)
     if kind == "string_unicode":  # a lone surrogate in a field name (pydantic cannot read it)
-        return bad_request(f"{param or 'the request body'}: a string is not valid Unicode (a lone surrogate)", param)
-    if not loc:  # the body itself has the wrong type (an array, a string)
+        return bad_request(f"{where or 'the request body'}: a string is not valid Unicode (a lone surrogate)", param)
+    if not where:  # the body itself has the wrong type (an array, a string)
         return bad_request("the request body must be a JSON object")
     value = json.dumps(first.get("input"), ensure_ascii=False, default=str)[:80]
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    return bad_request(f"{param}: {msg}, got {value}", param)
+    if msg.startswith("must "):  # our own validators' words: "max_tokens must be an integer"
+        return bad_request(f"{where} {msg}, got {value}", param)
+    return bad_request(f"{where}: {msg}, got {value}", param)
+
+
+def depth(text: str) -> int:
+    """How deep arrays and objects nest in a JSON text (brackets inside strings not counted)."""
+    deepest = level = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            level += 1
+            deepest = max(deepest, level)
+        elif ch in "]}":
+            level -= 1
+    return deepest
+
+
+def unreadable_body(body: bytes) -> APIError:
+    """Why a body could not be read as JSON (FastAPI says only "There was an error parsing the
+    body"), in one line."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return bad_request(f"the request body is not UTF-8 text (byte {e.start} is {body[e.start]:#04x})")
+    nested = depth(text)
+    if nested > MAX_JSON_DEPTH:
+        return bad_request(f"the request body nests {nested} levels deep; at most {MAX_JSON_DEPTH} are read")
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError) as e:
+        return bad_request(f"the request body is not valid JSON ({' '.join(str(e).split())[:200]})")
+    return bad_request("the request body could not be read as JSON")
 
 
 def install(app: FastAPI) -> None:
@@ -112,8 +175,15 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else exc.detail
-        return APIError(exc.status_code, str(message)).response()
+        if exc.status_code == 400 and exc.detail == PARSE_FAILED:
+            return unreadable_body(await request.body()).response()
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            message = f"{request.method} is not allowed on {request.url.path}; it takes {allowed or 'none'}"
+            return APIError(405, message, headers=exc.headers).response()
+        message = f"no route {request.method} {request.url.path}" if exc.status_code == 404 else exc.detail
+        code = "request_too_large" if exc.status_code == 413 else None
+        return APIError(exc.status_code, str(message), code=code, headers=exc.headers).response()
 
     @app.exception_handler(Exception)
     async def _failure(request: Request, exc: Exception) -> JSONResponse:

@@ -15,8 +15,8 @@ from lmtrace.decode.branch import branch
 from lmtrace.scoring.score import score
 from lmtrace.server.errors import APIError, bad_request, failure
 from lmtrace.server.generation import ServerState
-from lmtrace.server.prepare import check_model, params_for
-from lmtrace.server.schemas import Sampling, Text
+from lmtrace.server.prepare import check_common, check_model, params_for
+from lmtrace.server.schemas import Int, Sampling, Text
 from lmtrace.server.traces import served
 from lmtrace.server.worker import Busy, ShuttingDown
 
@@ -33,9 +33,9 @@ class ScoreRequest(BaseModel):
     prompt: Text | None = None
     continuation: Text | None = None
     # Alternatives per token (0-100); tokens per forward pass and between windows (default: the context).
-    top_logprobs: int = 5
-    window: int | None = None
-    stride: int | None = None
+    top_logprobs: Int = 5
+    window: Int | None = None
+    stride: Int | None = None
 
 
 class BranchRequest(Sampling):
@@ -44,10 +44,10 @@ class BranchRequest(Sampling):
     chat: bool = False
     # The step (0-based) whose token is replaced, by the raw distribution's ranks in
     # `alternatives` (default [2]) or by each of the `fan` most likely others.
-    at: int
-    alternatives: list[int] | None = None
-    fan: int | None = None
-    top_logprobs: int = 5
+    at: Int
+    alternatives: list[Int] | None = None
+    fan: Int | None = None
+    top_logprobs: Int = 5
     lens: bool = False
     attention: bool | str = False
 
@@ -90,6 +90,7 @@ async def create_score(body: ScoreRequest, request: Request) -> Any:
 async def create_branch(body: BranchRequest, request: Request) -> Any:
     state: ServerState = request.app.state.lmtrace
     check_model(body, state.name)
+    check_common(body)
     params = params_for(body, 64 if body.max_tokens is None else body.max_tokens, body.top_logprobs, "top_logprobs")
     kw = {"fan": body.fan, "params": params, "chat": body.chat, "lens": body.lens, "attention": body.attention}
     result = await _run(state, request, lambda: branch(state.lm, body.prompt, body.at, body.alternatives, **kw))

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from lmtrace.decode.prefill import PromptRow, prefill_many
@@ -20,7 +22,7 @@ from lmtrace.records import Step, Trace
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.errors import APIError, failure
 from lmtrace.server.logprobs import PromptToken, prompt_tokens
-from lmtrace.server.prepare import Job
+from lmtrace.server.prepare import Job, check_rows
 from lmtrace.server.sse import DONE, ChoiceStream, sse
 from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, ShuttingDown, Work
 
@@ -30,7 +32,7 @@ class ServerState:
     """What the routes share: the model, the name it is served under, the worker, and `front`:
     the same model with its own tokenizer copy, for encoding requests on the event loop while
     the model thread decodes (a fast tokenizer used from two threads can fail "Already
-    borrowed")."""
+    borrowed"). Requests are prepared with it off the event loop, one at a time (`prepare`)."""
 
     lm: LM
     name: str
@@ -39,7 +41,20 @@ class ServerState:
     # speculative decoding (lmtrace serve --draft): the draft model and its default block size
     draft: Any = None
     draft_tokens: int = 4
+    max_rows: int = 1024  # rows (prompts times n) one request may ask for
     front: LM = field(init=False)
+    front_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+
+    async def prepare(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(front, *args)` (tokenizing, templating, compiling a constraint) in a worker
+        thread, so that a large prompt never holds up the event loop; one at a time, as the
+        front tokenizer is one."""
+
+        def locked() -> Any:
+            with self.front_lock:
+                return fn(self.front, *args)
+
+        return await run_in_threadpool(locked)
 
     def __post_init__(self) -> None:
         try:
@@ -76,13 +91,14 @@ def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
             traces += generate_ids(
                 lm, [p.ids] * job.n, job.params, prompt_texts=[p.text] * job.n, chat=job.chat, on_step=on_step,
                 **job.inside, **({"draft": draft, "draft_tokens": draft_tokens} if draft is not None else {}),
-            )
+            )  # fmt: skip
         emit(("done", traces))
 
     return run
 
 
 def start(state: ServerState, job: Job) -> Handle:
+    check_rows(job, state.max_rows)
     if state.draft is not None:  # speculative decoding runs one row at a time, on the model thread
         return _submit(state, work(state.lm, job, state.draft, job.draft_tokens or state.draft_tokens))
     if job.draft_tokens is not None:
@@ -159,6 +175,7 @@ class Part:
     prompt: list[PromptToken] | None = None
     finish_reason: str | None = None
     usage: dict[str, int] | None = None  # only on the last Part, whose choice is -1
+    trace: Trace | None = None  # on the Part that finishes its choice: the choice's whole trace
 
 
 async def stream_parts(state: ServerState, job: Job, handle: Handle, request: Request) -> AsyncIterator[Part]:
@@ -182,7 +199,7 @@ async def stream_parts(state: ServerState, job: Job, handle: Handle, request: Re
             traces = event[1] or [None] * job.choices  # echo with max_tokens 0 generates nothing
             for i, trace in enumerate(traces):
                 text, ready = streams[i].finish(trace.text) if trace else ("", [])
-                yield Part(i, text, ready, finish_reason=trace.finish_reason if trace else "length")
+                yield Part(i, text, ready, finish_reason=trace.finish_reason if trace else "length", trace=trace)
             yield Part(-1, "", usage=usage(job, event[1], cached))
 
 

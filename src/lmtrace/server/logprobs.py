@@ -103,10 +103,15 @@ class CompletionLogprobs:
         self.text_offset.append(self.offset)
         self.offset += len(piece)
 
-    def add_prompt(self, tokens: list[PromptToken]) -> None:
+    def add_prompt(self, tokens: list[PromptToken], text: str | None = None) -> None:
+        """The echoed prompt. With its `text`, a token whose piece the text does not go on with
+        (a BOS or other special token the tokenizer added) adds no characters: its offset is
+        the next token's, so offsets stay those of the tokenizer's own offset mapping."""
+        start = self.offset
         for t in tokens:
             top = None if t.logprob is None else _top_dict(t.top, t.bytes, t.logprob, "logprob")
-            self._add(t.bytes, t.piece, t.logprob, top)
+            added = text is not None and not text.startswith(t.piece, self.offset - start)
+            self._add(t.bytes, "" if added else t.piece, t.logprob, top)
 
     def add_step(self, step: Step, piece: str, sampled: bool) -> None:
         """`piece` is the text the step adds to the answer ("" past a stop string or at EOS)."""

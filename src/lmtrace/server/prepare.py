@@ -11,13 +11,15 @@ from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
-from lmtrace.server import constraints
+from lmtrace.server import constraints, messages, tools
 from lmtrace.server.errors import APIError, bad_request, from_invalid
 from lmtrace.server.schemas import ChatRequest, CompletionRequest, Message, Sampling, TraceRequest, unicode_text
+from lmtrace.server.tools import ToolPlan
 
 MAX_LOGPROBS = 20  # OpenAI's cap on alternatives per token, for both routes
 MAX_N = 16
 MAX_PROMPTS = 256  # prompts in one request (times n: rows queued at once)
+DEFAULT_MAX_ROWS = 1024  # rows (prompts times n) of one request, lmtrace serve --max-rows-per-request
 MAX_STOP = 4
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 TRACE_MAX_TOKENS = 64  # the CLI's default
@@ -45,6 +47,7 @@ class Job:
     many: bool = False
     inside: dict = field(default_factory=dict)  # /v1/traces: lens, attention
     draft_tokens: int | None = None  # speculative decoding on a server with a draft (None: its default)
+    tools: ToolPlan | None = None  # chat with tools: the answer's calls are read back (lmtrace.server.tools)
 
     @property
     def top_n(self) -> int:
@@ -66,6 +69,17 @@ class Job:
         return len(self.prompts) * self.n
 
 
+def check_rows(job: Job, limit: int) -> None:
+    """A request of more rows (prompts times `n`) than the server takes is a 400."""
+    if job.choices > limit:
+        name = "n" if job.n > 1 else "prompt"
+        raise bad_request(
+            f"{name}: the request asks for {job.choices} rows ({len(job.prompts)} prompts times n {job.n}); "
+            f"this server takes at most {limit} per request (lmtrace serve --max-rows-per-request)",
+            name,
+        )
+
+
 def check_model(body: Sampling, served: str) -> None:
     if body.model is not None and body.model != served:
         raise APIError(
@@ -81,7 +95,8 @@ def _range(name: str, value: int, low: int, high: int) -> None:
         raise bad_request(f"{name} must be in [{low}, {high}], got {value}", name)
 
 
-def _common(body: Sampling) -> None:
+def check_common(body: Sampling) -> None:
+    """The fields every generating route checks: n, the penalties, stop, draft_tokens."""
     _range("n", body.n, 1, MAX_N)
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(body, name) != 0:
@@ -92,10 +107,18 @@ def _common(body: Sampling) -> None:
         _range("draft_tokens", body.draft_tokens, 1, MAX_DRAFT_TOKENS)
 
 
-def params_for(body: Sampling, max_tokens: int, top_logprobs: int, top_name: str) -> SamplingParams:
-    """SamplingParams with the CLI's validation, the constraint compiled; errors name the
-    request's fields."""
+def params_for(
+    body: Sampling, max_tokens: int, top_logprobs: int, top_name: str, plan: ToolPlan | None = None
+) -> SamplingParams:
+    """SamplingParams with the CLI's validation, the constraint compiled (a forced tool call's
+    schema under `plan`); errors name the request's fields."""
     fields, renames = constraints.constraint_fields(body)
+    if plan is not None and plan.forced:
+        if fields.get("json_schema") or any(fields.get(k) for k in constraints.OWN_KEYS):
+            other = next(iter(fields))
+            other = renames.get(other, other).split(".")[0]
+            raise bad_request(f"tool_choice: one constraint at a time, got {other} and tool_choice", "tool_choice")
+        fields, renames = {"json_schema": plan.call_schema()}, {"json_schema": "tools"}
     try:
         params = SamplingParams(
             max_new_tokens=max_tokens,
@@ -120,18 +143,37 @@ def context_size(lm: LM) -> int | None:
     return getattr(lm.model.config, "max_position_embeddings", None)
 
 
-def check_fits(lm: LM, ids: list[int], max_tokens: int, name: str = "prompt") -> None:
+def check_fits(lm: LM, ids: list[int], max_tokens: int, name: str = "prompt", param: str = "prompt") -> None:
+    """The prompt and `max_tokens` fit the model's context. A prompt that leaves no room for
+    `max_tokens` is blamed on the prompt (its tokens, the limit, what max_tokens leaves it); a
+    prompt that fits, on max_tokens (what this prompt leaves it)."""
     limit = context_size(lm)
-    if limit and len(ids) + max_tokens > limit:
+    if not limit or len(ids) + max_tokens <= limit:
+        return
+    if len(ids) >= limit or len(ids) > max_tokens:  # the prompt is the larger part
+        room = max(0, limit - max_tokens)
         raise bad_request(
-            f"max_tokens is too large: the {name} has {len(ids)} tokens and max_tokens is {max_tokens}, "
-            f"{len(ids) + max_tokens} in all, but the model's context holds {limit} tokens",
-            "max_tokens",
+            f"{name} is too long: it has {len(ids)} tokens and the model's context holds {limit} tokens; "
+            f"with max_tokens {max_tokens} the prompt may have at most {room}",
+            param,
         )
+    raise bad_request(
+        f"max_tokens is too large: the {name} has {len(ids)} tokens and max_tokens is {max_tokens}, "
+        f"{len(ids) + max_tokens} in all, but the model's context holds {limit} tokens "
+        f"(max_tokens {limit - len(ids)} at most with this {name})",
+        "max_tokens",
+    )
+
+
+def _is_id(t: object) -> bool:
+    """A token id: an integer, or a float with no fraction (JSON Schema counts 3.0 an integer)."""
+    if isinstance(t, bool):
+        return False
+    return isinstance(t, int) or (isinstance(t, float) and t.is_integer())
 
 
 def _is_ids(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    return isinstance(value, list) and all(_is_id(t) for t in value)
 
 
 def encode(lm: LM, prompt: object, name: str = "prompt") -> tuple[list[int], str]:
@@ -151,11 +193,12 @@ def encode(lm: LM, prompt: object, name: str = "prompt") -> tuple[list[int], str
     if _is_ids(prompt):
         if not prompt:
             raise bad_request(f"{name} must not be empty", "prompt")
+        ids = [int(t) for t in prompt]
         vocab = lm.model.config.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
+        bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise bad_request(f"{name} token ids must be in [0, {vocab - 1}], got {bad[0]}", "prompt")
-        return list(prompt), lm.tokenizer.decode(prompt)
+        return ids, lm.tokenizer.decode(ids)
     raise bad_request(f"{name} must be a string or a list of token ids (integers)", "prompt")
 
 
@@ -169,20 +212,31 @@ def encode_many(lm: LM, prompt: object) -> tuple[list[Prompt], bool]:
     return [Prompt(*encode(lm, prompt))], False
 
 
-def encode_chat(lm: LM, messages: list[Message]) -> tuple[list[int], str]:
-    """The conversation through the chat template, as `lmtrace generate --chat` does."""
-    if not messages:
-        raise bad_request("messages must hold at least one message", "messages")
+def encode_chat(lm: LM, history: list[Message], plan: ToolPlan | None = None) -> tuple[list[int], str]:
+    """The conversation through the chat template, as `lmtrace generate --chat` does; with
+    tools, as lmtrace.server.tools says."""
     tok = lm.tokenizer
     if not getattr(tok, "chat_template", None):
         raise bad_request("messages: this model has no chat template; use /v1/completions", "messages")
-    turns = [{"role": m.role, "content": m.text()} for m in messages]
-    text = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+    turns = messages.turns(history, native=plan is not None and plan.native)
+    kw = {}
+    if plan is not None and plan.native:
+        kw["tools"] = plan.tools
+    elif plan is not None:  # the tools in the system prompt, before its own text
+        if turns[0]["role"] in ("system", "developer"):
+            turns[0] = {**turns[0], "content": plan.system() + "\n\n" + turns[0]["content"]}
+        else:
+            turns.insert(0, {"role": "system", "content": plan.system()})
+    try:
+        text = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False, **kw)
+    except Exception as e:  # the model's template refused these messages (roles, an order)
+        raise bad_request(f"messages: the chat template failed: {' '.join(str(e).split())[:300]}", "messages") from e
+    text += plan.prefix() if plan is not None else ""
     return list(tok(text, add_special_tokens=False)["input_ids"]), text
 
 
 def completion_job(lm: LM, body: CompletionRequest) -> Job:
-    _common(body)
+    check_common(body)
     if body.best_of not in (None, 1) or body.suffix is not None:
         name = "best_of" if body.best_of not in (None, 1) else "suffix"
         raise bad_request(f"{name} is not supported by lmtrace serve", name)
@@ -202,38 +256,51 @@ def completion_job(lm: LM, body: CompletionRequest) -> Job:
 
 
 def chat_job(lm: LM, body: ChatRequest) -> Job:
-    _common(body)
+    check_common(body)
     if body.top_logprobs is not None:
         _range("top_logprobs", body.top_logprobs, 0, MAX_LOGPROBS)
         if not body.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
-    ids, text = encode_chat(lm, body.messages)
+    plan = tools.plan(body, getattr(lm.tokenizer, "chat_template", None))
+    ids, text = encode_chat(lm, body.messages, plan)
+    for name in ("max_tokens", "max_completion_tokens"):  # both checked, whichever is used
+        value = getattr(body, name)
+        if value is not None:
+            _range(name, value, 1, context_size(lm) or value)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if limit is None:  # as OpenAI: up to the end of the context
         limit = max(1, (context_size(lm) or len(ids) + 512) - len(ids))
-    params = params_for(body, limit, (body.top_logprobs or 0) if body.logprobs else 0, "top_logprobs")
-    check_fits(lm, ids, limit)
+    params = params_for(body, limit, (body.top_logprobs or 0) if body.logprobs else 0, "top_logprobs", plan)
+    check_fits(lm, ids, limit, "chat prompt", "messages")
     job = Job([Prompt(ids, text)], params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
-    job.draft_tokens = body.draft_tokens
+    job.draft_tokens, job.tools = body.draft_tokens, plan
     return job
 
 
 def trace_job(lm: LM, body: TraceRequest) -> Job:
-    _common(body)
+    check_common(body)
     if body.n != 1:
         raise bad_request(f"n must be 1 for /v1/traces, got {body.n}", "n")
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("give either prompt or messages", "prompt")
+    plan = None
     if body.messages is not None:
-        prompts, many = [Prompt(*encode_chat(lm, body.messages))], False
+        plan = tools.plan(body, getattr(lm.tokenizer, "chat_template", None))
+        prompts, many = [Prompt(*encode_chat(lm, body.messages, plan))], False
     else:
+        if body.tools is not None or body.tool_choice is not None:
+            raise bad_request("tools need messages (a chat), not a prompt", "tools")
         prompts, many = encode_many(lm, body.prompt)
     max_tokens = TRACE_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    params = params_for(body, max_tokens, body.top_logprobs, "top_logprobs")
+    params = params_for(body, max_tokens, body.top_logprobs, "top_logprobs", plan)
     for i, p in enumerate(prompts):
         check_fits(lm, p.ids, max_tokens, f"prompt[{i}]" if many else "prompt")
     sampled = body.logprobs_mode == "sampled"
     job = Job(prompts, params, 1, body.messages is not None, True, sampled, many=many)
     job.inside = {"lens": body.lens, "attention": body.attention}
-    job.draft_tokens = body.draft_tokens
+    if body.uncertainty:  # an observer: the engine's own batch, as lens and attention
+        from lmtrace.decode.uncertainty import Uncertainty
+
+        job.inside["observers"] = [Uncertainty(vocab=lm.model.config.vocab_size)]
+    job.draft_tokens, job.tools = body.draft_tokens, plan
     return job

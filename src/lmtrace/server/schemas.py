@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 
 def unicode_text(value: str) -> str:
@@ -20,6 +20,20 @@ def unicode_text(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(unicode_text)]
+
+
+def whole_number(value: Any) -> Any:
+    """JSON Schema counts 2.0 an integer: a float with no fraction is taken as one; 2.5 is
+    refused in one line (a bool or a string is left for the strict check to refuse)."""
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise ValueError("must be an integer")
+    return value
+
+
+# an integer field: 3 or 3.0
+Int = Annotated[int, BeforeValidator(whole_number)]
 
 
 class StreamOptions(BaseModel):
@@ -74,23 +88,23 @@ class Sampling(BaseModel):
     # The served model's id (GET /v1/models); optional, any other value is a 404.
     model: Text | None = None
     # Tokens to generate at most; the prompt plus this must fit the model's context.
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
     # 0 means greedy; otherwise logits are divided by it before sampling.
     temperature: float = 1.0
     # Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p.
     top_p: float = 1.0
     # Extension: keep only the k most likely tokens; 0 (or -1, vLLM's spelling) disables.
-    top_k: int = 0
+    top_k: Int = 0
     # Extension: drop tokens whose probability is below min_p times the top token's.
     min_p: float = 0.0
     # Extension: divide positive logits (multiply negative ones) of tokens already seen.
     repetition_penalty: float = 1.0
     # Seed of the sampler; the same seed and request give the same output.
-    seed: int | None = None
+    seed: Int | None = None
     # Up to 4 strings that end the generation; the text is cut before the first one.
     stop: Text | list[Text] | None = None
     # Choices to generate for the prompt (decoded together as one batch).
-    n: int = 1
+    n: Int = 1
     # Answer with server-sent events, ending with `data: [DONE]`.
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -101,7 +115,7 @@ class Sampling(BaseModel):
     ignore_eos: bool = False
     # Extension: tokens the draft proposes per block (1-16), on a server started with --draft
     # (speculative decoding; the numbers stay the model's). Default: the server's --draft-tokens.
-    draft_tokens: int | None = None
+    draft_tokens: Int | None = None
     # Accepted for compatibility and ignored.
     user: Text | None = None
     # Accepted only at their neutral value 0: lmtrace does not implement them.
@@ -122,52 +136,136 @@ class CompletionRequest(Sampling):
     # A string, or a list of token ids.
     prompt: Any = Field(...)
     # Return the logprob of each token and of this many alternatives (0-20).
-    logprobs: int | None = None
+    logprobs: Int | None = None
     # Answer with the prompt before the completion (and its tokens first in logprobs).
     echo: bool = False
     # Accepted only at OpenAI's neutral values.
-    best_of: int | None = None
+    best_of: Int | None = None
     suffix: Text | None = None
 
 
-class ContentPart(BaseModel):
+# a message's content: a string, or content parts (only text ones: this server's models read
+# text); null for an assistant turn that only calls tools. Checked in lmtrace.server.messages,
+# which answers in OpenAI's words ("messages[0].content[0]: a text part needs \"text\"").
+CONTENT_SCHEMA = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                "required": ["type", "text"],
+            },
+        },
+        {"type": "null"},
+    ]
+}
+
+
+class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    type: Literal["text"]
-    text: Text
+    name: Text
+    # The arguments as JSON text, as OpenAI writes them.
+    arguments: Text
+
+
+class ToolCall(BaseModel):
+    """A call an assistant turn made (in the history sent back)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[ContentPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[Any, WithJsonSchema(CONTENT_SCHEMA)] = None
     name: Text | None = None
+    # An assistant turn's tool calls; a tool turn's answer names the call it answers.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: Text | None = None
+    # Accepted for compatibility, as OpenAI's client sends an answer's message back: a refusal,
+    # annotations, and audio / function_call (only null).
+    refusal: Text | None = None
+    annotations: list[dict[str, Any]] | None = None
+    audio: None = None
+    function_call: None = None
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Annotated[Text, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: Text | None = None
+    # The arguments' JSON schema (default: an object with any properties).
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
-class ChatRequest(Sampling):
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    """tool_choice {"type": "function", "function": {"name": ...}}: call that one function."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class Tools(BaseModel):
+    """The tool fields of chat and /v1/traces (lmtrace.server.tools)."""
+
+    # Functions the model may call; their schemas go into the prompt through the chat template.
+    tools: list[Tool] | None = None
+    # "auto" (the default with tools): the model decides; "none": no call; "required": one call
+    # of one of the tools; {"type": "function", ...}: a call of that one. With "required" or a
+    # named function the arguments are decoded under the function's parameter schema.
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # Accepted; one call at most is made per answer.
+    parallel_tool_calls: bool | None = None
+
+
+class ChatRequest(Tools, Sampling):
     # The conversation, rendered with the model's chat template.
     messages: list[Message]
     # Return each generated token's logprob (and `top_logprobs` alternatives, 0-20).
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = None
     # OpenAI's newer name for max_tokens.
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int | None = None
 
 
-class TraceRequest(Sampling):
+class TraceRequest(Tools, Sampling):
     # One of: a prompt (string or token ids) or chat messages.
     prompt: Any = None
     messages: list[Message] | None = None
     # Alternatives recorded per step (0-100, as the CLI's --top-logprobs).
-    top_logprobs: int = 5
+    top_logprobs: Int = 5
     # Record every layer's prediction per step (the logit lens) / the attention over the cache
     # (true: the mean over heads; "heads": also each head's own).
     lens: bool = False
     attention: bool | Literal["heads"] = False
+    # Record each step's confidence, margin, varentropy and the trace's sequence scores (the
+    # CLI's --uncertainty, DeepConf's k 20 and window/tail 2048; docs/uncertainty.md).
+    uncertainty: bool = False
     # The CLI's constraint keys (as on a batch line): a JSON schema, a regular expression, the
     # options of a choice, an EBNF grammar; and the whitespace a JSON schema allows.
     json_schema: dict[str, Any] | None = None
@@ -206,4 +304,4 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: Text | None = None
-    tokens: list[int]
+    tokens: list[Int]

@@ -8,6 +8,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from lmtrace.model.lm import LM
+from lmtrace.server import messages
 from lmtrace.server.errors import bad_request
 from lmtrace.server.generation import ServerState
 from lmtrace.server.prepare import check_model, context_size
@@ -16,8 +18,8 @@ from lmtrace.server.schemas import DetokenizeRequest, TokenizeRequest
 router = APIRouter()
 
 
-def _chat_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
-    tok = state.front.tokenizer
+def _chat_ids(front: LM, body: TokenizeRequest) -> list[int]:
+    tok = front.tokenizer
     if not getattr(tok, "chat_template", None):
         raise bad_request("messages: this model has no chat template; send prompt instead", "messages")
     if not body.messages:
@@ -27,7 +29,7 @@ def _chat_ids(state: ServerState, body: TokenizeRequest) -> list[int]:
             "continue_final_message: set at most one of add_generation_prompt and continue_final_message",
             "continue_final_message",
         )
-    turns = [{"role": m.role, "content": m.text()} for m in body.messages]
+    turns = messages.turns(body.messages, native=True)
     extra = dict(body.chat_template_kwargs or {})
     taken = {"messages", "tools", "add_generation_prompt", "continue_final_message", "tokenize", "chat_template"}
     clash = sorted(taken & set(extra))
@@ -55,13 +57,17 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     check_model(body, state.name)
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("give either prompt or messages", "prompt")
+    return await state.prepare(_tokenize, body)
+
+
+def _tokenize(front: LM, body: TokenizeRequest) -> dict[str, Any]:
     if body.messages is not None:
-        ids = _chat_ids(state, body)
+        ids = _chat_ids(front, body)
     else:
         special = True if body.add_special_tokens is None else body.add_special_tokens
-        ids = list(state.front.tokenizer(body.prompt, add_special_tokens=special)["input_ids"])
-    strs = state.front.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
-    return {"count": len(ids), "max_model_len": context_size(state.lm), "tokens": ids, "token_strs": strs}
+        ids = list(front.tokenizer(body.prompt, add_special_tokens=special)["input_ids"])
+    strs = front.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return {"count": len(ids), "max_model_len": context_size(front), "tokens": ids, "token_strs": strs}
 
 
 @router.post("/detokenize")
@@ -72,4 +78,4 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, str
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
         raise bad_request(f"tokens must be in [0, {vocab - 1}], got {bad[0]}", "tokens")
-    return {"prompt": state.front.tokenizer.decode(body.tokens)}
+    return {"prompt": await state.prepare(lambda front: front.tokenizer.decode(body.tokens))}

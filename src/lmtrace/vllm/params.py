@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lmtrace.logits import sampling
+from lmtrace.logits import processors
 from lmtrace.params import SamplingParams
 
 VLLM_ORDER = "repetition_penalty -> temperature -> min_p -> top_k -> top_p"
@@ -44,13 +44,6 @@ def to_vllm(params: SamplingParams, eos_token_ids: Sequence[int], echo: bool = F
 
 
 def process_like_vllm(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:
-    """The distribution vLLM samples from, as logits (rows, vocab). Greedy applies only the penalty."""
-    out = logits
-    if params.repetition_penalty != 1.0 and seen is not None:
-        out = sampling.apply_repetition_penalty(out, seen, params.repetition_penalty)
-    if params.greedy:
-        return out
-    out = sampling.apply_temperature(out, params.temperature)
-    out = sampling.apply_min_p(out, params.min_p)
-    out = sampling.apply_top_k(out, params.top_k)
-    return sampling.apply_top_p(out, params.top_p)
+    """The distribution vLLM samples from, as logits (rows, vocab): the same processors in vLLM's
+    order (lmtrace.logits.processors.VLLM_ORDER). Greedy applies only the penalty."""
+    return processors.process(logits, params, seen, processors.VLLM_ORDER)

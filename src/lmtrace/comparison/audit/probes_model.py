@@ -164,6 +164,9 @@ def probe_echo(ctx: Context) -> ProbeResult:
     server = [t.logprob for t in tokens[1 : len(prompt)]]
     diffs = [s - m for s, m in zip(server, model) if s is not None]
     figures.update(first_null=tokens[0].logprob is None, abs_diff=stats(diffs), missing=sum(s is None for s in server))
+    bad_offset = offset_problem(choice, len(prompt))
+    if bad_offset:
+        problems.append(bad_offset)
     if tokens[0].logprob is not None:
         problems.append(f"the first prompt token has logprob {tokens[0].logprob}, expected null (nothing precedes it)")
     if figures["missing"]:
@@ -179,6 +182,30 @@ def probe_echo(ctx: Context) -> ProbeResult:
         f"(max |Δ| {fmt(figures['abs_diff']['max'])})"
     )
     return verdict("echo", problems, ok, figures, ctx.evidence(COMPLETIONS, body, answer, lmtrace_prompt=model))
+
+
+def offset_problem(choice: dict[str, Any], prompt_n: int) -> str | None:
+    """What is wrong with an echo's `text_offset`, or None: each offset where its token's text
+    starts in the echoed text (a token that adds no characters, such as a BOS the tokenizer
+    added, shares the next token's offset), never going backwards, the first generated token at
+    the end of the prompt."""
+    lp, text = choice.get("logprobs") or {}, str(choice.get("text", ""))
+    offsets, names = lp.get("text_offset"), lp.get("tokens")
+    if not isinstance(offsets, list) or not isinstance(names, list) or len(offsets) != len(names):
+        return None  # no offsets to check (the chat shape, or a server without them)
+    for i in range(1, len(offsets)):
+        if offsets[i] < offsets[i - 1]:
+            return (f"text_offset goes backwards at token {i} ({offsets[i - 1]} then {offsets[i]}): the offsets "
+                    "count text the echoed prompt does not hold (a BOS or other special token?)")  # fmt: skip
+    for i, (at, name) in enumerate(zip(offsets[:prompt_n], names[:prompt_n])):
+        adds_nothing = (offsets[i + 1] if i + 1 < len(offsets) else len(text)) == at
+        whole = isinstance(name, str) and not name.startswith("bytes:") and "\ufffd" not in name
+        if whole and not adds_nothing and not text.startswith(name, at):
+            shown = text[at : at + 12]
+            return f"text_offset of prompt token {i} ({name!r}) is {at}, where the echoed text reads {shown!r}"
+    if len(offsets) > prompt_n and offsets[prompt_n] != len(ECHO_PROMPT):
+        return f"the first generated token's text_offset is {offsets[prompt_n]}, not the prompt's {len(ECHO_PROMPT)}"
+    return None
 
 
 def probe_chat(ctx: Context) -> ProbeResult:

@@ -1,16 +1,20 @@
-"""GGUF quantized blocks (Q4_0, Q4_1, Q8_0) rewritten, without rounding, in the form torch's
-CPU int4 weight-only kernel reads: 4-bit codes c in [0, 15] and, per group of 32 along the
-input dimension, a scale s and a zero z, the weight being (c - 8) * s + z
-(`aten._weight_int4pack_mm_for_cpu`; see tests/test_packed.py for the check on the kernel).
+"""GGUF quantized tensors rewritten, without rounding, in the form torch's CPU int4 weight-only
+kernel reads (`aten._weight_int4pack_mm_for_cpu`): 4-bit codes c in [0, 15] and, per group of 32
+along the input, a scale S and a zero Z, the weight being (c - 8) * S + Z. A type whose integers
+need more than 4 bits is held as `pieces` such forms side by side along the input (the input is
+fed that many times), their weights adding up to the tensor's (model/gguf/quants.py gives each
+type as w = s * q + o per sub-block):
 
-- Q4_0  w = d * (q - 8)           -> c = q, s = d, z = 0
-- Q4_1  w = d * q + m             -> c = q, s = d, z = m + 8 d
-- Q8_0  w = d * q, q int8         -> q = 16 hi + lo with hi in [-8, 7], lo in [0, 15]: two
-  halves along the input (the input is fed twice): c = hi + 8, s = 16 d, z = 0, then
-  c = lo, s = d, z = 8 d.
+- 1 piece (Q4_0, Q4_1, Q4_K: 16 values of q): c = q - low, S = s, Z = s * (low + 8) + o.
+- 2 pieces (Q5_0, Q5_1, Q5_K, Q8_0, IQ4_NL, IQ4_XS: up to 256 values): q - low = 16 h + l, the
+  high piece c = h, S = 16 s; the low piece c = l, S = s; the zeros carry s * low + o.
+- 4 pieces (Q6_K, whose scale changes every 16 weights, a group of 32 holding two sub-blocks):
+  q = 16 h + l with h, l in [-8, 7]; a high and a low piece for the group's first sub-block
+  (code 8, weight 0, on the second one's positions), then the same for the second; every Z = 0.
 
-In float32 every product above is exact (d is a float16 times a small integer), so the
-dequantized weight is the same float32 number gguf's own dequantization gives."""
+Every stored S and Z is a float32 number that holds its value exactly (checked: a tensor whose
+zeros would round gets one more piece, all code 8, carrying the offset alone), so the sum of the
+pieces, in exact arithmetic, is s * q + o, and rounded once to float32 it is gguf's own value."""
 
 from __future__ import annotations
 
@@ -19,75 +23,104 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-GROUP = 32  # every supported type has blocks of 32 weights along the input dimension
-SUPPORTED = ("Q4_0", "Q4_1", "Q8_0")
+from lmtrace.model.gguf.quants import TYPES, Decoded, decode
+
+GROUP = 32  # the kernel's group along the input dimension
+SUPPORTED = tuple(TYPES)
 
 
 @dataclass
 class Int4Form:
-    codes: torch.Tensor  # (out, in') int32 in [0, 15]; in' = in, or 2 * in for Q8_0
-    scales: torch.Tensor  # (in' / 32, out) float32
-    zeros: torch.Tensor  # (in' / 32, out) float32
-    doubled: bool  # Q8_0: the input is fed twice (the high, then the low nibbles)
+    codes: torch.Tensor  # (out, pieces * in) int32 in [0, 15]
+    scales: torch.Tensor  # (pieces * in / 32, out) float32
+    zeros: torch.Tensor  # (pieces * in / 32, out) float32
+    pieces: int  # how many times the input is fed (the pieces' inputs side by side)
 
     @property
     def in_features(self) -> int:
-        return self.codes.shape[1] // (2 if self.doubled else 1)
+        return self.codes.shape[1] // self.pieces
 
     def dequantize(self) -> torch.Tensor:
-        """(out, in) float32: what the kernel multiplies by, in exact arithmetic."""
-        w = self.codes.reshape(self.codes.shape[0], -1, GROUP).float().sub_(8)  # (out, groups, 32)
-        w = w.mul_(self.scales.t()[:, :, None]).add_(self.zeros.t()[:, :, None]).reshape(self.codes.shape[0], -1)
-        if self.doubled:
-            high, low = w.split(self.in_features, dim=1)
-            return high.add_(low)
-        return w
+        """(out, in) float32: what the kernel multiplies by, summed in float64 (exact here) and
+        rounded once."""
+        out = self.codes.shape[0]
+        w = self.codes.reshape(out, -1, GROUP).double().sub_(8)  # (out, groups, 32)
+        w = w.mul_(self.scales.t().double()[:, :, None]).add_(self.zeros.t().double()[:, :, None]).reshape(out, -1)
+        return w.reshape(out, self.pieces, self.in_features).sum(dim=1).float()
 
 
-def _split(blocks: np.ndarray, head: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """(float16 fields as float32 arrays, the rest) of blocks (rows, n_blocks, block_bytes)."""
-    fields = [blocks[..., 2 * i : 2 * i + 2].copy().view(np.float16)[..., 0].astype(np.float32) for i in range(head)]
-    return fields, blocks[..., 2 * head :]
+def _exact(x: np.ndarray) -> np.ndarray:
+    """Where the float64 values `x` are float32 numbers."""
+    return x.astype(np.float32).astype(np.float64) == x
 
 
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """(rows, n_blocks, 16) bytes -> (rows, n_blocks * 32) codes: low nibbles are elements
-    0..15 of a block, high nibbles 16..31 (ggml's layout)."""
-    low, high = qs & 0x0F, qs >> 4
-    return np.concatenate([low, high], axis=-1).reshape(qs.shape[0], -1)
+def _groups(a: np.ndarray) -> np.ndarray:
+    """(out, in) -> (out, in / 32, 32)."""
+    return a.reshape(a.shape[0], -1, GROUP)
+
+
+def _wide(dec: Decoded) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Pieces (codes (out, in), S (out, groups), Z (out, groups)) of a sub-block-32 type."""
+    s = dec.scale.astype(np.float64)
+    o = np.zeros_like(s) if dec.offset is None else dec.offset.astype(np.float64)
+    base = s * dec.low + o  # what the codes' offset contributes
+    v = (dec.q - dec.low).astype(np.int32)  # in [0, span)
+    if dec.span <= 16:
+        zero = base + 8 * s
+        if _exact(zero).all():
+            return [(v, s, zero)]
+        return [(v, s, 8 * s), (np.full_like(v, 8), s, base)]  # the offset alone, code 8 everywhere
+    high, low = v >> 4, v & 0x0F
+    z_low = 8 * s + base
+    z_high = np.where(_exact(z_low), 128 * s, 128 * s + base)
+    z_low = np.where(_exact(z_low), z_low, 8 * s)
+    pieces = [(high, 16 * s, z_high), (low, s, z_low)]
+    if not _exact(z_high).all():  # the offset in neither: a third piece carries it
+        pieces = [(high, 16 * s, 128 * s), (low, s, 8 * s), (np.full_like(v, 8), s, base)]
+    return pieces
+
+
+def _sixteen(dec: Decoded) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Four pieces of a sub-block-16 type without offsets (Q6_K)."""
+    if dec.offset is not None:
+        raise ValueError("no packed form for offsets on sub-blocks of 16")
+    q = dec.q.astype(np.int32)
+    high = (q + 8) >> 4  # q = 16 high + low, low in [-8, 7]
+    low = q - 16 * high
+    if high.min(initial=0) < -8 or high.max(initial=0) > 7:
+        raise ValueError("integers out of the 4-bit pieces' range")
+    s = dec.scale.astype(np.float64)  # (out, in / 16)
+    pieces = []
+    for half in (0, 1):  # the first, then the second sub-block of each group of 32
+        mask = np.zeros(GROUP, dtype=bool)
+        mask[16 * half : 16 * half + 16] = True
+        keep = np.broadcast_to(mask, _groups(q).shape).reshape(q.shape)
+        for part, factor in ((high, 16), (low, 1)):
+            pieces.append((np.where(keep, part + 8, 8), factor * s[:, half::2], np.zeros_like(s[:, half::2])))
+    return pieces
 
 
 def int4_form(type_name: str, raw: np.ndarray, out_features: int, in_features: int) -> Int4Form:
     """The blocks of one tensor (raw bytes, one row per output feature) in the kernel's form."""
-    if type_name not in SUPPORTED:
-        raise ValueError(f"no exact int4 form for {type_name}")
+    dec = decode(type_name, raw, out_features, in_features)
     if in_features % GROUP:
         raise ValueError(f"input size {in_features} is not a multiple of {GROUP}")
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(out_features, in_features // GROUP, -1)
-    if type_name == "Q8_0":
-        (d,), qs = _split(blocks, 1)
-        q = qs.view(np.int8).astype(np.int16).reshape(out_features, -1)  # (out, in)
-        codes = np.concatenate([(q >> 4) + 8, q & 0x0F], axis=1)  # (out, 2 in)
-        scales = np.concatenate([16 * d, d], axis=1)  # (out, 2 groups)
-        zeros = np.concatenate([np.zeros_like(d), 8 * d], axis=1)
-        return _form(codes, scales, zeros, doubled=True)
-    if type_name == "Q4_0":
-        (d,), qs = _split(blocks, 1)
-        return _form(_nibbles(qs), d, np.zeros_like(d), doubled=False)
-    (d, m), qs = _split(blocks, 2)  # Q4_1
-    return _form(_nibbles(qs), d, m + 8 * d, doubled=False)
-
-
-def _form(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray, doubled: bool) -> Int4Form:
+    pieces = _sixteen(dec) if dec.sub == 16 else _wide(dec)
+    for _, scale, zero in pieces:
+        if not (_exact(scale).all() and _exact(zero).all()):
+            raise ValueError("a scale or zero is not a float32 number")
+    codes = np.concatenate([c for c, _, _ in pieces], axis=1)  # (out, pieces * in)
+    scales = np.concatenate([np.broadcast_to(s, _groups(c).shape[:2]) for c, s, _ in pieces], axis=1)
+    zeros = np.concatenate([np.broadcast_to(z, _groups(c).shape[:2]) for c, _, z in pieces], axis=1)
     return Int4Form(
         codes=torch.from_numpy(np.ascontiguousarray(codes, dtype=np.int32)),
         scales=torch.from_numpy(np.ascontiguousarray(scales.T, dtype=np.float32)),  # (out, groups) -> (groups, out)
         zeros=torch.from_numpy(np.ascontiguousarray(zeros.T, dtype=np.float32)),
-        doubled=doubled,
+        pieces=len(pieces),
     )
 
 
 def permute_rows(form: Int4Form, order: torch.Tensor) -> Int4Form:
     """The same tensor with its output rows reordered (transformers un-permutes Llama's q/k)."""
     return Int4Form(form.codes[order].contiguous(), form.scales[:, order].contiguous(),
-                    form.zeros[:, order].contiguous(), form.doubled)  # fmt: skip
+                    form.zeros[:, order].contiguous(), form.pieces)  # fmt: skip

@@ -175,3 +175,49 @@ def converted(path: str | Path, load_gguf: Callable[[], LM], status: Status | No
         return folder
     _convert(path, folder, load_gguf, say)
     return folder
+
+
+def _meta_dir(path: Path) -> Path:
+    return cache_root() / "gguf" / f"{file_hash(path)}.meta"
+
+
+def ready_meta(path: str | Path) -> Path | None:
+    """A folder with the GGUF's config and tokenizer alone (what a packed load needs besides the
+    file's tensors; model/gguf/direct.py), if it exists and matches; else None."""
+    if not enabled():
+        return None
+    path = Path(path)
+    try:
+        folder = _meta_dir(path)
+        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    expected = _record(path, file_hash(path))
+    ok = all(record.get(k) == v for k, v in expected.items() if k != "source") and (folder / "config.json").is_file()
+    return folder if ok else None
+
+
+def save_meta(path: str | Path, config: Any, tokenizer: Any) -> None:
+    """Keeps the config and tokenizer transformers parsed from the GGUF (minutes for a large
+    vocabulary) beside the conversions, written whole or not at all; an unwritable cache is
+    skipped silently (the next load parses the file again)."""
+    if not enabled():
+        return
+    path = Path(path)
+    try:
+        folder = _meta_dir(path)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    except OSError:
+        return
+    try:
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        write_atomic(tmp / RECORD, json.dumps(_record(path, file_hash(path)), indent=2) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+        os.rename(tmp, folder)
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

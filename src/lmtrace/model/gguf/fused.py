@@ -25,7 +25,7 @@ def stack(forms: list[Int4Form]) -> Int4Form:
         codes=torch.cat([f.codes for f in forms], dim=0),
         scales=torch.cat([f.scales for f in forms], dim=1),  # (groups, out)
         zeros=torch.cat([f.zeros for f in forms], dim=1),
-        doubled=forms[0].doubled,
+        pieces=forms[0].pieces,
     )
 
 
@@ -34,8 +34,8 @@ class Stub(nn.Module):
 
     def __init__(self, layer: PackedLinear):
         super().__init__()
-        self.in_features, self.out_features, self.source, self.bias = (
-            layer.in_features, layer.out_features, layer.source, layer.bias)  # fmt: skip
+        self.in_features, self.out_features, self.source, self.bias, self.order = (
+            layer.in_features, layer.out_features, layer.source, layer.bias, layer.order)  # fmt: skip
 
 
 class FusedMLP(nn.Module):
@@ -70,7 +70,7 @@ def fuse(model: nn.Module, form_of: Callable[[str, PackedLinear], Int4Form]) -> 
         down, act = getattr(mlp, "down_proj", None), getattr(mlp, "act_fn", None)
         if type(gate) is not PackedLinear or type(up) is not PackedLinear or down is None or act is None:
             continue
-        if (gate.in_features, gate.doubled, gate.compute_dtype) != (up.in_features, up.doubled, up.compute_dtype):
+        if (gate.in_features, gate.pieces, gate.compute_dtype) != (up.in_features, up.pieces, up.compute_dtype):
             continue
         prefix = f"{name}." if name else ""
         form = stack([form_of(prefix + "gate_proj", gate), form_of(prefix + "up_proj", up)])

@@ -1,8 +1,10 @@
 """Running a GGUF model on its own quantized weights (`lmtrace.load(..., weights="packed")`):
-every `nn.Linear` whose GGUF tensor is Q4_0, Q4_1 or Q8_0 is replaced by a `PackedLinear` that
-keeps the blocks at 4 bits and multiplies with torch's CPU weight-only kernel
-(`aten._weight_int4pack_mm_for_cpu`). A tensor of another type (e.g. Q6_K, F16) keeps its
-dequantized float weights, and the report says which and why.
+every `nn.Linear` whose GGUF tensor is of a packed type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+Q5_K, Q6_K, IQ4_NL, IQ4_XS: model/gguf/quants.py) is replaced by a `PackedLinear` that keeps the
+tensor's own blocks as 4-bit codes, in 1, 2 or 4 pieces (model/gguf/blocks.py), and multiplies
+with torch's CPU weight-only kernel (`aten._weight_int4pack_mm_for_cpu`). A tensor of another
+type (F16, Q2_K, …) keeps its dequantized float weights, and the report says which and why; a
+file none of whose linear layers packs is refused, never run in float under the packed name.
 
 The kernel's vectorized (AVX2/AVX-512) path takes bfloat16 activations, scales and zeros and
 accumulates in float32, so by default each packed matmul rounds its input, scales and zeros to
@@ -11,37 +13,66 @@ bfloat16 (`compute_dtype`); with float32 it runs torch's scalar path on the exac
 from __future__ import annotations
 
 import copy
+import itertools
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from lmtrace.errors import InvalidParameter
 from lmtrace.model.gguf.blocks import GROUP, Int4Form, int4_form, permute_rows
+from lmtrace.model.gguf.names import Found, linear_tensors
+from lmtrace.model.gguf.report import PackReport, report_of
+
+
+def _padded(form: Int4Form, rows: int = 32) -> Int4Form:
+    """The form with rows of code 8, scale 0 and zero 0 (weight 0) up to a multiple of `rows`."""
+    extra = -form.codes.shape[0] % rows
+    if extra == 0:
+        return form
+    codes = torch.cat([form.codes, torch.full((extra, form.codes.shape[1]), 8, dtype=form.codes.dtype)])
+    pad = torch.zeros(form.scales.shape[0], extra)
+    return Int4Form(codes, torch.cat([form.scales, pad], 1), torch.cat([form.zeros, pad], 1), form.pieces)
+
+
+CHUNK_ROWS = 8192  # rows converted at a time (a multiple of the kernel's 32-row blocks)
 
 
 class PackedLinear(nn.Module):
-    """y = x W^T (+ b) with W held as 4-bit codes plus a scale and a zero per group of 32."""
+    """y = x W^T (+ b) with W held as 4-bit codes plus a scale and a zero per group of 32, in
+    `pieces` parts side by side along the input (the input fed once per piece)."""
 
-    def __init__(self, form: Int4Form, bias: torch.Tensor | None, compute_dtype: torch.dtype, kind: str,
-                 source: str = "") -> None:  # fmt: skip
+    def __init__(self, form: Int4Form | Iterable[Int4Form], bias: torch.Tensor | None, compute_dtype: torch.dtype,
+                 kind: str, source: str = "", order: torch.Tensor | None = None) -> None:  # fmt: skip
         super().__init__()
-        self.out_features, self.in_features = form.codes.shape[0], form.in_features
-        self.doubled, self.compute_dtype, self.kind = form.doubled, compute_dtype, kind
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(form.codes, 1)  # (out, in' / 2) uint8
-        self.register_buffer("packed", packed)
-        self.register_buffer("scale_zeros", torch.stack([form.scales, form.zeros], -1).to(compute_dtype))
-        self.source = source  # the GGUF tensor's name
+        forms = iter([form] if isinstance(form, Int4Form) else form)  # row chunks: 32-row multiples but the last
+        first = next(forms)
+        self.in_features, self.pieces = first.in_features, first.pieces
+        self.compute_dtype, self.kind = compute_dtype, kind
+        packed, scale_zeros, self.out_features = [], [], 0
+        for part in itertools.chain([first], forms):  # each chunk's int32 codes freed once packed
+            if part.pieces != self.pieces:
+                raise ValueError("row chunks of different pieces")
+            self.out_features += part.codes.shape[0]
+            part = _padded(part)  # the kernel takes a multiple of 16 rows: rows of weight 0 fill up
+            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(part.codes, 1))  # (rows, pieces * in / 2)
+            scale_zeros.append(torch.stack([part.scales, part.zeros], -1).to(compute_dtype))  # (groups, rows, 2)
+        self.register_buffer("packed", torch.cat(packed))
+        self.register_buffer("scale_zeros", torch.cat(scale_zeros, dim=1))
+        self.source, self.order = source, order  # the GGUF tensor's name and row order (float_reference)
         self.packed_numel = self.out_features * self.in_features  # weights it stands for (arch.summarize)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)  # (..., in) -> (rows, in)
-        if self.doubled:  # Q8_0: the high nibbles' half, then the low nibbles' half
-            flat = torch.cat([flat, flat], dim=-1)
+        if self.pieces > 1:  # one copy of the input per piece: (rows, in) -> (rows, pieces * in)
+            flat = flat.repeat(1, self.pieces)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, GROUP, self.scale_zeros)
+        if out.shape[-1] != self.out_features:  # (rows, padded out) -> (rows, out)
+            out = out[:, : self.out_features]
         out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
@@ -49,21 +80,33 @@ class PackedLinear(nn.Module):
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale_zeros))
 
     def extra_repr(self) -> str:
-        return f"{self.kind}, in={self.in_features}, out={self.out_features}, compute={self.compute_dtype}"
+        return f"{self.kind}, in={self.in_features}, out={self.out_features}, pieces={self.pieces}, " \
+               f"compute={self.compute_dtype}"  # fmt: skip
 
 
 class PackedHead(PackedLinear):
     """The lm_head, packed, with its best `refine` logits of every row recomputed in float32 from
-    the exact dequantized rows: the kernel stores its output in bfloat16, whose spacing at a
-    logit of 20 is 0.125, too coarse for logprobs; the rows a step reads (the chosen token, the
-    top alternatives) then carry float32 logits, and only the far tail keeps the coarse ones."""
+    the tensor's own blocks (`raw`, one row of bytes per token, read from the memory-mapped file
+    and dequantized by gguf for the rows a step needs): the kernel stores its output in bfloat16,
+    whose spacing at a logit of 20 is 0.125, too coarse for logprobs; the rows a step reads (the
+    chosen token, the top alternatives) then carry float32 logits, the far tail the coarse ones."""
 
-    def __init__(self, form: Int4Form, bias: torch.Tensor | None, compute_dtype: torch.dtype, kind: str,
-                 source: str = "", refine: int = 64) -> None:  # fmt: skip
+    def __init__(self, form: Int4Form | Iterable[Int4Form], bias: torch.Tensor | None, compute_dtype: torch.dtype,
+                 kind: str, source: str = "", refine: int = 64, raw: np.ndarray | None = None) -> None:  # fmt: skip
         super().__init__(form, bias, compute_dtype, kind, source)
+        if raw is None:
+            raise ValueError("a packed head needs its tensor's raw blocks")
         self.refine = min(refine, self.out_features)
-        self.codes = form.codes.to(torch.uint8)  # (out, in') 1 byte a weight, read only for `refine` rows a step
-        self.scales, self.zeros = form.scales.t().contiguous(), form.zeros.t().contiguous()  # (out, groups)
+        self.raw = raw  # (out, bytes a row) uint8; not a buffer: it stays in the file
+
+    def exact_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """(k,) token ids -> (k, in) float32: gguf's own dequantization of those rows."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        blocks = np.asarray(self.raw[rows.numpy()])
+        w = dequantize(blocks, GGMLQuantizationType[self.kind.split("+")[0]])
+        return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32).reshape(len(rows), self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         coarse = super().forward(x)  # (..., out)
@@ -71,141 +114,109 @@ class PackedHead(PackedLinear):
             return coarse
         flat, logits = x.reshape(-1, x.shape[-1]).float(), coarse.reshape(-1, self.out_features)
         idx = logits.topk(self.refine, dim=-1).indices  # (rows, refine)
-        w = self.codes[idx].float().sub_(8)  # (rows, refine, in')
-        groups = w.shape[-1] // GROUP
-        w = w.view(*idx.shape, groups, GROUP).mul_(self.scales[idx][..., None]).add_(self.zeros[idx][..., None])
-        w = w.view(*idx.shape, -1)
-        if self.doubled:
-            w = w[..., : self.in_features] + w[..., self.in_features :]
+        unique, where = idx.unique(return_inverse=True)  # (k,), (rows, refine) positions into it
+        w = self.exact_rows(unique)[where]  # (rows, refine, in)
         exact = torch.einsum("rki,ri->rk", w, flat)  # (rows, refine)
         if self.bias is not None:
             exact = exact + self.bias[idx]
         return logits.scatter(-1, idx, exact.to(logits.dtype)).reshape(coarse.shape)
 
 
-@dataclass
-class PackReport:
-    """What `pack_gguf` did: which layers run packed, which keep float weights and why."""
-
-    packed: dict[str, str] = field(default_factory=dict)  # module name -> GGUF type
-    kept_float: dict[str, str] = field(default_factory=dict)  # module name -> reason
-    compute_dtype: str = "bfloat16"
-    path: str = ""  # the GGUF file
-    packed_bytes: int = 0  # bytes of the packed matmul weights
-    float_bytes: int = 0  # bytes of the linear weights kept in float
-    seconds: float = 0.0
-    fused: int = 0  # groups of sibling projections stacked into one kernel call (model/gguf/fused.py)
-
-    def line(self) -> str:
-        """One line for the load status: what runs packed and what does not."""
-        text = (f"packed weights: {len(self.packed)} linear layers at 4 bits "
-                f"({self.packed_bytes / 1e6:.0f} MB, {self.compute_dtype} activations)")  # fmt: skip
-        if self.kept_float:
-            reasons = sorted({f"{n} ({r})" for n, r in self.kept_float.items()})
-            text += f"; kept in float: {', '.join(reasons[:3])}" + (" …" if len(reasons) > 3 else "")
-        return text
-
-    def short(self) -> str:
-        """e.g. "packed 4-bit (Q4_1 x210, Q8_0 x1), bfloat16 activations; kept float: 1" """
-        counts: dict[str, int] = {}
-        for kind in self.packed.values():
-            counts[kind] = counts.get(kind, 0) + 1
-        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
-        text = f"packed 4-bit ({kinds}), {self.compute_dtype} activations"
-        return text + (f"; kept float: {len(self.kept_float)}" if self.kept_float else "")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+def _form(found: Found, out_features: int, in_features: int) -> Int4Form:
+    if found.note:
+        raise ValueError(found.note)
+    form = int4_form(found.tensor.tensor_type.name, found.tensor.data, out_features, in_features)
+    return form if found.order is None else permute_rows(form, found.order)
 
 
-def _gguf_names(model: nn.Module, reader: Any) -> dict[str, Any]:
-    """Linear module name -> its GGUF tensor, through gguf's own name map for the architecture;
-    a tied lm_head maps to the embedding's tensor."""
-    import gguf
-
-    model_type = model.config.model_type
-    arch = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == model_type), None)
-    if arch is None:
-        return {}
-    names = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
-    tensors = {t.name: t for t in reader.tensors}
-    embed = model.get_input_embeddings()
-    embed_name = next((n for n, m in model.named_modules() if m is embed), None)
-    found = {}
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
-            continue
-        key = names.get_name(name)
-        if (key is None or f"{key}.weight" not in tensors) and embed_name and module.weight is embed.weight:
-            key = names.get_name(embed_name)
-        if key is not None and f"{key}.weight" in tensors:
-            found[name] = tensors[f"{key}.weight"]
-    return found
+def _forms(found: Found, out_features: int, in_features: int) -> Iterator[Int4Form]:
+    """The tensor's form in chunks of rows, made one at a time (a large tensor's codes are never all
+    held as int32 at once)."""
+    if found.order is not None or found.note or out_features <= CHUNK_ROWS:
+        yield _form(found, out_features, in_features)
+        return
+    raw, kind = found.tensor.data.reshape(out_features, -1), found.tensor.tensor_type.name
+    for i in range(0, out_features, CHUNK_ROWS):
+        yield int4_form(kind, raw[i : i + CHUNK_ROWS], min(CHUNK_ROWS, out_features - i), in_features)
 
 
-def _llama_rows(model: nn.Module, name: str, rows: int) -> torch.Tensor | None:
-    """The row order transformers gives Llama's q/k projections when it reads a GGUF (llama.cpp
-    permutes them for its rotary layout); None for every other tensor."""
-    if model.config.model_type not in ("llama", "mistral") or not name.endswith(("q_proj", "k_proj")):
-        return None
-    heads = model.config.num_attention_heads
-    if name.endswith("k_proj"):
-        heads = getattr(model.config, "num_key_value_heads", None) or heads
-    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
+def _same_rows(form: Int4Form, weight: torch.Tensor, count: int = 16) -> bool:
+    """Whether `count` rows spread over the tensor (the first and the last among them) dequantize
+    to the loaded weights exactly: a wrong tensor or row order shows on any of them."""
+    rows = torch.linspace(0, form.codes.shape[0] - 1, min(count, form.codes.shape[0])).round().long().unique()
+    part = Int4Form(form.codes[rows], form.scales[:, rows], form.zeros[:, rows], form.pieces)
+    return torch.equal(part.dequantize(), weight.detach()[rows].float())
 
 
-def _form(model: nn.Module, name: str, out_features: int, in_features: int, tensor: Any) -> Int4Form:
-    form = int4_form(tensor.tensor_type.name, tensor.data, out_features, in_features)
-    order = _llama_rows(model, name, out_features)
-    return form if order is None else permute_rows(form, order)
-
-
-def _pack_one(model: nn.Module, name: str, module: nn.Linear, tensor: Any, compute: torch.dtype) -> PackedLinear:
-    kind = tensor.tensor_type.name
-    form = _form(model, name, module.out_features, module.in_features, tensor)
-    if not torch.equal(form.dequantize(), module.weight.detach().float()):
+def _pack_one(model: nn.Module, module: nn.Linear, found: Found, compute: torch.dtype, check: bool) -> PackedLinear:
+    kind, tensor = found.tensor.tensor_type.name, found.tensor
+    forms = _forms(found, module.out_features, module.in_features)
+    first = next(forms)
+    if check and not _same_rows(first, module.weight[: first.codes.shape[0]]):
         raise ValueError("the blocks do not reproduce the loaded weights")
     head = module is model.get_output_embeddings() and compute != torch.float32
-    layer = (PackedHead if head else PackedLinear)(form, module.bias, compute, kind, tensor.name)
+
+    def build(form: Int4Form | Iterable[Int4Form]) -> PackedLinear:
+        if head:
+            raw = tensor.data.reshape(len(module.weight), -1)  # (out, bytes a row), in the mapped file
+            return PackedHead(form, module.bias, compute, kind, tensor.name, raw=raw)
+        return PackedLinear(form, module.bias, compute, kind, tensor.name, found.order)
+
+    try:
+        layer = build(itertools.chain([first], forms))
+    except ValueError as e:
+        if "row chunks" not in str(e):
+            raise
+        layer = build(_form(found, module.out_features, module.in_features))  # chunks of other pieces: as one
     if module.weight is model.get_input_embeddings().weight:
         layer.packed_numel = 0  # tied: the embedding's parameters count these weights already
     return layer
 
 
 def pack_gguf(
-    model: nn.Module, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fuse: bool = True
-) -> PackReport:
+    model: nn.Module, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fuse: bool = True,
+    check: bool = True, before_fuse: Callable[[nn.Module, PackReport], None] | None = None,
+) -> PackReport:  # fmt: skip
     """Replaces the model's linear layers by packed ones read from the GGUF file at `path` (the
-    file the model was loaded from). Each packed layer's dequantized weights are checked equal to
-    the loaded float32 weights before the swap; a layer that fails keeps its float weights. With
-    `fuse`, q/k/v and gate/up then run as one kernel call each (model/gguf/fused.py)."""
+    file the model was loaded from). With `check`, each packed layer's dequantized weights are
+    checked equal to the loaded float32 weights before the swap; a layer that fails keeps its
+    float weights. With `fuse`, gate/up then run as one kernel call (model/gguf/fused.py).
+    Raises InvalidParameter when no linear layer packs: a float model is never labelled packed."""
     import gguf
 
     started = time.perf_counter()
-    report = PackReport(compute_dtype=str(compute_dtype).replace("torch.", ""), path=str(path))
-    tensors = _gguf_names(model, gguf.GGUFReader(str(path)))
+    found, arch = linear_tensors(model, gguf.GGUFReader(str(path)))
+    report = PackReport(compute_dtype=str(compute_dtype).replace("torch.", ""), path=str(path), architecture=arch)
+    from lmtrace.model.gguf.progress import Progress
+
+    progress = Progress(f"packing {Path(path).name}", sum(int(f.tensor.n_bytes) for f in found.values()))
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear):
             continue
-        tensor = tensors.get(name)
+        progress.advance(int(found[name].tensor.n_bytes) if name in found else 0)
         weight_bytes = module.weight.numel() * module.weight.element_size()
-        if tensor is None:
-            report.kept_float[name], report.float_bytes = "no GGUF tensor found", report.float_bytes + weight_bytes
-            continue
         try:
-            packed = _pack_one(model, name, module, tensor, compute_dtype)
+            if name not in found:
+                raise ValueError("no GGUF tensor found")
+            packed = _pack_one(model, module, found[name], compute_dtype, check)
         except (ValueError, RuntimeError) as e:
-            report.kept_float[name] = f"{tensor.tensor_type.name}: {e}"
-            report.float_bytes += weight_bytes
+            kind = found[name].tensor.tensor_type.name + ": " if name in found else ""
+            report.kept_float[name], report.float_bytes = f"{kind}{e}", report.float_bytes + weight_bytes
             continue
         model.set_submodule(name, packed)
-        report.packed[name] = tensor.tensor_type.name
+        report.packed[name] = found[name].tensor.tensor_type.name
         report.packed_bytes += packed.nbytes()
+    progress.close()
+    if not report.packed:
+        raise InvalidParameter(f"weights: 'packed' packs none of the {len(report.kept_float)} linear layers of "
+                               f"{Path(path).name} ({_why(report)}); run it with --weights float")  # fmt: skip
+    if before_fuse is not None:  # model/gguf/direct.py: the float parts, once the packed ones are in place
+        before_fuse(model, report)
     if fuse:
         from lmtrace.model.gguf.fused import fuse as fuse_groups
 
         def form_of(name: str, layer: PackedLinear) -> Int4Form:
-            return _form(model, name, layer.out_features, layer.in_features, tensors[name])
+            return _form(found[name], layer.out_features, layer.in_features)
 
         report.fused = fuse_groups(model, form_of)
     report.seconds = time.perf_counter() - started
@@ -213,9 +224,12 @@ def pack_gguf(
     return report
 
 
-def report_of(model: nn.Module) -> PackReport | None:
-    """The PackReport of a packed model, None for a float one."""
-    return getattr(model, "lmtrace_packed", None)
+def _why(report: PackReport) -> str:
+    reasons: dict[str, int] = {}
+    for reason in report.kept_float.values():
+        reasons[reason] = reasons.get(reason, 0) + 1
+    top = sorted(reasons.items(), key=lambda kv: -kv[1])[:2]
+    return "; ".join(f"{n} x {r}" for r, n in top) or "the model has no linear layers"
 
 
 def float_reference(model: nn.Module) -> nn.Module:
@@ -238,7 +252,8 @@ def float_reference(model: nn.Module) -> nn.Module:
             ref.set_submodule(name, module.original)
     for name, module in list(ref.named_modules()):
         if isinstance(module, (PackedLinear, Stub)):
-            form = _form(ref, name, module.out_features, module.in_features, tensors[module.source])
+            found = Found(tensors[module.source], getattr(module, "order", None))
+            form = _form(found, module.out_features, module.in_features)
             linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
             with torch.no_grad():
                 linear.weight.copy_(form.dequantize())

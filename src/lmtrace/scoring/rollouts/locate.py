@@ -1,0 +1,103 @@
+"""Where two computations part: the reference's and a variant's hidden states at one token's
+position, layer by layer — the embedding, the residual stream after each decoder block, the
+final norm, the lm_head's logits — as the relative difference ‖h_variant − h_ref‖ / ‖h_ref‖
+(float32). The first layer whose difference exceeds the threshold, and the layer with the
+largest jump (the largest rise over the layer before), say where they part."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from lmtrace.model.lm import LM
+from lmtrace.scoring import variants
+from lmtrace.scoring.rollouts.options import check_locate
+from lmtrace.scoring.rollouts.rollout import Rollout
+from lmtrace.scoring.variant_spec import VariantSpec
+
+
+def modules(model) -> list[tuple[str, torch.nn.Module]]:
+    """[(name, module)]: `embed`, `L0`..`L{n-1}` (the decoder blocks), `norm`, `lm_head`."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    out = [("embed", model.get_input_embeddings())]
+    out += [(f"L{i}", layer) for i, layer in enumerate(decoder.layers)]
+    out += [("norm", decoder.norm), ("lm_head", model.get_output_embeddings())]
+    return out
+
+
+@contextlib.contextmanager
+def captured(model) -> Iterator[dict[str, torch.Tensor]]:
+    """Each module's output at the last position, float32 (hidden,) or (vocab,), while inside."""
+    seen: dict[str, torch.Tensor] = {}
+    handles = []
+    for name, module in modules(model):
+        def hook(_m, _args, output, name=name):
+            h = output[0] if isinstance(output, tuple) else output
+            seen[name] = h[0, -1].detach().float().clone()  # (1, seq, dim) -> (dim,)
+        handles.append(module.register_forward_hook(hook))
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def hidden(model, ids: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Every module's output at the last position of one uncached forward of `ids`."""
+    with torch.inference_mode(), captured(model) as seen:
+        model(input_ids=torch.tensor([list(ids)], device=model.device), use_cache=False, logits_to_keep=1)
+    return dict(seen)
+
+
+def compare(reference: dict[str, torch.Tensor], variant: dict[str, torch.Tensor], threshold: float) -> dict[str, Any]:
+    """The per-layer relative differences, the first over `threshold`, the largest jump."""
+    layers, before, first, jump = [], 0.0, None, None
+    for name, ref in reference.items():
+        rel = float((variant[name].to(ref.device) - ref).norm() / ref.norm().clamp_min(1e-30))
+        layers.append({"layer": name, "relative": rel})
+        if first is None and rel > threshold:
+            first = name
+        if jump is None or rel - before > jump["jump"]:
+            jump = {"layer": name, "jump": rel - before}
+        before = rel
+    return {"threshold": threshold, "layers": layers, "first_over": first, "largest_jump": jump}
+
+
+def in_world(world: variants.World, ids: Sequence[int]) -> dict[str, torch.Tensor]:
+    with world.scope():
+        return hidden(world.lm.model, ids)
+
+
+def locate_at(lm: LM, rollout: Rollout, index: int, spec: VariantSpec, threshold: float = 0.01) -> dict[str, Any]:
+    """Reference against `spec` at the position that predicts completion token `index`."""
+    check_locate(spec)
+    ids = rollout.prompt_ids + rollout.completion_ids[:index]
+    reference = hidden(lm.model, ids)
+    world = variants.build(lm, spec)
+    try:
+        other = in_world(world, ids)
+    finally:
+        world.close()
+    return {"variant": spec.spec, "rollout": rollout.id, "index": index, "token_id": rollout.completion_ids[index],
+            "position": len(ids) - 1, **compare(reference, other, threshold)}  # fmt: skip
+
+
+def locate_worst(lm: LM, rollouts: Sequence[Rollout], rows: Sequence[dict[str, Any]], spec: VariantSpec,
+                 threshold: float) -> dict[str, Any]:  # fmt: skip
+    """locate_at the token with the largest |trainer − engine| among the flagged ones (among
+    all, where none is flagged)."""
+    best, key = None, None
+    for k, row in enumerate(rows):
+        for t in row["tokens"]:
+            t_lp = t["trainer_logprob"]
+            gap = math.inf if t_lp is None else abs(t["engine_logprob"] - t_lp)
+            score = (t["flagged"], gap)
+            if key is None or score > key:
+                best, key = (k, t["index"]), score
+    out = locate_at(lm, rollouts[best[0]], best[1], spec, threshold)
+    out["flagged"] = bool(key[0])
+    return out

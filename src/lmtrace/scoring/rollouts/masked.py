@@ -1,0 +1,58 @@
+"""What the trainers' batch dumps share (TRL, verl): rows of padded ids with masks, and the
+sampling settings as top-level keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmtrace.scoring.rollouts.rollout import bad, ids_of, logprobs_of, sampling_of
+
+
+def _rows(obj: dict[str, Any], name: str, line: int) -> list[list[Any]] | None:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise bad(line, name, "must be a non-empty list (a row, or a batch of rows)")
+    return value if isinstance(value[0], list) else [value]
+
+
+def _kept(line: int, name: str, row: list[Any], mask: list[Any] | None) -> list[Any]:
+    if mask is None:
+        return row
+    if len(mask) != len(row):
+        raise bad(line, name, f"has {len(row)} columns but its mask has {len(mask)}")
+    return [x for x, m in zip(row, mask) if m]
+
+
+def batch_rows(obj: dict[str, Any], line: int, prompt: tuple[str, str], completion: tuple[str, str],
+               logprobs: str) -> list[tuple[list[int], list[int], list[float]]]:  # fmt: skip
+    """[(prompt ids, completion ids, logprobs)] of each row, padding dropped by the masks."""
+    p_rows, c_rows = _rows(obj, prompt[0], line), _rows(obj, completion[0], line)
+    if p_rows is None:
+        raise bad(line, prompt[0], "is missing")
+    if c_rows is None:
+        raise bad(line, completion[0], "is missing")
+    l_rows = _rows(obj, logprobs, line)
+    if l_rows is None:
+        raise bad(line, logprobs, "is missing")
+    p_masks, c_masks = _rows(obj, prompt[1], line), _rows(obj, completion[1], line)
+    for name, rows in ((completion[0], c_rows), (logprobs, l_rows), (prompt[1], p_masks), (completion[1], c_masks)):
+        if rows is not None and len(rows) != len(p_rows):
+            raise bad(line, name, f"has {len(rows)} rows for {len(p_rows)} prompts")
+    out = []
+    for i in range(len(p_rows)):
+        p = _kept(line, f"{prompt[0]}[{i}]", p_rows[i], p_masks[i] if p_masks else None)
+        c_mask = c_masks[i] if c_masks else None
+        c = _kept(line, f"{completion[0]}[{i}]", c_rows[i], c_mask)
+        lp = _kept(line, f"{logprobs}[{i}]", l_rows[i], c_mask) if len(l_rows[i]) == len(c_rows[i]) else l_rows[i]
+        c = ids_of(line, f"{completion[0]}[{i}]", c)
+        out.append((ids_of(line, f"{prompt[0]}[{i}]", p), c, logprobs_of(line, f"{logprobs}[{i}]", lp, len(c))))
+    return out
+
+
+def settings(obj: dict[str, Any], line: int) -> dict[str, Any]:
+    """The sampling settings: a "sampling" object, else the top-level keys."""
+    if isinstance(obj.get("sampling"), dict):
+        return sampling_of(line, obj["sampling"])
+    return sampling_of(line, {k: obj[k] for k in ("temperature", "top_p", "top_k", "min_p") if k in obj})

@@ -1,0 +1,223 @@
+"""POST /v1/responses, OpenAI's Responses API for text: `input` (a string, or message items
+whose content is a string or input_text parts), `instructions` (a system message before
+them), `max_output_tokens`, `temperature`, `top_p`, `text.format` ({"type": "json_schema",
+"name", "schema", "strict"} or {"type": "json_object"}), `include:
+["message.output_text.logprobs"]` with `top_logprobs` (0-20), `stream`. The request runs as the
+chat request it is (the same template, numbers and constraint), answered in the Responses
+shapes: a `response` object whose `output` is one `message` item with one `output_text` part
+(its `logprobs` as chat's entries), and when streamed OpenAI's events, `response.created` to
+`response.completed`, each `response.output_text.delta` carrying its tokens' logprobs. Nothing is
+stored: `previous_response_id` is refused, `store` accepted and ignored."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lmtrace.records import Step, Trace
+from lmtrace.server.errors import bad_request, failure
+from lmtrace.server.generation import ServerState, collect, start, stream_parts
+from lmtrace.server.logprobs import chat_entry
+from lmtrace.server.prepare import Job, chat_job, check_model
+from lmtrace.server.schemas import ChatRequest, Int, JsonSchemaFormat, ResponseFormat, Text
+from lmtrace.server.sse import SSEResponse
+from lmtrace.server.sse import sse as data_line
+
+router = APIRouter()
+LOGPROBS = "message.output_text.logprobs"
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: Text | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: Text | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # accepted, no effect
+
+
+class InputMessage(BaseModel):
+    """A message item of `input` (OpenAI's EasyInputMessage and input message)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Any = Field(...)
+    id: Text | None = None
+    status: Text | None = None
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: Text | None = None
+    input: Text | list[InputMessage]
+    instructions: Text | None = None
+    max_output_tokens: Int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_logprobs: Int | None = None
+    include: list[Text] | None = None
+    text: TextConfig | None = None
+    stream: bool = False
+    # Extension, as on chat: the seed of the sampler.
+    seed: Int | None = None
+    # Accepted for compatibility: nothing is stored, no tools are run.
+    store: bool | None = None
+    metadata: dict[str, Text] | None = None
+    user: Text | None = None
+    parallel_tool_calls: bool | None = None
+    truncation: Literal["disabled"] | None = None
+    previous_response_id: Text | None = None
+
+
+def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+    items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else []
+    for item in [] if isinstance(body.input, str) else body.input:
+        content = item.content
+        if isinstance(content, list):  # input_text / output_text parts are text parts
+            content = [{**p, "type": "text"} if isinstance(p, dict) and p.get("type") in ("input_text", "output_text")
+                       else p for p in content]  # fmt: skip
+        items.append({"role": item.role, "content": content})
+    if body.instructions is not None:
+        items.insert(0, {"role": "system", "content": body.instructions})
+    return items
+
+
+def as_chat(body: ResponsesRequest) -> ChatRequest:
+    """The chat request a Responses request is; its fields' errors name the Responses fields."""
+    if body.previous_response_id is not None:
+        raise bad_request("previous_response_id: this server stores no responses", "previous_response_id")
+    unknown = [i for i in body.include or [] if i != LOGPROBS]
+    if unknown:
+        raise bad_request(f"include: only {LOGPROBS!r} is served, got {unknown[0]!r}", "include")
+    fmt = body.text.format if body.text is not None else None
+    response_format = None
+    if fmt is not None and fmt.type == "json_schema":
+        if fmt.schema_ is None or fmt.name is None:
+            raise bad_request("text.format: a json_schema format needs name and schema", "text.format")
+        schema = JsonSchemaFormat.model_validate({"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict})
+        response_format = ResponseFormat(type="json_schema", json_schema=schema)
+    elif fmt is not None:
+        response_format = ResponseFormat(type=fmt.type)
+    logprobs = LOGPROBS in (body.include or [])
+    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
+        raise bad_request(f"top_logprobs must be in [0, 20], got {body.top_logprobs}", "top_logprobs")
+    # top_logprobs without the include asks for nothing (as OpenAI's)
+    fields = {"messages": _messages(body), "max_tokens": body.max_output_tokens, "temperature": body.temperature,
+              "top_p": body.top_p, "seed": body.seed, "logprobs": logprobs,
+              "top_logprobs": body.top_logprobs if logprobs else None}  # fmt: skip
+    try:
+        chat = ChatRequest.model_validate(fields)
+    except ValidationError as e:
+        raise bad_request(f"input: {e.errors()[0]['msg']}", "input") from None
+    chat.response_format = response_format
+    return chat
+
+
+def _entries(job: Job, steps: list[Step]) -> list[dict[str, Any]]:
+    return [chat_entry(s, job.sampled) for s in steps] if job.logprobs else []
+
+
+def _item(item_id: str, status: str, text: str | None, logprobs: list | None) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}]
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def response_object(head: dict[str, Any], job: Job, trace: Trace | None, item_id: str, cached: int = 0) -> dict:
+    """The `response` object: in progress (no trace yet) or finished."""
+    out = {**head, "output": [], "status": "in_progress", "incomplete_details": None, "usage": None}
+    if trace is None:
+        return out
+    incomplete = trace.finish_reason == "length"
+    status = "incomplete" if incomplete else "completed"
+    out["output"] = [_item(item_id, status, trace.text, _entries(job, trace.steps))]
+    out["status"] = status
+    out["incomplete_details"] = {"reason": "max_output_tokens"} if incomplete else None
+    prompt, completion = len(job.ids), len(trace.steps)
+    out["usage"] = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+                    "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": prompt + completion}  # fmt: skip
+    return out
+
+
+def _head(state: ServerState, body: ResponsesRequest, chat: ChatRequest) -> dict[str, Any]:
+    fmt = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text and body.text.format else None
+    return {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()),
+            "model": state.name, "error": None, "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
+            "top_logprobs": body.top_logprobs, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "text": {"format": fmt or {"type": "text"}}, "truncation": "disabled", "store": False,
+            "metadata": body.metadata or {}, "user": body.user, "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None}}  # fmt: skip
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request) -> Any:
+    state: ServerState = request.app.state.lmtrace
+    check_model(body, state.name)
+    chat = as_chat(body)
+    job = await state.prepare(chat_job, chat)
+    handle = start(state, job)
+    head, item_id = _head(state, body, chat), f"msg_{uuid.uuid4().hex}"
+    if body.stream:
+        return SSEResponse(_events(state, job, handle, request, head, item_id), handle.cancel)
+    answer = await collect(handle, request)
+    return response_object(head, job, answer.traces[0], item_id, sum(answer.cached.values()))
+
+
+def _event(kind: str, seq: list[int], **fields: Any) -> str:
+    seq[0] += 1
+    return f"event: {kind}\n" + data_line({"type": kind, "sequence_number": seq[0] - 1, **fields})
+
+
+async def _events(
+    state: ServerState, job: Job, handle: Any, request: Request, head: dict, item_id: str
+) -> AsyncIterator[str]:
+    """OpenAI's streaming events; each delta carries the logprobs of the tokens its text
+    releases (lmtrace.server.sse holds text back until it is final)."""
+    seq = [0]
+    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    yield _event("response.created", seq, response=response_object(head, job, None, item_id))
+    yield _event("response.in_progress", seq, response=response_object(head, job, None, item_id))
+    yield _event("response.output_item.added", seq, output_index=0, item=_item(item_id, "in_progress", None, None))
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    yield _event("response.content_part.added", seq, **where, part=part)
+    try:
+        cached, trace = 0, None
+        async for p in stream_parts(state, job, handle, request):
+            if p.usage is not None:
+                cached = p.usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+            elif p.trace is not None:
+                trace = p.trace
+            if p.text or p.steps:
+                yield _event("response.output_text.delta", seq, **where, delta=p.text,
+                             logprobs=_entries(job, [s for s, _ in p.steps]))  # fmt: skip
+    except Exception as e:  # the stream has started: the error is its last event
+        err = failure(e).body()["error"]
+        yield _event("error", seq, code=err["code"], message=err["message"], param=err["param"])
+        return
+    if trace is None:  # the client left
+        return
+    done = response_object(head, job, trace, item_id, cached)
+    item = done["output"][0]
+    (part,) = item["content"]
+    yield _event("response.output_text.done", seq, **where, text=part["text"], logprobs=part["logprobs"])
+    yield _event("response.content_part.done", seq, **where, part=part)
+    yield _event("response.output_item.done", seq, output_index=0, item=item)
+    kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
+    yield _event(kind, seq, response=done)

@@ -1,0 +1,94 @@
+"""Rollouts made with lmtrace itself (seeded sampling; its logprobs stand for the engine's),
+and each planted fault alone, for the rollouts tests."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from lmtrace.decode.tracing import generate_ids
+from lmtrace.model.lm import LM
+from lmtrace.scoring import variants
+from lmtrace.scoring.rollouts.probes import canonical
+
+PROMPTS = ["Hello world, the", "Once upon a time", "The quick brown"]
+
+
+def decode(lm: LM, prompt_ids: list[list[int]], n: int = 12, seed: int = 0, raw: bool = False,
+           **sampling: Any) -> list[dict[str, Any]]:  # fmt: skip
+    """One rollout per prompt: the ids lmtrace samples, the engine's logprobs (the sampled
+    distribution's, or with raw=True the raw distribution's: an engine that reports raw logprobs)."""
+    traces = generate_ids(lm, prompt_ids, max_new_tokens=n, seed=seed, stop_on_eos=False, **sampling)
+    out = []
+    for k, (ids, t) in enumerate(zip(prompt_ids, traces)):
+        lps = [s.logprob if raw else s.sampled_logprob for s in t.steps]
+        out.append({"id": f"s{seed}/{k}", "prompt_ids": list(ids), "completion_ids": list(t.token_ids),
+                    "logprobs": lps, "sampling": {kk: v for kk, v in sampling.items()}})  # fmt: skip
+    return out
+
+
+def prompt_ids(lm: LM) -> list[list[int]]:
+    return [list(lm.tokenizer(p)["input_ids"]) for p in PROMPTS]
+
+
+def clean(lm: LM, seed: int = 0, **sampling: Any) -> list[dict[str, Any]]:
+    return decode(lm, prompt_ids(lm), seed=seed, **sampling)
+
+
+def off_by_one(lm: LM) -> list[dict[str, Any]]:
+    """The ids shifted by one against their logprobs: the prompt's last id counted as the first
+    completion id (logprob i belongs to the id at i + 1)."""
+    out = []
+    for r in clean(lm, seed=1):
+        p, c = r["prompt_ids"], r["completion_ids"]
+        out.append({**r, "prompt_ids": p[:-1], "completion_ids": [p[-1]] + c[:-1]})
+    return out
+
+
+def retokenized(lm: LM) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(faulty, normal): a second turn after a sampled first turn whose split is not the text's
+    own. Faulty: the engine saw the history re-tokenized from its text, the record keeps the
+    sampled ids. Normal: the engine continued from the sampled ids themselves."""
+    for seed in range(20):
+        first = decode(lm, prompt_ids(lm), n=10, seed=seed, temperature=1.0)
+        turns = [r["prompt_ids"] + r["completion_ids"] for r in first]
+        if all(canonical(lm.tokenizer, t) != t for t in turns):
+            break
+    else:
+        raise AssertionError("no seed gave a sampled split that differs from the text's own")
+    engine_saw = decode(lm, [canonical(lm.tokenizer, t) for t in turns], seed=100, temperature=1.0)
+    faulty = [{**e, "id": f"retok/{k}", "prompt_ids": t} for k, (e, t) in enumerate(zip(engine_saw, turns))]
+    normal = [{**r, "id": f"split/{k}"} for k, r in enumerate(decode(lm, turns, seed=100, temperature=1.0))]
+    return faulty, normal
+
+
+def temperature_raw(lm: LM) -> list[dict[str, Any]]:
+    """Sampled at temperature 0.7, the logprobs reported at temperature 1 (the raw ones)."""
+    return decode(lm, prompt_ids(lm), seed=2, raw=True, temperature=0.7)
+
+
+def top_p_unrenormalised(lm: LM) -> list[dict[str, Any]]:
+    """Sampled with top-p 0.9, the logprobs reported before the nucleus is renormalised."""
+    return decode(lm, prompt_ids(lm), seed=3, raw=True, top_p=0.9)
+
+
+def other_model(lm: LM, model: Any, seed: int) -> list[dict[str, Any]]:
+    other = LM.from_objects(model, lm.tokenizer, source=f"{lm.source} [engine]")
+    return decode(other, prompt_ids(lm), seed=seed, temperature=1.0)
+
+
+def bfloat16(lm: LM) -> list[dict[str, Any]]:
+    """The engine ran the model in bfloat16."""
+    return other_model(lm, variants.cast(lm.model, torch.bfloat16), seed=4)
+
+
+def perturbed(lm: LM, scale: float = 0.05) -> list[dict[str, Any]]:
+    """The engine's weights are not the trainer's: every weight moved by scale × its own spread."""
+    model = copy.deepcopy(lm.model)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.float().std() * scale)
+    return other_model(lm, model, seed=5)

@@ -1,0 +1,36 @@
+"""schemathesis hooks for tests/server/test_schemathesis.py, for its positive run only: every
+body stays valid by the document (the hooks only lower numbers within their range and drop
+optional fields). They keep what the document cannot say out of the run: a prompt plus
+`max_tokens` within the model's context (max_tokens lowered to at most 2, which also keeps the
+bundled model's run short), and constraints whose validity is their own language (a regular
+expression, a grammar, a JSON schema to compile: `structured_outputs`, `response_format`,
+`text`)."""
+
+from __future__ import annotations
+
+import schemathesis
+
+LIMITS = {"max_tokens": 2, "max_completion_tokens": 2, "max_output_tokens": 2, "n": 2}
+OWN_LANGUAGE = (
+    "structured_outputs",
+    "response_format",
+    "text",
+    "tools",
+    "tool_choice",
+    "regex",
+    "grammar",
+    "json_schema",
+    "chat_template_kwargs",
+)
+
+
+@schemathesis.hook
+def map_body(ctx, body):
+    if isinstance(body, dict):
+        for field, most in LIMITS.items():
+            value = body.get(field)
+            if isinstance(value, int) and not isinstance(value, bool) and value > most:
+                body[field] = most
+        for field in OWN_LANGUAGE:
+            body.pop(field, None)
+    return body
