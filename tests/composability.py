@@ -49,6 +49,8 @@ FEATURES: dict[str, dict[str, Any]] = {
     "top_logprobs:0": {"top_logprobs": 0},
     "top_logprobs:20": {"top_logprobs": 20},
     "processor": {"logits_processors": [no_top_token]},
+    "uncertainty": {"uncertainty": True},
+    "attribution": {"attribution": True},
 }
 GRAMMARS = ("regex", "json_schema", "choice")
 DRAFTS = ("draft:packed", "draft:layers")
@@ -73,7 +75,8 @@ def comparable(value: Any) -> Any:
 
 
 def differences(a: Any, b: Any, tol: float, path: str = "$") -> list[str]:
-    """Where two records differ: ints, strings and structure exactly, floats within `tol`."""
+    """Where two records differ: ints, strings and structure exactly, floats within `tol` (relative
+    above 1: a perplexity of 1166 is as exact as a logprob of -1)."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = [f"{path}.{k}: only in one" for k in set(a) ^ set(b)]
         for k in set(a) & set(b):
@@ -84,7 +87,7 @@ def differences(a: Any, b: Any, tol: float, path: str = "$") -> list[str]:
             return [f"{path}: {len(a)} != {len(b)} items"]
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, tol, f"{path}[{i}]")]
     if isinstance(a, float) and isinstance(b, float | int) and not isinstance(b, bool):
-        same = (math.isnan(a) and math.isnan(b)) or a == b or abs(a - b) <= tol
+        same = (math.isnan(a) and math.isnan(b)) or a == b or abs(a - b) <= tol * max(1.0, abs(b))
         return [] if same else [f"{path}: {a} != {b}"]
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
@@ -235,17 +238,18 @@ BATCHED = {"generate([...])": ("kv", "kv_anatomy"), "batch local": (), "server /
 ALONE_TOL, BATCHED_TOL = 1e-6, 5e-5
 
 # what each entry point refuses (in one line naming the option), beside what generate refuses
+OBSERVERS = {"uncertainty", "attribution"}  # this round's observers
 REFUSES = {
-    "stream": {"echo"},
-    "branch": {"echo", "waterfall", "processor", *GRAMMARS},
-    "batch local": {"echo", "waterfall", "processor"},
-    "kv-lab reference": {"lens", "attention", "echo", "waterfall", "processor", *GRAMMARS, *DRAFTS},
-    "server /v1/traces": {"echo", "waterfall", "processor"},
-    "server completions": {"lens", "attention", "waterfall", "processor"},
-    "server chat": {"lens", "attention", "echo", "waterfall", "processor"},
+    "stream": {"echo", *OBSERVERS},
+    "branch": {"echo", "waterfall", "processor", *GRAMMARS, *OBSERVERS},
+    "batch local": {"echo", "waterfall", "processor", *OBSERVERS},
+    "kv-lab reference": {"lens", "attention", "echo", "waterfall", "processor", *GRAMMARS, *DRAFTS, *OBSERVERS},
+    "server /v1/traces": {"echo", "waterfall", "processor", "attribution"},
+    "server completions": {"lens", "attention", "waterfall", "processor", *OBSERVERS},
+    "server chat": {"lens", "attention", "echo", "waterfall", "processor", *OBSERVERS},
 }
 # generate itself: a draft with hooks that expect one position a forward
-GENERATE_REFUSES = [({"lens", "attention"}, set(DRAFTS))]
+GENERATE_REFUSES = [({"lens", "attention", "attribution"}, set(DRAFTS))]
 
 
 def refused_by(entry: str, features: tuple[str, ...]) -> set[str]:

@@ -44,8 +44,9 @@ TRACES_REQUEST: dict[str, Any] = {
 
 # keys added to the records since the goldens were recorded (extensions: the recorded fields
 # beside them are still compared): each attention layer's value-weighted attention (issue 28)
-# the KV anatomy's bytes_per_token_full, full_layers, groups; the model summary's sliding
-ADDED = {"value_weighted", "bytes_per_token_full", "full_layers", "groups", "sliding"}
+# the KV anatomy's bytes_per_token_full, full_layers, groups; the model summary's sliding (issue 35);
+# a branch's steps' kv expected_bytes (the formula checked at every step, as generate's; issue 33)
+ADDED = {"value_weighted", "bytes_per_token_full", "full_layers", "groups", "sliding", "expected_bytes"}
 
 # keys whose values change from run to run or machine to machine
 VOLATILE = {"time_ms", "timing", "versions", "source", "created", "id", "elapsed_ms", "seconds", "path"}

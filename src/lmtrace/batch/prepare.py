@@ -21,7 +21,8 @@ from lmtrace.params import CONSTRAINTS, SamplingParams
 # (json_schema, regex, choice, grammar, json_whitespace) among them
 OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
 # generate's options that a batch line cannot have: refused, never silently dropped
-NOT_IN_A_LINE = ("echo", "waterfall", "compile", "logits_processors", "observers")
+NOT_IN_A_LINE = ("echo", "waterfall", "compile", "logits_processors", "observers", "uncertainty", "attribution",
+                 "against")  # fmt: skip
 
 
 @dataclass
