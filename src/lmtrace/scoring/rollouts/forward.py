@@ -9,7 +9,7 @@ own uncached forward gives, within float noise (the tests hold them to transform
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
@@ -29,7 +29,7 @@ def plan(rollouts: Sequence[Rollout]) -> tuple[list[list[int]], list[int]]:
     return groups, alone
 
 
-def _chunks(indices: Sequence[int], sizes: Sequence[int], budget: int) -> Iterator[list[int]]:
+def _chunks(indices: Sequence[int], sizes: Mapping[int, int] | Sequence[int], budget: int) -> Iterator[list[int]]:
     """Indices, shortest first, in chunks of at most `budget` padded tokens (one at least)."""
     chunk: list[int] = []
     for i in sorted(indices, key=lambda i: sizes[i]):
@@ -72,7 +72,7 @@ def _group(model, rollouts: Sequence[Rollout], group: list[int], budget: int) ->
     first = out.logits[0, -1].float()  # (vocab,): predicts every completion's first id
     layers = ledger.layers_of(cache)  # per layer (1, kv_heads, p, head_dim)
     sizes = {i: max(1, len(rollouts[i].completion_ids) - 1) for i in group}
-    for chunk in _chunks(group, [sizes.get(i, 0) for i in range(max(group) + 1)], budget):
+    for chunk in _chunks(group, sizes, budget):
         rows = [rollouts[i].completion_ids[:-1] for i in chunk]
         w = max(len(r) for r in rows)
         if w == 0:
