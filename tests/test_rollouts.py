@@ -33,8 +33,10 @@ def oracle(model, prompt: list[int], completion: list[int], sampling: dict) -> t
 
 
 def grpo(lm, seed: int = 0) -> list[dict]:
-    """Two prompts with a group of three samples each (they share their prompt), one alone."""
+    """Two prompts with a group of three samples each (they share their prompt: the first is long
+    enough to be computed once, forward.SHARE_FROM), one alone."""
     ids = world.prompt_ids(lm)
+    ids[0] = list(lm.tokenizer(" ".join(world.PROMPTS) * 3)["input_ids"])
     records = []
     for k in range(3):
         records += world.decode(lm, [ids[0], ids[1]], n=10 + k, seed=seed + k, **SAMPLING)

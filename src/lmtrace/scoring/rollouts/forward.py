@@ -1,15 +1,15 @@
 """Teacher-forced logits of many rollouts, batched: the distribution before each completion id.
 
-Rollouts that share their prompt (a GRPO group) compute it once: one forward of the prompt
-keeps its KV, then the group's completions go as one batch over that KV (each row right-padded,
-the prompt's KV repeated per row). A rollout alone goes with others alone in one right-aligned
+Rollouts that share a long prompt (a GRPO group; SHARE_FROM) compute it once: one forward of
+the prompt keeps its KV, then the group's completions go as one batch over that KV (each row
+right-padded, the prompt's KV repeated per row). A rollout alone goes with others alone in one right-aligned
 padded forward (lmtrace.decode.prefill's layout). Either way each rollout's logits are what its
 own uncached forward gives, within float noise (the tests hold them to transformers' own)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
@@ -17,6 +17,10 @@ from lmtrace.kv import ledger
 from lmtrace.scoring.rollouts.rollout import Rollout
 
 TOKENS = 2048  # padded tokens per forward: bounds the (rows, width, vocab) float32 logits
+# a group computes its prompt once only where the prompt is at least this many times its mean
+# completion: a forward over a cache with a mask costs more per token on a CPU than one plain
+# padded forward (bench/rollouts.py, 32-token prompts and 128-token completions: slower shared)
+SHARE_FROM = 1.0
 
 
 def plan(rollouts: Sequence[Rollout]) -> tuple[list[list[int]], list[int]]:
@@ -24,12 +28,16 @@ def plan(rollouts: Sequence[Rollout]) -> tuple[list[list[int]], list[int]]:
     by_prompt: dict[tuple[int, ...], list[int]] = defaultdict(list)
     for i, r in enumerate(rollouts):
         by_prompt[tuple(r.prompt_ids)].append(i)
-    groups = [g for g in by_prompt.values() if len(g) > 1]
-    alone = [g[0] for g in by_prompt.values() if len(g) == 1]
+    def shares(g: list[int]) -> bool:
+        mean = sum(len(rollouts[i].completion_ids) for i in g) / len(g)
+        return len(g) > 1 and len(rollouts[g[0]].prompt_ids) >= SHARE_FROM * mean
+
+    groups = [g for g in by_prompt.values() if shares(g)]
+    alone = [i for g in by_prompt.values() if not shares(g) for i in g]
     return groups, alone
 
 
-def _chunks(indices: Sequence[int], sizes: Sequence[int], budget: int) -> Iterator[list[int]]:
+def _chunks(indices: Sequence[int], sizes: Mapping[int, int] | Sequence[int], budget: int) -> Iterator[list[int]]:
     """Indices, shortest first, in chunks of at most `budget` padded tokens (one at least)."""
     chunk: list[int] = []
     for i in sorted(indices, key=lambda i: sizes[i]):
@@ -72,7 +80,7 @@ def _group(model, rollouts: Sequence[Rollout], group: list[int], budget: int) ->
     first = out.logits[0, -1].float()  # (vocab,): predicts every completion's first id
     layers = ledger.layers_of(cache)  # per layer (1, kv_heads, p, head_dim)
     sizes = {i: max(1, len(rollouts[i].completion_ids) - 1) for i in group}
-    for chunk in _chunks(group, [sizes.get(i, 0) for i in range(max(group) + 1)], budget):
+    for chunk in _chunks(group, sizes, budget):
         rows = [rollouts[i].completion_ids[:-1] for i in chunk]
         w = max(len(r) for r in rows)
         if w == 0:
