@@ -76,6 +76,7 @@ def load_packed(config: Any, path: str | Path, compute_dtype: torch.dtype = torc
 
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.tie_weights()  # transformers ties in init_weights, which no_init_weights skips
     model.eval()
     reader = gguf.GGUFReader(str(path))
 
