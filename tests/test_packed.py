@@ -330,13 +330,16 @@ def test_packed_load_reads_the_file_straight_into_packed_form(tmp_path, tiny_tok
     assert {n for n, _ in direct.model.named_parameters()} == want  # norms and the embedding, float
 
 
-def test_packed_load_of_a_tied_model_packs_its_head(tmp_path):
+def test_packed_load_of_a_tied_model_packs_its_head(tmp_path, monkeypatch):
     """A file without output.weight (tied head, as most small models ship): the lm_head runs
-    packed from token_embd's blocks and the embedding, float, from the same tensor."""
+    packed from token_embd's blocks and the embedding, float, from the same tensor (dequantized
+    64 rows at a time here, as a large embedding is)."""
     from transformers import LlamaConfig
 
+    from lmtrace.model.gguf import direct
     from lmtrace.model.gguf.direct import load_packed
 
+    monkeypatch.setattr(direct, "CHUNK_ROWS", 64)
     path = tmp_path / "tied.gguf"
     model = _tiny_gguf(path)  # token_embd only, Q8_0
     config = LlamaConfig(**{k: v for k, v in model.config.to_dict().items() if k in LlamaConfig().to_dict()})
