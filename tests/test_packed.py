@@ -4,6 +4,8 @@ single tensors, then on a tiny Llama written to a GGUF file here, then on the bu
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -102,6 +104,11 @@ def _tiny_gguf(path) -> LlamaForCausalLM:
                 writer.add_tensor(f"blk.{i}.{name}.weight", raw, raw_dtype=qtype)
                 back = dequantize(raw, qtype).reshape(w.shape).astype(np.float32)
                 linear.weight.copy_(torch.from_numpy(_unpermute(back, heads) if heads else back))
+            for norm, name in ((layer.input_layernorm, "attn_norm"), (layer.post_attention_layernorm, "ffn_norm")):
+                norm.weight.copy_(1 + 0.1 * torch.randn(64))
+                writer.add_tensor(f"blk.{i}.{name}.weight", norm.weight.numpy().copy())
+        model.model.norm.weight.copy_(1 + 0.1 * torch.randn(64))
+        writer.add_tensor("output_norm.weight", model.model.norm.weight.numpy().copy())
         raw = quantize(model.model.embed_tokens.weight.numpy(), Q.Q8_0)
         writer.add_tensor("token_embd.weight", raw, raw_dtype=Q.Q8_0)
         model.model.embed_tokens.weight.copy_(torch.from_numpy(dequantize(raw, Q.Q8_0).reshape(320, 64).copy()))
@@ -321,3 +328,27 @@ def test_packed_load_reads_the_file_straight_into_packed_form(tmp_path, tiny_tok
     assert linears == ["model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj"]  # F32 in the file
     want = {n for n, _ in floats.model.named_parameters()}
     assert {n for n, _ in direct.model.named_parameters()} == want  # norms and the embedding, float
+
+
+def test_packed_load_of_a_tied_model_packs_its_head(tmp_path, monkeypatch):
+    """A file without output.weight (tied head, as most small models ship): the lm_head runs
+    packed from token_embd's blocks and the embedding, float, from the same tensor (dequantized
+    64 rows at a time here, as a large embedding is)."""
+    from transformers import LlamaConfig
+
+    from lmtrace.model.gguf import direct
+    from lmtrace.model.gguf.direct import load_packed
+
+    monkeypatch.setattr(direct, "CHUNK_ROWS", 64)
+    path = tmp_path / "tied.gguf"
+    model = _tiny_gguf(path)  # token_embd only, Q8_0
+    config = LlamaConfig(**{k: v for k, v in model.config.to_dict().items() if k in LlamaConfig().to_dict()})
+    direct = load_packed(config, path)
+    report = packed.report_of(direct)
+    assert report.packed["lm_head"] == "Q8_0" and set(report.kept_float) == {"model.layers.1.self_attn.v_proj"}
+    assert torch.equal(direct.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    reference = copy.deepcopy(model)
+    packed.pack_gguf(reference, path)
+    ids = torch.randint(0, 320, (1, 9))
+    with torch.inference_mode():
+        assert torch.equal(direct(ids).logits, reference(ids).logits)

@@ -20,10 +20,40 @@ from torch import nn
 from lmtrace.model.gguf.packed import pack_gguf
 from lmtrace.model.gguf.report import PackReport
 
+CHUNK_ROWS = 16384  # rows of a large float tensor dequantized at a time
 
-def _float_tensors(model: nn.Module, reader: Any) -> dict[str, np.ndarray]:
-    """{parameter name: float32 array} for the GGUF tensors that map onto the model's parameters
-    still held in float, as transformers' loader would make them."""
+
+def _put(param: torch.Tensor, value: np.ndarray, name: str) -> None:
+    with warnings.catch_warnings():  # a read-only view of the mapped file: it is only read
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32))
+    if tensor.numel() != param.numel():
+        raise ValueError(f"{name}: GGUF tensor of {tensor.numel()} values for {param.numel()}")
+    param.copy_(tensor.reshape(param.shape))
+
+
+def _in_chunks(t: Any, param: torch.Tensor, processor: Any, to_hf: dict[str, str]) -> bool:
+    """Dequantizes a large 2-D tensor into `param` CHUNK_ROWS rows at a time (no whole float32
+    temporary) when transformers' processor leaves its rows as they are; False otherwise."""
+    from gguf.quants import dequantize
+
+    rows = t.data.shape[0] if t.data.ndim == 2 else 0
+    if rows <= CHUNK_ROWS or param.dim() != 2 or param.shape[0] != rows:
+        return False
+    head = dequantize(t.data[:2], t.tensor_type)
+    result = processor.process(weights=head.copy(), name=t.name, tensor_key_mapping=to_hf,
+                               parsed_parameters={"tensors": {}})  # fmt: skip
+    if result.name is None or result.weights.shape != head.shape or not np.array_equal(result.weights, head):
+        return False
+    for i in range(0, rows, CHUNK_ROWS):
+        _put(param[i : i + CHUNK_ROWS], dequantize(t.data[i : i + CHUNK_ROWS], t.tensor_type), t.name)
+    return True
+
+
+def fill_float(model: nn.Module, reader: Any) -> int:
+    """Puts the file's float tensors, dequantized as transformers' loader makes them, into every
+    parameter still held in float, one tensor at a time; returns their bytes. Raises ValueError
+    naming a parameter the file does not hold."""
     from gguf.quants import dequantize
 
     from lmtrace.model.gguf.names import file_architecture, processor_for, weights_map
@@ -31,40 +61,26 @@ def _float_tensors(model: nn.Module, reader: Any) -> dict[str, np.ndarray]:
     arch = file_architecture(reader)
     processor = processor_for(model, arch)
     to_hf = weights_map(model, processor, arch)
-    wanted = dict(model.named_parameters())
-    out: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
-        hf = to_hf.get(t.name)
-        if hf not in wanted or hf in out:
-            continue
-        weights = dequantize(t.data, t.tensor_type)
-        parsed: dict[str, Any] = {"tensors": {}}
-        result = processor.process(weights=weights, name=t.name, tensor_key_mapping=to_hf, parsed_parameters=parsed)
-        if result.name is None:  # the processor stored it itself (experts, GPT-2's head)
-            for name, tensor in parsed["tensors"].items():
-                out[name] = tensor.numpy() if isinstance(tensor, torch.Tensor) else tensor
-            continue
-        out[hf] = result.weights
-    return out
-
-
-def fill_float(model: nn.Module, reader: Any) -> int:
-    """Puts the file's float tensors into every parameter still held in float; returns their bytes.
-    Raises ValueError naming a parameter the file does not hold."""
-    arrays = _float_tensors(model, reader)
-    total = 0
+    params, filled = dict(model.named_parameters()), set()
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name not in arrays:
-                raise ValueError(f"no GGUF tensor for {name}")
-            with warnings.catch_warnings():  # a read-only view of the mapped file: it is only read
-                warnings.simplefilter("ignore", UserWarning)
-                value = torch.from_numpy(np.ascontiguousarray(arrays[name], dtype=np.float32))
-            if value.numel() != param.numel():
-                raise ValueError(f"{name}: GGUF tensor of {value.numel()} values for {param.numel()}")
-            param.copy_(value.reshape(param.shape))
-            total += param.numel() * param.element_size()
-    return total
+        for t in reader.tensors:
+            hf = to_hf.get(t.name)
+            if hf not in params or hf in filled:
+                continue
+            if not _in_chunks(t, params[hf], processor, to_hf):
+                parsed: dict[str, Any] = {"tensors": {}}
+                result = processor.process(weights=dequantize(t.data, t.tensor_type), name=t.name,
+                                           tensor_key_mapping=to_hf, parsed_parameters=parsed)  # fmt: skip
+                stored = parsed["tensors"] if result.name is None else {hf: result.weights}  # experts, GPT-2's head
+                for name, value in stored.items():
+                    if name in params:
+                        _put(params[name], value.numpy() if isinstance(value, torch.Tensor) else value, name)
+                        filled.add(name)
+            filled.add(hf)
+    missing = [n for n in params if n not in filled]
+    if missing:
+        raise ValueError(f"no GGUF tensor for {missing[0]}")
+    return sum(p.numel() * p.element_size() for p in params.values())
 
 
 def load_packed(config: Any, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16) -> nn.Module:
@@ -76,6 +92,7 @@ def load_packed(config: Any, path: str | Path, compute_dtype: torch.dtype = torc
 
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.tie_weights()  # transformers ties in init_weights, which no_init_weights skips
     model.eval()
     reader = gguf.GGUFReader(str(path))
 
