@@ -11,6 +11,10 @@ from __future__ import annotations
 import schemathesis
 
 LIMITS = {"max_tokens": 2, "max_completion_tokens": 2, "max_output_tokens": 2, "n": 2}
+# the routes' own length field, set when the body leaves it out (chat's default is the rest of
+# the context: thousands of tokens on the bundled model)
+LENGTH = {"/v1/completions": "max_tokens", "/v1/chat/completions": "max_tokens", "/v1/traces": "max_tokens",
+          "/v1/branch": "max_tokens", "/v1/responses": "max_output_tokens"}
 OWN_LANGUAGE = (
     "structured_outputs",
     "response_format",
@@ -27,6 +31,9 @@ OWN_LANGUAGE = (
 @schemathesis.hook
 def map_body(ctx, body):
     if isinstance(body, dict):
+        length = LENGTH.get(getattr(ctx.operation, "path", ""))
+        if length is not None and body.get(length) is None and body.get("max_completion_tokens") is None:
+            body[length] = 2
         for field, most in LIMITS.items():
             value = body.get(field)
             if isinstance(value, int) and not isinstance(value, bool) and value > most:
