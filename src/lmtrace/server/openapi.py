@@ -64,7 +64,8 @@ PER_SCHEMA: dict[str, dict[str, dict[str, Any]]] = {
     "TraceRequest": {"top_logprobs": {"minimum": 0, "maximum": 100}, "n": {"enum": [1]}},
     "ScoreRequest": {"top_logprobs": {"minimum": 0, "maximum": 100}, "text": {"minLength": 1},
                      "continuation": {"minLength": 1}},
-    "BranchRequest": {"top_logprobs": {"minimum": 0, "maximum": 100}, "prompt": {"minLength": 1}},
+    "BranchRequest": {"top_logprobs": {"minimum": 0, "maximum": 100}, "prompt": {"minLength": 1},
+                      "at": {"minimum": 0}},
 }  # fmt: skip
 
 

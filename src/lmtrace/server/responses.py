@@ -204,7 +204,7 @@ async def _events(
                 cached = p.usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
             elif p.trace is not None:
                 trace = p.trace
-            if p.text or p.steps:
+            if p.text or (p.steps and job.logprobs):
                 yield _event("response.output_text.delta", seq, **where, delta=p.text,
                              logprobs=_entries(job, [s for s, _ in p.steps]))  # fmt: skip
     except Exception as e:  # the stream has started: the error is its last event
