@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PROMPT ?= 很久很久以前，
 DOCS_ADDR ?= 127.0.0.1:8001
 
-.PHONY: run test lint install clean browser vllm gemma3-gguf docs docs-build docs-images
+.PHONY: run test test-slow lint install clean browser vllm gemma3-gguf docs docs-build docs-images
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,7 +66,11 @@ gemma3-gguf: $(VENV)/.gemma3-gguf
 test: install browser vllm
 	$(BIN)/ruff check src tests bench
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs -m "not slow" --durations=15
+
+# the tests marked slow (bundled-model runs of a whole feature: rollouts, kld, schemathesis's positive run)
+test-slow: install browser vllm
+	$(BIN)/python -m pytest -q -rs -m slow
 
 lint: install
 	$(BIN)/ruff check src tests bench

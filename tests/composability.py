@@ -100,6 +100,7 @@ def via_generate(lm, kw: dict) -> dict:
 
 
 def via_generate_list(lm, kw: dict) -> dict:
+    """The prompt as the first row of a batch (sampled: see SHARED_DRAWS)."""
     return lmtrace.generate(lm, [PROMPT, OTHER], **kw)[0].to_dict()
 
 
@@ -252,6 +253,12 @@ REFUSES = {
 GENERATE_REFUSES = [({"lens", "attention", "attribution"}, set(DRAFTS))]
 
 
+# sampled, a batched generate draws its rows from one generator, as model.generate does (so that
+# from_generate reproduces its draws): its first row is not the lone draw; the cell checks that the
+# same batch and seed give the same record again
+SHARED_DRAWS = {("generate([...])", "seed")}
+
+
 def refused_by(entry: str, features: tuple[str, ...]) -> set[str]:
     """The features of the cell that the entry point refuses (empty: the cell must work)."""
     f = set(features)
@@ -271,6 +278,8 @@ def outcome(lm, entry: str, features: tuple[str, ...], reference: dict, tol: flo
     """"ok", "refused: <the line>" or "WRONG: <how>" for one cell."""
     reference = copy.deepcopy(reference)
     kw = merged(*features)
+    if any((entry, f) in SHARED_DRAWS for f in features):
+        reference = ENTRIES[entry](lm, kw)
     try:
         got = ENTRIES[entry](lm, kw)
     except InvalidParameter as e:

@@ -11,7 +11,7 @@ import lmtrace
 from tests import rollout_world as world
 from tests.test_rollouts import oracle
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SAMPLING = {"temperature": 0.7, "top_p": 0.9}
 
 

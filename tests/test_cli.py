@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import types
 
 import pytest
 
@@ -149,6 +150,8 @@ def test_the_gguf_loader_bar_is_silenced_while_the_cli_loads():
 
     from lmtrace.cli.common import no_gguf_bar
 
-    with no_gguf_bar():
-        assert gguf_utils.tqdm(range(3)).disable
-    assert not gguf_utils.tqdm(range(3), file=io.StringIO()).disable
+    bar = gguf_utils.tqdm
+    with no_gguf_bar():  # lmtrace's own progress line (after 2 s) in place of the plain tqdm bar
+        tensors = [types.SimpleNamespace(n_bytes=8) for _ in range(3)]  # as gguf's reader lists them
+        assert gguf_utils.tqdm is not bar and list(gguf_utils.tqdm(tensors)) == tensors
+    assert gguf_utils.tqdm is bar and not gguf_utils.tqdm(range(3), file=io.StringIO()).disable

@@ -160,6 +160,7 @@ def test_a_text_shorter_than_one_chunk(capsys, tiny_dir, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_bundled_float32_against_packed(bundled_lm):
     b = against_model(bundled_lm, "packed")
     text = TEXT

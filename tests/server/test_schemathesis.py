@@ -21,11 +21,13 @@ from tests.server.process import SRC
 pytestmark = pytest.mark.integration
 pytest.importorskip("schemathesis")
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = [("positive", "examples,fuzzing,stateful", "tests.server.st_hooks"),
-        ("negative", "examples,coverage,fuzzing,stateful", None)]  # fmt: skip
+# the positive run (every operation with schema-valid bodies, minutes on 2 cores) is `slow`: `make test-slow`
+RUNS = [pytest.param("positive", "examples,fuzzing,stateful", "tests.server.st_hooks", marks=pytest.mark.slow,
+                     id="positive"),
+        pytest.param("negative", "examples,coverage,fuzzing,stateful", None, id="negative")]  # fmt: skip
 
 
-@pytest.mark.parametrize(("mode", "phases", "hooks"), RUNS, ids=[r[0] for r in RUNS])
+@pytest.mark.parametrize(("mode", "phases", "hooks"), RUNS)
 def test_schemathesis_finds_nothing(bundled_server, mode, phases, hooks):
     st = shutil.which("st", path=str(Path(sys.executable).parent)) or "st"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{SRC}"}

@@ -4,7 +4,6 @@ at the end. Shared by generate, branch and continuous batching."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -250,13 +249,6 @@ def anatomy(lm: LM, steps: list[Step]) -> dict[str, Any] | None:
     d = an.to_dict()
     d["mismatches"] = [s.index for s in steps if _measured(s.kv) != s.kv.get("expected_bytes", _measured(s.kv))]
     return d
-
-
-def row_params(params: SamplingParams, rows: int) -> list[SamplingParams]:
-    """Each row's own params in a batch of one settings: a sampled row r draws with seed + r."""
-    if params.greedy or rows == 1:
-        return [params] * rows
-    return [dataclasses.replace(params, seed=(params.seed + r) % 2**63) for r in range(rows)]
 
 
 def seeded(params: SamplingParams) -> SamplingParams:

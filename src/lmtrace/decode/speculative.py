@@ -24,7 +24,7 @@ import torch
 from lmtrace.decode import constrained, engine, observers
 from lmtrace.decode import step as one_step
 from lmtrace.decode.observers import attached
-from lmtrace.decode.rows import RowRecord, generator, records, row_params
+from lmtrace.decode.rows import RowRecord, generator, records
 from lmtrace.decode.step import BatchStep, Choosing, Proposal
 from lmtrace.kv import ledger
 from lmtrace.logits import grammar, processors
@@ -258,12 +258,12 @@ def iter_rows(
     lm: LM, draft: Draft, prompts: Sequence[list[int]], params: SamplingParams, rows: list[RowRecord], k: int,
     watchers: Sequence[Any] = (), compile: bool = False, user: Sequence[processors.UserProcessor] = (),
 ) -> Iterator[tuple[int, Step, Tally]]:  # fmt: skip
-    """Each prompt decoded alone with the draft, one after another, row r drawing with its own
-    generator seeded by seed + r (as without a draft: rows.row_params); yields (row, Step, the
+    """Each prompt decoded alone with the draft, one after another, drawing from one generator
+    seeded by the params (the first prompt draws as it would alone); yields (row, Step, the
     row's Tally) as steps are produced."""
     eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
-    for r, (ids, own) in enumerate(zip(prompts, row_params(params, len(prompts)))):
-        rng = generator(lm, own)
+    rng = generator(lm, params)
+    for r, ids in enumerate(prompts):
 
         def hook(row: int, token: int, r: int = r) -> bool:
             return rows[r].add(token, token in eos)

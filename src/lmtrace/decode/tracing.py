@@ -10,7 +10,7 @@ from lmtrace import arguments
 from lmtrace.decode import attribution as attributing
 from lmtrace.decode import constrained, engine, speculative
 from lmtrace.decode.observers import Observer, build, checked
-from lmtrace.decode.rows import RowRecord, generator, make_params, records, row_params, seeded, to_trace
+from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
 from lmtrace.decode.step import BatchStep
 from lmtrace.decode.uncertainty import Uncertainty, observer_for
 from lmtrace.inside import probe as inside
@@ -47,16 +47,14 @@ def _iter_rows(
     user: Sequence[processors.UserProcessor] = (),
 ) -> Iterator[tuple[int, Step]]:
     """Runs the engine and yields (row, Step) for every row still generating at each step.
-    `rng` None means a generator per row, row r seeded by `params.seed + r` (`row_params`), so
-    that every row draws as the same prompt would alone with its own seed."""
+    `rng` None means one generator for the batch seeded by `params.seed` (as model.generate draws
+    a sampled batch: the first row draws as it would alone)."""
     eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
 
     def hook(row: int, token: int) -> bool:
         return rows[row].add(token, token in eos)
 
-    if rng is None:
-        own = row_params(params, len(prompts))
-        rng = generator(lm, params) if len(prompts) == 1 else [generator(lm, p) for p in own]
+    rng = rng if rng is not None else generator(lm, params)
     grammars = constrained.matchers(lm, [params] * len(prompts))
     setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, compile, list(watchers), grammars, user)
     yield from records(lm, prompts, engine.generate_steps(lm.model, prompts, params, rng, setup), rows)
@@ -127,8 +125,7 @@ def generate(
             tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
-    traces = [to_trace(lm, text, i, rp, row, chat, compile, probe, own)
-              for text, i, rp, row in zip(prompts, ids, row_params(p, len(ids)), rows)]  # fmt: skip
+    traces = [to_trace(lm, text, i, p, row, chat, compile, probe, own) for text, i, row in zip(prompts, ids, rows)]
     _name_processors(traces, user)
     for r, tally in tallies.items():  # a row's speculative summary: its draft, acceptance, forwards
         traces[r].speculative = tally.to_dict()
@@ -267,8 +264,7 @@ def generate_ids(
             tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
-    traces = [to_trace(lm, text, i, rp, row, chat, probe=probe, watchers=own)
-              for text, i, rp, row in zip(texts, ids, row_params(p, len(ids)), rows)]  # fmt: skip
+    traces = [to_trace(lm, text, i, p, row, chat, probe=probe, watchers=own) for text, i, row in zip(texts, ids, rows)]
     _name_processors(traces, user)
     for r, tally in tallies.items():
         traces[r].speculative = tally.to_dict()

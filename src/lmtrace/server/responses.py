@@ -49,6 +49,15 @@ class TextConfig(BaseModel):
     verbosity: Literal["low", "medium", "high"] | None = None  # accepted, no effect
 
 
+class InputText(BaseModel):
+    """A text part of a message item (`input_text`, or an earlier answer's `output_text`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+
+
 class InputMessage(BaseModel):
     """A message item of `input` (OpenAI's EasyInputMessage and input message)."""
 
@@ -56,7 +65,7 @@ class InputMessage(BaseModel):
 
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
-    content: Any = Field(...)
+    content: Text | list[InputText] = Field(...)
     id: Text | None = None
     status: Text | None = None
 
@@ -90,8 +99,7 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
     for item in [] if isinstance(body.input, str) else body.input:
         content = item.content
         if isinstance(content, list):  # input_text / output_text parts are text parts
-            content = [{**p, "type": "text"} if isinstance(p, dict) and p.get("type") in ("input_text", "output_text")
-                       else p for p in content]  # fmt: skip
+            content = [{"type": "text", "text": p.text} for p in content]
         items.append({"role": item.role, "content": content})
     if body.instructions is not None:
         items.insert(0, {"role": "system", "content": body.instructions})
