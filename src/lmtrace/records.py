@@ -34,6 +34,16 @@ def _inf(x: float | None) -> float:
     return float("-inf") if x is None else float(x)
 
 
+class WithEntries:
+    """Reads an observer's entry by its name (`step.uncertainty`, `trace.uncertainty`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        entries = self.__dict__.get("entries")
+        if entries is not None and name in entries:
+            return entries[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute or observer entry {name!r}")
+
+
 @dataclass
 class Alternative:
     """One of the most likely tokens at a step, under the raw distribution (under the processed
@@ -56,7 +66,7 @@ class Alternative:
 
 
 @dataclass
-class Step:
+class Step(WithEntries):
     """One generated token. `logprob`/`rank`/`entropy` are under the raw distribution;
     `sampled_*` under the processed one the token was chosen from. None where the trace does not
     hold that distribution (`Trace.distributions`), and `time_ms` None where it was not timed."""
@@ -94,13 +104,6 @@ class Step:
     # (lmtrace.decode.observers.Observer: `uncertainty`, `attribution`, a user's own): written in
     # the step's JSON under that name, read as `step.NAME`
     entries: dict[str, Any] = field(default_factory=dict)
-
-    def __getattr__(self, name: str) -> Any:
-        """An observer's entry by its name (`step.uncertainty`)."""
-        entries = self.__dict__.get("entries")
-        if entries is not None and name in entries:
-            return entries[name]
-        raise AttributeError(f"{type(self).__name__} has no attribute or observer entry {name!r}")
 
     @property
     def prob(self) -> float | None:
@@ -206,7 +209,7 @@ class TokenScore:
 
 
 @dataclass
-class Trace:
+class Trace(WithEntries):
     """A whole traced generation: header (model, params, prompt, timing) and steps."""
 
     model: dict[str, Any]
@@ -242,13 +245,6 @@ class Trace:
     speculative: dict[str, Any] | None = None
     # the observers' trace-level entries (Observer.summarize), by name: `uncertainty`, ...
     entries: dict[str, Any] = field(default_factory=dict)
-
-    def __getattr__(self, name: str) -> Any:
-        """An observer's trace-level entry by its name (`trace.uncertainty`)."""
-        entries = self.__dict__.get("entries")
-        if entries is not None and name in entries:
-            return entries[name]
-        raise AttributeError(f"{type(self).__name__} has no attribute or observer entry {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("steps", "entries", *_OPTIONAL)}
