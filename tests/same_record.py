@@ -25,7 +25,7 @@ def assert_same(a: Any, b: Any, tol: float = 1e-4, path: str = "") -> None:
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same(x, y, tol, f"{path}[{i}]")
     elif isinstance(a, float) and isinstance(b, float):
-        assert abs(a - b) <= tol, f"{path}: {a} != {b}"
+        assert a == b or abs(a - b) <= tol, f"{path}: {a} != {b}"
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
 

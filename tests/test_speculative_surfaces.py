@@ -103,12 +103,12 @@ def test_server_with_a_draft(pair):
     assert trace["speculative"]["draft_tokens"] == 2 and all("draft" in s for s in trace["steps"])
 
 
-@pytest.mark.parametrize("k", [0, 17])
+@pytest.mark.parametrize("k", [-1, 17])
 def test_server_bad_draft_tokens_is_a_400(pair, k):
     plain, fast = pair
     r = fast.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "draft_tokens": k})
     assert r.status_code == 400 and r.json()["error"]["param"] == "draft_tokens"
-    assert f"draft_tokens must be in [1, 16], got {k}" in r.json()["error"]["message"]
+    assert f"draft_tokens must be in [0, 16], got {k}" in r.json()["error"]["message"]
     r = plain.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "draft_tokens": 2})
     assert r.status_code == 400 and "runs no draft model" in r.json()["error"]["message"]
 
@@ -116,7 +116,17 @@ def test_server_bad_draft_tokens_is_a_400(pair, k):
 def test_server_draft_with_lens_is_a_400(pair):
     _, fast = pair
     r = fast.post("/v1/traces", json={"prompt": "Hello", "max_tokens": 2, "lens": True})
-    assert r.status_code == 400 and "cannot be combined with lens" in r.json()["error"]["message"]
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lens"
+    assert "lens: cannot be combined with this server's draft" in r.json()["error"]["message"]
+
+
+def test_server_draft_tokens_0_decodes_a_request_without_the_draft(pair, tiny_lm):
+    _, fast = pair
+    body = {"prompt": "Hello", "max_tokens": 4, "temperature": 0, "lens": True, "draft_tokens": 0}
+    trace = fast.post("/v1/traces", json=body).json()
+    alone = lmtrace.generate(tiny_lm, "Hello", max_new_tokens=4, temperature=0, lens=True)
+    assert trace["token_ids"] == alone.token_ids and trace.get("speculative") is None
+    assert all(s["lens"] is not None and "draft" not in s for s in trace["steps"])
 
 
 def test_views_show_the_draft(tiny_lm):
@@ -139,3 +149,16 @@ def test_views_show_the_draft(tiny_lm):
     assert "speculative: draft layers:1, 3 tokens a block" in text
     assert any(line.split()[:6] == ["#", "token", "prob", "rank", "entropy", "draft"] for line in text.splitlines())
     assert "✗" in text and "+ bonus" in text
+
+
+def test_a_proposal_the_targets_top_k_removes_is_written_as_null(tiny_lm):
+    """p = -inf for a proposed token outside the target's top-k: JSON has no -inf, so it is null,
+    and it reads back as -inf (it was a trace that could not be written at all)."""
+    trace = lmtrace.generate(tiny_lm, "Once upon a time there was", temperature=0.9, top_k=30, seed=7,
+                             max_new_tokens=7, draft="layers:1", draft_tokens=2)  # fmt: skip
+    filtered = [s for s in trace.steps if s.draft and s.draft["target_logprob"] == float("-inf")]
+    assert filtered, "the case needs a proposal outside the target's top-k"
+    data = json.loads(trace.to_json())
+    assert data["steps"][filtered[0].index]["draft"]["target_logprob"] is None
+    back = lmtrace.Trace.from_json(trace.to_json())
+    assert back.steps[filtered[0].index].draft["target_logprob"] == float("-inf")

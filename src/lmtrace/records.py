@@ -117,6 +117,8 @@ class Step(WithEntries):
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("top", "entries")}
         d["logprob"], d["sampled_logprob"] = _num(self.logprob), _num(self.sampled_logprob)
         d["top"] = [a.to_dict() for a in self.top]
+        if self.draft is not None:  # a proposal the target's filters removed has p = -inf: null
+            d["draft"] = {k: _num(v) if k in _DRAFT_LOGPROBS else v for k, v in self.draft.items()}
         for name in ("waterfall", "problems", "lens", "attention", "grammar", "draft"):  # written only when present
             if d[name] is None:
                 del d[name]
@@ -137,9 +139,17 @@ class Step(WithEntries):
             attention=d.get("attention"),
             problems=d.get("problems"),
             grammar=d.get("grammar"),
-            draft=d.get("draft"),
+            draft=_draft_from(d.get("draft")),
             entries={k: v for k, v in d.items() if k not in cls.__dataclass_fields__},
         )
+
+
+# a step's `draft` numbers that are log-probabilities (-inf where filtered, null in JSON)
+_DRAFT_LOGPROBS = ("logprob", "target_logprob")
+
+
+def _draft_from(d: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if d is None else {k: _inf(v) if k in _DRAFT_LOGPROBS else v for k, v in d.items()}
 
 
 # fields added after schema 1 was first written: absent from older JSON, omitted when unset
@@ -259,7 +269,7 @@ class Trace(WithEntries):
             d["speculative"] = self.speculative
             if self.speculative.get("proposals_recorded", True):  # from_generate's assisted runs hold none
                 for step, out in zip(self.steps, d["steps"]):
-                    out["draft"] = step.draft
+                    out["draft"] = out.get("draft")  # null: a bonus token
         d.update(self.entries)
         return d
 

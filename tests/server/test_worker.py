@@ -113,3 +113,20 @@ def test_a_client_that_disconnects_frees_the_model(slow_lm):
             wait_until(lambda: worker.admitted == 1)
         wait_until(lambda: worker.cancelled == 2 and worker.admitted == 0)
         assert worker.finished == 1
+
+
+def test_a_slot_frees_even_when_the_requests_event_loop_is_gone(tiny_lm):
+    """A test client without `with` runs each request on an event loop of its own that ends with
+    the answer: the slot is freed by the model thread itself, so admission never leaks (it
+    did: 16 answered requests later every request was a 429)."""
+    from fastapi.testclient import TestClient
+
+    from lmtrace.server import create_app
+
+    for max_batch in (1, 4):
+        client = TestClient(create_app(tiny_lm, name="tiny", max_concurrency=2, max_batch=max_batch))
+        for i in range(12):
+            r = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
+            assert r.status_code == 200, (max_batch, i, r.text)
+        worker = client.app.state.lmtrace.worker
+        wait_until(lambda w=worker: w.admitted == 0)

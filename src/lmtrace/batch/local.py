@@ -13,7 +13,7 @@ from lmtrace.batch.lines import InputLine
 from lmtrace.batch.output import record_line
 from lmtrace.batch.prepare import Job, prepare
 from lmtrace.decode.continuous import RowSpec, generate_rows
-from lmtrace.decode.tracing import generate_each, generate_ids
+from lmtrace.model.draft import draft_for
 from lmtrace.model.lm import LM
 
 # lines tokenized and sorted together: longer windows pad less, shorter ones write sooner
@@ -43,21 +43,13 @@ def batches(jobs: Sequence[Job], batch_size: int) -> Iterator[list[Job]]:
 
 
 def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None) -> list[Outcome]:
-    plain = [j for j in batch if not any(j.inside.values()) and j.draft is None]
+    """Every line of the batch a row of one continuous batch (lmtrace.decode.continuous), each with
+    its own settings: plain, with the lens or the attention, with a draft."""
     specs = [
-        RowSpec(j.ids, j.params, j.text, j.chat, None if on_step is None else _row_hook(on_step, r))
-        for r, j in enumerate(plain)
+        RowSpec(j.ids, j.params, j.text, j.chat, None if on_step is None else _row_hook(on_step, r), **_asked(lm, j))
+        for r, j in enumerate(batch)
     ]
-    found = dict(zip((id(j) for j in plain), generate_rows(lm, specs, max_batch=len(specs)) if specs else []))
-    for group in dict.fromkeys(j.group for j in batch if any(j.inside.values())):
-        same = [j for j in batch if j.group == group]  # lens / attention: the engine's batch with a probe
-        each = generate_each(lm, [j.text for j in same], [j.ids for j in same], [j.params for j in same],
-                             chat=same[0].chat, on_step=on_step, **same[0].inside)  # fmt: skip
-        found.update(zip((id(j) for j in same), each))
-    for r, job in enumerate(j for j in batch if j.draft is not None):  # speculative: one line at a time
-        hook = None if on_step is None else (lambda row, step, r=r: on_step(r, step))
-        found[id(job)] = generate_ids(lm, [job.ids], job.params, prompt_texts=[job.text], chat=job.chat,
-                                      on_step=hook, **job.inside, **job.draft)[0]  # fmt: skip
+    found = dict(zip((id(j) for j in batch), generate_rows(lm, specs, max_batch=len(specs))))
     traces = [found[id(j)] for j in batch]
     outcomes = []
     for job, trace in zip(batch, traces):
@@ -68,6 +60,14 @@ def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None
         except ValueError as e:  # a number JSON cannot hold (NaN)
             outcomes.append(error_outcome(job.line, f"cannot write the trace as JSON ({e})"))
     return outcomes
+
+
+def _asked(lm: LM, job: Job) -> dict[str, Any]:
+    """The line's lens, attention and draft as a row's (the draft loaded once, kept on the model)."""
+    out: dict[str, Any] = {k: v for k, v in job.inside.items() if v}
+    if job.draft is not None:
+        out.update(draft=draft_for(lm, job.draft["draft"]), draft_tokens=job.draft["draft_tokens"])
+    return out
 
 
 def _row_hook(on_step: Callable[[int, Any], None], row: int) -> Callable[[Any], None]:

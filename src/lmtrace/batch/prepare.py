@@ -103,8 +103,9 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
                 raise InvalidParameter(f"{name}: a batch line does not take {name} (lmtrace generate does)")
         grammar.check(params)  # a constraint that does not compile is the line's error
         text, ids, messages = _encode(lm, line.data, chat or "messages" in line.data)
-        inside_of(line.data, defaults)
-        draft_of(line.data, defaults)
+        inside, draft = inside_of(line.data, defaults), draft_of(line.data, defaults)
+        if draft is not None:  # hooks that expect one position a forward, as lmtrace generate says
+            arguments.draft_alone(inside["lens"], inside["attention"])
         # the engine's own check, so a line's error reads as `lmtrace generate` would say it
         engine.check_context(lm.model, [ids], params)
     except InvalidParameter as e:

@@ -87,45 +87,61 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     html_path, plot_path = kw.pop("html_path"), kw.pop("plot_path")
     check_report_paths(html_path, plot_path)
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
-    draft, draft_tokens = draft_from(kw)
+    draft = draft_from(kw)
     confidence = settings_from(kw)
-    if kw["uncertainty"] and kw["server"]:
-        raise InvalidParameter("--uncertainty: not with --server (the scores are computed where the model runs)")
-    if params.constraint is not None:  # a schema, regex or grammar that does not compile: before anything else
-        from lmtrace.logits import grammar
-
-        grammar.check(params)
+    _check_pairs(kw, params)
     text = read_prompt(prompt, prompt_file, kw["chat"])
     view, status = consoles(json_path, no_color)
     local = {"device": device, "dtype": dtype, "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code,
              "device_map": kw.pop("device_map"), "weights": kw.pop("weights"), "compile": kw["compile_"],
              "echo": kw["echo"], "waterfall": kw["waterfall"]}  # fmt: skip
     inside = {"lens": kw["lens"], "attention": kw["attention"]}
-    attributing = {"attribution": kw["attribution"], "against": kw["against"]}
+    if kw["server"]:
+        trace = traced_remotely(kw["server"], model, local, text, params, kw["chat"], inside, status)
+    else:
+        trace = _traced_here(status, model, local, text, params, kw, draft, confidence)
+    _show(trace, kw, view, json_path, html_path, plot_path)
+
+
+def _check_pairs(kw: dict, params) -> None:
+    """The options that do not combine, refused before anything is loaded."""
+    if kw["uncertainty"] and kw["server"]:
+        raise InvalidParameter("--uncertainty: not with --server (the scores are computed where the model runs)")
+    if params.constraint is not None:  # a schema, regex or grammar that does not compile: before anything else
+        from lmtrace.logits import grammar
+
+        grammar.check(params)
     if kw["against"] is not None and not kw["attribution"]:
         raise InvalidParameter(f"against needs --attribution, got --against {kw['against']}")
     if kw["server"] and kw["attribution"]:
         raise InvalidParameter("server: --attribution runs in this process only; drop --server or --attribution")
-    if kw["server"]:
-        trace = traced_remotely(kw["server"], model, local, text, params, kw["chat"], inside, status)
-    else:
-        announce(status, model)  # the first line on screen, before the imports
-        from lmtrace.decode.tracing import generate as run
 
-        lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, local["device_map"],
-                        local["weights"])  # fmt: skip
-        chosen = load_draft(status, lm, draft)
-        uncertainty = False
-        if kw["uncertainty"]:
-            from lmtrace.decode.uncertainty import Uncertainty
 
-            uncertainty = Uncertainty(**confidence, vocab=lm.model.config.vocab_size)
-        with progress_bar(status, params.max_new_tokens) as progress:
-            task = progress.add_task("generate", total=params.max_new_tokens)
-            advance = lambda row, step: progress.advance(task)  # noqa: E731
-            trace = run(lm, text, params, chat=kw["chat"], on_step=advance, echo=kw["echo"],
-                        waterfall=kw["waterfall"], compile=kw["compile_"], draft=chosen, draft_tokens=draft_tokens,
-                        uncertainty=uncertainty, **inside, **attributing)  # fmt: skip
+def _traced_here(status, model, local: dict, text: str, params, kw: dict, draft: tuple, confidence: dict) -> Trace:
+    """The trace made in this process, with a progress bar."""
+    announce(status, model)  # the first line on screen, before the imports
+    from lmtrace.decode.tracing import generate as run
+
+    lm = load_model(status, model, local["device"], local["dtype"], local["allow_pickle"],
+                    local["trust_remote_code"], local["device_map"], local["weights"])  # fmt: skip
+    spec, draft_tokens = draft
+    chosen = load_draft(status, lm, spec)
+    uncertainty = False
+    if kw["uncertainty"]:
+        from lmtrace.decode.uncertainty import Uncertainty
+
+        uncertainty = Uncertainty(**confidence, vocab=lm.model.config.vocab_size)
+    with progress_bar(status, params.max_new_tokens) as progress:
+        task = progress.add_task("generate", total=params.max_new_tokens)
+        advance = lambda row, step: progress.advance(task)  # noqa: E731
+        return run(lm, text, params, chat=kw["chat"], on_step=advance, echo=kw["echo"], waterfall=kw["waterfall"],
+                   compile=kw["compile_"], draft=chosen, draft_tokens=draft_tokens, uncertainty=uncertainty,
+                   lens=kw["lens"], attention=kw["attention"], attribution=kw["attribution"],
+                   against=kw["against"])  # fmt: skip
+
+
+def _show(trace: Trace, kw: dict, view, json_path, html_path, plot_path) -> None:
+    """The trace on screen, in the JSON file and the reports asked for."""
     from lmtrace.render.terminal import print_trace
 
     write_json(json_path, trace.to_json(indent=2))

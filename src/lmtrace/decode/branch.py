@@ -21,7 +21,7 @@ import torch
 
 from lmtrace import arguments
 from lmtrace.decode import branch_draft, engine, observers
-from lmtrace.decode import step as one_step
+from lmtrace.decode.loop import Finish, Watch, advance
 from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.decode.tracing import encode_prompt
@@ -90,17 +90,15 @@ def _decode(
     engine.generate_steps for a batch of one (decode/step.py's `take`)."""
     p, logits = how.params[0], at.logits
     eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
-    watchers = observers.build(probe)
+    watch = Watch(observers.build(probe), finish=Finish(eos, p, hook))
     expected = engine.expected_bytes(lm.model, 1)
     started = time.perf_counter()
     for index in range(at.start, p.max_new_tokens):
         forced = at.forced is not None and index == at.start
         how.forced = torch.tensor([at.forced], device=logits.device) if forced else None
-        tokens, step = one_step.take(index, logits, how, [True], kv.state(cache, expected))
-        if at.fork is not None and index == at.fork[0]:
+        tokens, step = advance(index, logits, how, [True], kv.state(cache, expected), watch)
+        if at.fork is not None and index == at.fork[0]:  # the seen mask moves only at how.saw below
             _save(at.fork[1], logits, how, probe)
-        observers.run(watchers, step, logits, tokens, how)
-        one_step.finish(step, eos, p, hook)
         step.time_ms = (time.perf_counter() - started) * 1000
         yield step
         if step.finish[0] is not None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from lmtrace.decode import engine, speculative
-from lmtrace.decode import step as one_step
+from lmtrace.decode.loop import Finish, Watch, advance
 from lmtrace.decode.rows import RowRecord, records, to_trace
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.errors import InvalidParameter
@@ -102,10 +102,9 @@ def _steps(
     seen = None if fork.seen is None else fork.seen.clone()
     how = Choosing([p], rng, seen, forced=torch.tensor([token], device=fork.logits.device))
     kv = ledger.KVState(**{k: v for k, v in original.steps[at].kv.items() if k in ledger.KVState.__dataclass_fields__})
-    tokens, step = one_step.take(at, fork.logits, how, [True], kv)
-    step.draft = [None]  # the forced token: no proposal
     eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
-    one_step.finish(step, eos, p, hook)
+    tokens, step = advance(at, fork.logits, how, [True], kv, Watch(finish=Finish(eos, p, hook)))
+    step.draft = [None]  # the forced token: no proposal
     yield step
     if step.finish[0] is not None:
         return

@@ -5,7 +5,10 @@ finishes (its cache rows selected away), and every row's numbers are what it wou
 alone: its own generator, its own processors, its own grammar (rows with different constraints,
 and none, decode together), its own part of the cache in `kv`. Greedy tokens
 and seeded draws are the same as alone; logprobs differ from alone only by the float noise of
-batched matrix products (the documented batched-versus-alone bound).
+batched matrix products (the documented batched-versus-alone bound). A row may ask for the logit
+lens and the attention (decode/inside_rows.py: captured for it alone, the others' numbers
+untouched) and for a draft (decode/drafted.py: it decodes a speculative block per batch step
+with its own caches, exactly as alone).
 
     batch = ContinuousBatch(lm, max_batch=16)
     row = batch.join(RowSpec(ids, params, text))   # any time between steps (join_many: several)
@@ -21,10 +24,12 @@ from typing import Any
 
 import torch
 
-from lmtrace.decode import engine
-from lmtrace.decode import step as one_step
+from lmtrace.decode import engine, inside_rows
+from lmtrace.decode.drafted import DraftedRow, drafted
+from lmtrace.decode.loop import Watch, advance
 from lmtrace.decode.prefill import Prefilled, stack_left
 from lmtrace.decode.rows import Row, RowSpec, record
+from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.detokenize import TokenBytes
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger as kv
@@ -45,7 +50,8 @@ class ContinuousBatch:
         self.lm = lm
         # a sliding-window cache cannot be regrouped: such a model decodes one row at a time
         self.max_batch = max_batch if kv.regroupable(kv.new_cache(lm.model)) else 1
-        self.rows: list[Row] = []
+        self.rows: list[Row] = []  # the rows that step together
+        self.drafted: list[DraftedRow] = []  # the rows that decode a block per step with their draft
         self.cache: Any = None
         self.mask: torch.Tensor | None = None  # (batch, width): 0 on each row's left padding
         self.logits: torch.Tensor | None = None  # (batch, vocab): each row's next distribution
@@ -54,11 +60,16 @@ class ContinuousBatch:
 
     @property
     def empty(self) -> bool:
-        return not self.rows
+        return not self.rows and not self.drafted
+
+    @property
+    def members(self) -> list[Row]:
+        """Every row in the batch: those stepping together and those with a draft."""
+        return self.rows + [d.row for d in self.drafted]
 
     @property
     def free(self) -> int:
-        return self.max_batch - len(self.rows)
+        return self.max_batch - len(self.rows) - len(self.drafted)
 
     def join(self, spec: RowSpec) -> Row:
         """Prefills the row's prompt alone and adds it to the batch (call between steps)."""
@@ -73,19 +84,23 @@ class ContinuousBatch:
             raise RuntimeError(f"the batch has room for {self.free} rows, not {len(specs)}")
         for spec in specs:
             engine.check_context(self.lm.model, [spec.ids], spec.params)
-        rows = [Row(self.lm, spec) for spec in specs]
+        joined = [Row(self.lm, spec) for spec in specs]
+        self.drafted += [DraftedRow(self.lm, row) for row in joined if drafted(row.spec)]
+        rows = [row for row in joined if not drafted(row.spec)]
+        if not rows:
+            return joined
         model = self.lm.model
         started = time.perf_counter()
         cache = kv.new_cache(model)
-        ids, mask = engine.left_pad([s.ids for s in specs], self.lm.pad_token_id, model.device)  # (k, width)
+        ids, mask = engine.left_pad([r.spec.ids for r in rows], self.lm.pad_token_id, model.device)  # (k, width)
         padded = bool((mask == 0).any())
-        with torch.inference_mode():
+        with torch.inference_mode(), inside_rows.around(model, rows, mask):
             logits = engine.prefill(model, ids, mask if padded else None, cache)  # (k, vocab)
-        for row, spec in zip(rows, specs):
-            row.seen = _seen(model, row, spec.ids)
+        for row in rows:
+            row.seen = _seen(model, row, row.spec.ids)
             row.step_ms = (time.perf_counter() - started) * 1000
         self._merge(rows, cache, logits, mask)
-        return rows
+        return joined
 
     def join_prefilled(self, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]) -> list[Row]:
         """Adds rows whose prompts were prefilled elsewhere (lmtrace.decode.prefill: batched,
@@ -93,6 +108,8 @@ class ContinuousBatch:
         prompt share one): their caches left-padded into one and merged into the batch's."""
         if len(specs) > self.free:
             raise RuntimeError(f"the batch has room for {self.free} rows, not {len(specs)}")
+        if any(drafted(s) or inside_rows.wants(s) for s in specs):
+            raise ValueError("rows with a draft, lens or attention join with join_many (their own prefill)")
         model = self.lm.model
         rows = [Row(self.lm, spec) for spec in specs]
         width = max(len(p.ids) for p in prefilled)
@@ -121,17 +138,20 @@ class ContinuousBatch:
         self.rows += rows
 
     def step(self) -> list[Row]:
-        """Chooses every row's next token, records it (calling the rows' `on_step`), takes the
-        rows that finished out, and runs the decode forward for the others. Returns the rows
-        that left at this step (a trace each, or `error` set when their `on_step` raised)."""
-        if self.empty:
-            return []
+        """Decodes each drafted row's next block; then chooses every other row's next token,
+        records it (calling the rows' `on_step`), takes the rows that finished out, and runs the
+        decode forward for the others. Returns the rows that left at this step (a trace each, or
+        `error` set when their `on_step` raised)."""
+        gone = [d.row for d in self.drafted if d.block(self.tb)]
+        self.drafted = [d for d in self.drafted if d.row not in gone]
+        if not self.rows:
+            return gone
         started = time.perf_counter()
         with torch.inference_mode():
             tokens, bs = self._choose()
         choose_ms = (time.perf_counter() - started) * 1000
         left = [r for r in range(len(self.rows)) if self._record(r, bs, choose_ms)]
-        gone = [self.rows[r] for r in left]
+        gone += [self.rows[r] for r in left]
         if left:
             self._remove(left)
             tokens = tokens[[r for r in range(len(tokens)) if r not in set(left)]]
@@ -139,32 +159,23 @@ class ContinuousBatch:
             self._decode(tokens)
         return gone
 
-    def _choose(self) -> tuple[torch.Tensor, one_step.BatchStep]:
+    def _choose(self) -> tuple[torch.Tensor, BatchStep]:
         """Each row's token from its own processed distribution; the numbers of all rows."""
         rows = self.rows
         grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
-        how = one_step.Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows],
+        how = Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows],
                                 grammars=grammars)  # fmt: skip
         state = kv.state(self.cache, self._formula(len(rows)))
-        tokens, bs = one_step.take(0, self.logits, how, [True] * len(rows), state)
-        for r, error in one_step.nothing_allowed(bs, how, [r.index for r in rows]).items():  # that row alone fails
+        failed: dict[int, Exception] = {}  # a row whose grammar allowed nothing: that row alone fails
+        watch = Watch(wanted=[r.spec.observers for r in rows], indices=[r.index for r in rows], failed=failed)
+        tokens, bs = advance(0, self.logits, how, [True] * len(rows), state, watch)
+        for r, error in failed.items():
             rows[r].error = error
-        self._observe(bs, tokens, how)
+        bs.lens, bs.attention = inside_rows.take(self.lm.model, rows, self.logits, tokens)
         how.saw(tokens)
         return tokens, bs
 
-    def _observe(self, bs: one_step.BatchStep, tokens: torch.Tensor, how: one_step.Choosing) -> None:
-        """Each observer some row asked for, run over the batch; only the asking rows keep its entry."""
-        wanted: dict[int, Any] = {}
-        for row in self.rows:
-            for o in row.spec.observers:
-                wanted[id(o)] = o
-        for o in wanted.values():
-            entries = o.observe(bs, self.logits, tokens, how)
-            if entries is not None:
-                bs.entries[o.name] = [e if o in row.spec.observers else None for e, row in zip(entries, self.rows)]
-
-    def _record(self, r: int, bs: one_step.BatchStep, choose_ms: float) -> bool:
+    def _record(self, r: int, bs: BatchStep, choose_ms: float) -> bool:
         """Row r's Step for this batch step; True when the row leaves the batch."""
         pad = int((self.mask[r] == 0).sum())
         kv = rowkv.own_part(bs.kv.to_dict(), pad, len(self.rows), self._formula(1))
@@ -196,7 +207,7 @@ class ContinuousBatch:
         positions = torch.tensor([[r.position] for r in self.rows], dtype=torch.long, device=device)  # (batch, 1)
         self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=-1)
         padded = bool((self.mask == 0).any())
-        with torch.inference_mode():
+        with torch.inference_mode(), inside_rows.around(self.lm.model, self.rows, self.mask):
             self.logits = engine.decode_step(
                 self.lm.model, tokens, positions, self.mask if padded else None, self.cache
             )  # (batch, vocab)
@@ -223,10 +234,14 @@ def first_steps(lm: LM, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]
         row.step_ms, row.cached = p.ms, p.cached
     started = time.perf_counter()
     states = {id(p): kv.state(kv.cache_of(lm.model, p.kv), engine.expected_bytes(lm.model, 1)) for p in prefilled}
-    how = one_step.Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows])
+    grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
+    how = Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows], grammars=grammars)
     with torch.inference_mode():
         logits = torch.stack([p.logits for p in prefilled])  # (k, vocab)
-        _, bs = one_step.take(0, logits, how, [True] * len(rows), states[id(prefilled[0])])
+        watch = Watch(wanted=[r.spec.observers for r in rows], failed={})
+        _, bs = advance(0, logits, how, [True] * len(rows), states[id(prefilled[0])], watch)
+        for r, error in watch.failed.items():
+            rows[r].error = error
     choose_ms = (time.perf_counter() - started) * 1000
     tb = TokenBytes(lm.tokenizer)
     for r, (row, p) in enumerate(zip(rows, prefilled)):

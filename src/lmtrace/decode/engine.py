@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lmtrace.decode import observers
-from lmtrace.decode import step as one_step
+from lmtrace.decode.loop import Finish, Watch, advance
 from lmtrace.decode.observers import Observer, attached
 from lmtrace.decode.step import BatchStep, Choosing, TokenHook
 from lmtrace.errors import InvalidParameter
@@ -129,15 +128,12 @@ def generate_steps(
     expected = expected_bytes(model, batch)
     eos = torch.tensor(sorted(set(setup.eos_token_ids)), dtype=torch.long, device=model.device)
     active = [True] * batch
+    watch = Watch(setup.observers, finish=Finish(setup.eos_token_ids, params, setup.on_token))
     started = time.perf_counter()
     with torch.inference_mode(), attached(setup.observers, model):
         logits = prefill_observed(model, input_ids, mask[:, : input_ids.shape[1]], padded, cache, setup.observers)
         for index in range(params.max_new_tokens):
-            tokens, step = one_step.take(index, logits, how, active, ledger.state(cache, expected))
-            for error in one_step.nothing_allowed(step, how).values():
-                raise error
-            observers.run(setup.observers, step, logits, tokens, how)
-            one_step.finish(step, setup.eos_token_ids, params, setup.on_token)
+            tokens, step = advance(index, logits, how, active, ledger.state(cache, expected), watch)
             step.time_ms = (time.perf_counter() - started) * 1000
             yield step
             active = [a and f is None for a, f in zip(active, step.finish)]

@@ -64,15 +64,6 @@ class Observer:
         return None
 
 
-def run(observers: Sequence[Observer], step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor,
-        how: Choosing) -> None:  # fmt: skip
-    """Every observer at one step; what each returns becomes the step's entry under its name."""
-    for observer in observers:
-        entry = observer.observe(step, logits, tokens, how)
-        if entry is not None:
-            step.entries[observer.name] = entry
-
-
 def summaries(observers: Sequence[Observer], steps: list[Step]) -> dict[str, Any]:
     """The trace-level entries of a finished row: {name: summary} for every observer that has one."""
     out = {}

@@ -40,6 +40,14 @@ class RowSpec:
     # what this row records beside its numbers (decode/observers.py; observers that need no
     # hooks on the forward: they see the batch's logits, and only this row's entries are kept)
     observers: Sequence[observers.Observer] = ()
+    # the logit lens and the attention over the cache (decode/inside_rows.py): True, or for
+    # attention "heads" (each head's own too)
+    lens: bool = False
+    attention: bool | str = False
+    # speculative decoding (decode/drafted.py): a lmtrace.model.draft.Draft proposing
+    # `draft_tokens` a block; the row decodes one block per batch step beside the batch
+    draft: Any = None
+    draft_tokens: int = 4
 
 
 class StopRow(Exception):
@@ -70,6 +78,7 @@ class Row:
         self.cached = 0  # prompt tokens whose KV came from a prefix cache
         self.trace: Trace | None = None
         self.error: BaseException | None = None
+        self.inside: Any = None  # with lens / attention: what its last forward captured (inside_rows)
 
 
 def make_params(params: SamplingParams | None = None, entry: str = "generate", **kwargs: Any) -> SamplingParams:
@@ -142,12 +151,19 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         kv=kv,
         time_ms=bs.time_ms,
         waterfall=waterfall_mod.with_texts(bs.waterfall[row], tb.text) if bs.waterfall else None,
-        lens=inside.with_texts(bs.lens[row], tb.text) if bs.lens else None,
-        attention=inside.with_texts(bs.attention[row], tb.text) if bs.attention else None,
+        lens=_named(bs.lens, row, tb),
+        attention=_named(bs.attention, row, tb),
         grammar=bs.grammar[row] if bs.grammar else None,
         draft=draft,
         entries={name: rows[row] for name, rows in bs.entries.items() if rows[row] is not None},
     )
+
+
+def _named(records: list[dict | None] | None, row: int, tb: TokenBytes) -> dict | None:
+    """A row's lens or attention record with each token's text (None where it has none)."""
+    if not records or records[row] is None:
+        return None
+    return inside.with_texts(records[row], tb.text)
 
 
 def generator(lm: LM, params: SamplingParams) -> torch.Generator | None:
@@ -258,8 +274,6 @@ def seeded(params: SamplingParams) -> SamplingParams:
     return make_params(params, seed=random.randrange(2**31))
 
 
-
-
 def record(lm: LM, row: Row, bs: BatchStep, r: int, kv: dict[str, Any], choose_ms: float, tb: TokenBytes) -> bool:
     """Row `row`'s Step from row `r` of the batch step, with `kv` its own part of the cache;
     calls its `on_step`. True when the row leaves: it finished (its trace is set) or its
@@ -292,7 +306,8 @@ def record(lm: LM, row: Row, bs: BatchStep, r: int, kv: dict[str, Any], choose_m
         return True
     if finish is not None or stopped is not None:
         s = row.spec
-        row.trace = to_trace(lm, s.text, s.ids, p, row.record, s.chat, watchers=s.observers)
+        probe = inside.Probe([s.ids], p.top_logprobs, s.lens, s.attention) if s.lens or s.attention else None
+        row.trace = to_trace(lm, s.text, s.ids, p, row.record, s.chat, probe=probe, watchers=s.observers)
         row.trace.timing["cached_tokens"] = row.cached
         if stopped is not None and finish is None:
             row.trace.finish_reason = stopped

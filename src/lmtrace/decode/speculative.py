@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from lmtrace.decode import constrained, engine, observers
-from lmtrace.decode import step as one_step
+from lmtrace.decode import constrained, engine
+from lmtrace.decode.loop import Finish, Watch, advance
 from lmtrace.decode.observers import attached
 from lmtrace.decode.rows import RowRecord, generator, records
 from lmtrace.decode.step import BatchStep, Choosing, Proposal
@@ -223,12 +223,10 @@ class _Loop:
             how = Choosing([self.params], self.rng, seen, grammars=self.setup.grammars, draft=proposal,
                            user=self.setup.user, history=self.history)  # fmt: skip
             kv = ledger.prefix_state(self.target.cache, len(seq), self.expected)
-            tokens, step = one_step.take(index + i, rows[i : i + 1], how, [True], kv)
-            for error in one_step.nothing_allowed(step, how).values():
-                raise error
+            watch = Watch(self.setup.observers, finish=Finish(self.setup.eos_token_ids, self.params,
+                                                                self.setup.on_token))  # fmt: skip
+            tokens, step = advance(index + i, rows[i : i + 1], how, [True], kv, watch)
             step.draft = step.draft or [None]
-            observers.run(self.setup.observers, step, rows[i : i + 1], tokens, how)
-            one_step.finish(step, self.setup.eos_token_ids, self.params, self.setup.on_token)
             seq.append(int(tokens[0]))
             how.saw(tokens)
             if proposal is not None:

@@ -1,6 +1,7 @@
 """The one decoding step: from a batch's raw logits and how each row chooses, the chosen tokens
-with their measured numbers. The engine's loop, branching and continuous batching all call
-`take`; speculative decoding and grammar masks change the step here and nowhere else.
+with their measured numbers. Every loop reaches it through decode/loop.py's `advance` (the step
+with the observers and the finish reasons), the only caller of `take`; speculative decoding and
+grammar masks change the step here and nowhere else.
 
     how = Choosing([params], rng, seen, grammars=rows)   # one params for all rows, or one per row
     tokens, step = take(index, logits, how, active, kv)  # logits (batch, vocab) float32 raw

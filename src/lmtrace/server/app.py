@@ -66,8 +66,9 @@ def create_app(
     its choices together, the others waiting); more requests get 429 with Retry-After. A request that arrives on
     a loopback address must name localhost, 127.0.0.1 or [::1] (or one of `allowed_hosts`,
     say a reverse proxy's name) as its Host; with `api_key` every route but /health needs it.
-    With a `draft` (lmtrace.model.draft.draft_for) every request decodes speculatively, one row
-    at a time, proposing `draft_tokens` a block (a request's `draft_tokens` overrides it).
+    With a `draft` (a lmtrace.model.draft.draft_for spec or Draft) every request decodes
+    speculatively inside the batch, proposing `draft_tokens` a block (a request's `draft_tokens`
+    overrides it; 0: that request without the draft).
     Prompts are prefilled together and share computed beginnings through a prefix cache of at
     most `prefix_cache_bytes` (0: off; with `max_batch` 1 there is none). With `docs` the
     OpenAPI document is served at /openapi.json, browsable at /docs and /redoc. A body over
@@ -79,6 +80,10 @@ def create_app(
         raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
     if max_body_bytes < 1 or max_rows < 1:
         raise ValueError(f"max_body_bytes and max_rows must be >= 1, got {max_body_bytes} and {max_rows}")
+    if draft is not None:  # a spec ("packed", "layers:N", a path) loaded once, here
+        from lmtrace.model.draft import draft_for
+
+        draft = draft_for(lm, draft)
     if max_batch > 1:
         worker: ModelWorker = BatchingWorker(lm, max_concurrency, max_batch, prefix_cache_bytes)
     else:

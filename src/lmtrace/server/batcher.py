@@ -63,8 +63,8 @@ class BatchingWorker(ModelWorker):
         self.lane = Lane(lm, prefix_cache_bytes)
         self._waiting: deque[_Request] = deque()
         self._rows: deque[tuple[_Request, RowSpec]] = deque()  # admitted, not yet in the batch
-        # whole works that need the model to themselves (lens / attention swap its attention
-        # function): run on the model thread between two steps of the batch, never beside it
+        # whole works of the other routes (branch, score): run on the model thread between two
+        # steps of the batch
         self._exclusive: deque[tuple[Handle, Work]] = deque()
         self._wake = threading.Condition()
         self._stopped = False
@@ -98,10 +98,7 @@ class BatchingWorker(ModelWorker):
             handle.emit(END)
         with self._lock:
             self._live.discard(handle)
-        try:
-            handle.loop.call_soon_threadsafe(self._release)
-        except RuntimeError:
-            pass
+        self._release()
 
     def _loop(self) -> None:
         batch = ContinuousBatch(self.lm, self.max_batch)
@@ -124,13 +121,13 @@ class BatchingWorker(ModelWorker):
             try:
                 gone = batch.step()
             except BaseException as e:  # the forward pass failed: every row in it fails
-                for row in batch.rows:
+                for row in batch.members:
                     self._close(row.spec.tag[0], e)
                 batch = ContinuousBatch(self.lm, self.max_batch)
                 continue
             for row in gone:
                 self._leave(row)
-        for req in [*self._waiting, *(r for r, _ in self._rows), *(row.spec.tag[0] for row in batch.rows)]:
+        for req in [*self._waiting, *(r for r, _ in self._rows), *(row.spec.tag[0] for row in batch.members)]:
             self._close(req, Cancelled())
         for handle, work in list(self._exclusive):
             self._run_exclusive(handle, work, run=False)
@@ -142,7 +139,7 @@ class BatchingWorker(ModelWorker):
         for req in arrived:
             if req.handle.cancelled:
                 self._close(req, Cancelled())
-            elif self.lane.at_once(req.job):
+            elif self.lane.at_once(req.job) and not (req.job.generate and _own_prefill(req.job)):
                 at_once.append(req)
             else:
                 self._line_up(req)
@@ -180,13 +177,15 @@ class BatchingWorker(ModelWorker):
             params = job.params
             if params.seed is not None and j:
                 params = dataclasses.replace(params, seed=(params.seed + j) % 2**64)
-            out.append((req, RowSpec(p.ids, params, p.text, job.chat, req.on_step(choice), (req, choice))))
+            inside = {k: v for k, v in job.inside.items() if k in ("lens", "attention", "observers") and v}
+            out.append((req, RowSpec(p.ids, params, p.text, job.chat, req.on_step(choice), (req, choice), **inside,
+                                     draft=job.draft, draft_tokens=job.draft_tokens or 4)))  # fmt: skip
         return out
 
     def _line_up(self, req: _Request) -> None:
         """The request's rows into the line for the batch (a model whose cache cannot take
         rows prefilled apart: its echo now, from a forward of its own)."""
-        if req.job.echo and not self.lane.reuse_kv:
+        if req.job.echo and (not self.lane.reuse_kv or _own_prefill(req.job)):
             try:
                 wanted = [(req, i) for i in range(len(req.job.prompts))]
                 for (_, i), p in zip(wanted, self.lane.prefill(wanted, keep_kv=False).values()):
@@ -205,14 +204,14 @@ class BatchingWorker(ModelWorker):
         arriving = self._admit_rows(batch) if batch.free else []
         if arriving:
             self._join_rows(batch, arriving, retry=True)
-        self.peak_rows = max(self.peak_rows, len(batch.rows))
+        self.peak_rows = max(self.peak_rows, len(batch.members))
 
     def _admit_rows(self, batch: ContinuousBatch) -> list[tuple[_Request, RowSpec]]:
         """Admission: the waiting rows that join the batch now. Round-robin over the waiting
         requests in arrival order (one row of each in turn), so a request of thousands of rows
         does not hold back another's first row; a request holds at most `share` of the batch
         (room kept for a request that arrives while it runs)."""
-        held = Counter(id(row.spec.tag[0]) for row in batch.rows)
+        held = Counter(id(row.spec.tag[0]) for row in batch.members)
         share = self.max_batch - (max(1, self.max_batch // RESERVED_PART) if self.max_batch >= 4 else 0)
         lines: dict[int, deque[tuple[_Request, RowSpec]]] = {}
         for item in self._rows:
@@ -235,8 +234,14 @@ class BatchingWorker(ModelWorker):
     def _join_rows(self, batch: ContinuousBatch, arriving: list[tuple[_Request, RowSpec]], retry: bool) -> None:
         """The rows that arrived together, prefilled together and joined; when that fails, one
         of them is at fault: each request alone, so the others still join."""
+        own = [item for item in arriving if _own_prefill(item[0].job)]
+        if own and len(own) < len(arriving):  # each group on its own way in
+            self._join_rows(batch, own, retry)
+            self._join_rows(batch, [item for item in arriving if not _own_prefill(item[0].job)], retry)
+            return
         try:
-            if self.lane.reuse_kv:
+            # a draft's own caches, the lens's and the attention's hooks: a prefill of their own
+            if self.lane.reuse_kv and not own:
                 wanted = [(req, spec.tag[1] // req.job.n) for req, spec in arriving]
                 found = self.lane.prefill(wanted, keep_kv=True)
                 for req, i in wanted:
@@ -283,10 +288,7 @@ class BatchingWorker(ModelWorker):
         handle.emit(END)
         with self._lock:
             self._live.discard(handle)
-        try:
-            req.loop.call_soon_threadsafe(self._release)
-        except RuntimeError:
-            pass
+        self._release()
 
     def shutdown(self) -> None:
         """Stops the model thread at its next step; what was still running is cancelled."""
@@ -297,3 +299,9 @@ class BatchingWorker(ModelWorker):
         with self._wake:
             self._stopped = True
             self._wake.notify()
+
+
+def _own_prefill(job: Job) -> bool:
+    """Rows that join the batch with a prefill of their own: a draft (its own caches), the lens or
+    the attention (their hooks watch the prefill)."""
+    return job.draft is not None or bool(job.inside.get("lens") or job.inside.get("attention"))

@@ -99,19 +99,33 @@ def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
 
 def start(state: ServerState, job: Job) -> Handle:
     check_rows(job, state.max_rows)
-    if state.draft is not None:  # speculative decoding runs one row at a time, on the model thread
-        return _submit(state, work(state.lm, job, state.draft, job.draft_tokens or state.draft_tokens))
-    if job.draft_tokens is not None:
-        message = f"draft_tokens: this server runs no draft model (lmtrace serve --draft SPEC), got {job.draft_tokens}"
-        raise APIError(400, message, param="draft_tokens")
+    _check_draft(state, job)
     try:
-        # lens / attention run the engine's own batch with a probe (not the continuous batcher),
-        # on the batcher's model thread between two of its steps (BatchingWorker.submit)
-        if isinstance(state.worker, BatchingWorker) and not any(job.inside.values()):
+        if isinstance(state.worker, BatchingWorker):  # every request inside the continuous batch
+            job.draft = state.draft if job.draft_tokens != 0 else None
+            job.draft_tokens = job.draft_tokens or state.draft_tokens
             return state.worker.submit_job(job)
-        return state.worker.submit(work(state.lm, job))
     except Busy as e:
         raise _busy(e) from e
+    if state.draft is not None and job.draft_tokens != 0:  # one request at a time: speculative, row by row
+        return _submit(state, work(state.lm, job, state.draft, job.draft_tokens or state.draft_tokens))
+    return _submit(state, work(state.lm, job))
+
+
+def _check_draft(state: ServerState, job: Job) -> None:
+    """draft_tokens needs a server with a draft (0: none asked); the server's draft and a
+    request's lens or attention do not combine (its draft_tokens 0 decodes it without the draft)."""
+    if state.draft is None:
+        if job.draft_tokens is not None:
+            got = job.draft_tokens
+            message = f"draft_tokens: this server runs no draft model (lmtrace serve --draft SPEC), got {got}"
+            raise APIError(400, message, param="draft_tokens")
+        return
+    asked = [name for name in ("lens", "attention") if job.inside.get(name)]
+    if asked and job.draft_tokens != 0:
+        message = (f"{asked[0]}: cannot be combined with this server's draft (lmtrace serve --draft); "
+                   "send draft_tokens 0 to decode this request without it")  # fmt: skip
+        raise APIError(400, message, param=asked[0])
 
 
 def _submit(state: ServerState, run: Work) -> Handle:

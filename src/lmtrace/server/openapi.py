@@ -51,7 +51,7 @@ RULES: dict[str, dict[str, Any]] = {
     "n": {"minimum": 1, "maximum": 16},
     "seed": {"minimum": 0, "maximum": MAX_SEED},
     "logprobs": {"minimum": 0, "maximum": 20},
-    "draft_tokens": {"minimum": 1, "maximum": 16},
+    "draft_tokens": {"minimum": 0, "maximum": 16},
     "best_of": {"enum": [1]},
     "stop": {"minLength": 1, "maxItems": 4},
     "messages": {"minItems": 1},

@@ -5,6 +5,7 @@ request takes a place in the queue, so a bad request never waits for the model."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from lmtrace.arguments import MAX_DRAFT_TOKENS
 from lmtrace.decode.tracing import encode_prompt
@@ -46,7 +47,8 @@ class Job:
     generate: bool = True  # False for echo with max_tokens 0: only the prompt is scored
     many: bool = False
     inside: dict = field(default_factory=dict)  # /v1/traces: lens, attention
-    draft_tokens: int | None = None  # speculative decoding on a server with a draft (None: its default)
+    draft_tokens: int | None = None  # speculative decoding on a server with a draft (None: its default; 0: none)
+    draft: Any = None  # the server's draft (lmtrace.model.draft.Draft) this request decodes with
     tools: ToolPlan | None = None  # chat with tools: the answer's calls are read back (lmtrace.server.tools)
 
     @property
@@ -104,7 +106,7 @@ def check_common(body: Sampling) -> None:
     if body.stop is not None and len(body.stop) > MAX_STOP:
         raise bad_request(f"stop takes at most {MAX_STOP} strings, got {len(body.stop)}", "stop")
     if body.draft_tokens is not None:
-        _range("draft_tokens", body.draft_tokens, 1, MAX_DRAFT_TOKENS)
+        _range("draft_tokens", body.draft_tokens, 0, MAX_DRAFT_TOKENS)
 
 
 def params_for(

@@ -102,7 +102,7 @@ class ModelWorker:
         if limit < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {limit}")
         self.limit = limit
-        self.admitted = 0  # changed only on the event loop thread
+        self.admitted = 0  # changed under the lock, on the event loop (admission) and the model thread
         self.finished = 0
         self.cancelled = 0
         self._durations: deque[float] = deque(maxlen=16)
@@ -119,11 +119,11 @@ class ModelWorker:
 
     def _admit(self) -> Handle:
         """A slot for one request (call from the event loop), or Busy when every slot is taken."""
-        if self.admitted >= self.limit:
-            raise Busy(self.limit, self.retry_after())
-        handle = Handle(asyncio.get_running_loop())
-        self.admitted += 1
         with self._lock:
+            if self.admitted >= self.limit:
+                raise Busy(self.limit, self.retry_after())
+            handle = Handle(asyncio.get_running_loop())
+            self.admitted += 1
             self._live.add(handle)
         return handle
 
@@ -133,13 +133,13 @@ class ModelWorker:
             self._live.discard(handle)
         if future.cancelled():  # dropped at shutdown before it ran
             handle.emit(END)
-        try:
-            loop.call_soon_threadsafe(self._release)
-        except RuntimeError:
-            pass
+        self._release()
 
     def _release(self) -> None:
-        self.admitted -= 1
+        """Frees a slot, from the model thread: directly, not through the request's event loop,
+        which may be gone by then (a test client's loop lives only as long as its request)."""
+        with self._lock:
+            self.admitted -= 1
 
     def _run(self, handle: Handle, work: Work) -> None:
         started = time.perf_counter()
