@@ -268,8 +268,8 @@ class Trace(WithEntries):
         if self.speculative is not None:
             d["speculative"] = self.speculative
             if self.speculative.get("proposals_recorded", True):  # from_generate's assisted runs hold none
-                for step, out in zip(self.steps, d["steps"]):
-                    out["draft"] = out.get("draft")  # null: a bonus token
+                for out in d["steps"]:
+                    out.setdefault("draft", None)  # null: a bonus token
         d.update(self.entries)
         return d
 
