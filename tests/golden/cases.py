@@ -10,6 +10,31 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent / "recorded"
+# float32 kernels round differently on another CPU (other SIMD paths: up to 2e-5 measured between two
+# AMD EPYC generations): a CPU with a recording of its own (recorded/<cpu>/, made from the same
+# pinned code) is held to 1e-6; another is compared with the first recording at ACROSS_CPUS
+ACROSS_CPUS = 5e-5
+
+
+def cpu() -> str:
+    """This machine's CPU as a recording's folder name: vendor, family, model, torch's SIMD level."""
+    import torch
+
+    info = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    parts = [info.get("vendor_id", "cpu"), info.get("cpu family", "0"), info.get("model", "0")]
+    return "-".join([*parts, torch.backends.cpu.get_cpu_capability()]).replace(" ", "_")
+
+
+def recorded() -> tuple[Path, float]:
+    """The recording to compare with and the tolerance: this CPU's own at 1e-6, else the first."""
+    own = HERE / cpu()
+    return (own, 1e-6) if own.is_dir() else (HERE, ACROSS_CPUS)
 
 # name -> CLI arguments; "{out}" is the JSON file the command writes
 CLI_CASES: dict[str, list[str]] = {
@@ -82,5 +107,5 @@ def differences(old: Any, new: Any, where: str = "$", tol: float = 1e-6) -> list
     return [] if old == new else [f"{where}: {old!r} != {new!r}"]
 
 
-def load(name: str) -> Any:
-    return json.loads((HERE / f"{name}.json").read_text(encoding="utf-8"))
+def load(name: str, where: Path | None = None) -> Any:
+    return json.loads(((where or HERE) / f"{name}.json").read_text(encoding="utf-8"))

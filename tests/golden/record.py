@@ -1,5 +1,6 @@
-"""Records the golden JSON (run once, on the code the goldens pin):
-    python -m tests.golden.record"""
+"""Records the golden JSON (run once, on the code the goldens pin, e91e11d: check it out, copy
+tests/golden/ into it and run there; `--cpu` writes this CPU's own recording, recorded/<cpu>/):
+    python -m tests.golden.record [--cpu]"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.golden.cases import CLI_CASES, HERE, TRACES_REQUEST, normalize  # noqa: E402
+from tests.golden.cases import CLI_CASES, HERE, TRACES_REQUEST, cpu, normalize  # noqa: E402
 
 
 def run_cli(args: list[str]) -> dict:
@@ -36,14 +37,17 @@ def traces_answer(lm) -> dict:
 
 
 def main() -> None:
+    import sys
+
     import lmtrace
 
-    HERE.mkdir(exist_ok=True)
+    where = HERE / cpu() if "--cpu" in sys.argv[1:] else HERE
+    where.mkdir(parents=True, exist_ok=True)
     docs = {name: run_cli(args) for name, args in CLI_CASES.items()}
     docs["v1_traces"] = traces_answer(lmtrace.load())
     for name, doc in docs.items():
         text = json.dumps(normalize(doc), ensure_ascii=False, indent=1, allow_nan=False)
-        (HERE / f"{name}.json").write_text(text + "\n", encoding="utf-8")
+        (where / f"{name}.json").write_text(text + "\n", encoding="utf-8")
         print(name, len(text))
 
 

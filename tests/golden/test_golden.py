@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.golden.cases import CLI_CASES, differences, load, normalize
+from tests.golden.cases import CLI_CASES, differences, load, normalize, recorded
 from tests.golden.record import run_cli, traces_answer
 
 pytestmark = pytest.mark.integration
@@ -13,13 +13,15 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("name", sorted(CLI_CASES))
 def test_cli_json_equals_the_golden(name, bundled_lm):
-    found = differences(load(name), normalize(run_cli(CLI_CASES[name])))
-    assert not found, "\n".join(found[:20])
+    where, tol = recorded()
+    found = differences(load(name, where), normalize(run_cli(CLI_CASES[name])), tol=tol)
+    assert not found, f"against {where.name} at {tol}:\n" + "\n".join(found[:20])
 
 
 def test_v1_traces_equals_the_golden(bundled_lm):
-    found = differences(load("v1_traces"), normalize(traces_answer(bundled_lm)))
-    assert not found, "\n".join(found[:20])
+    where, tol = recorded()
+    found = differences(load("v1_traces", where), normalize(traces_answer(bundled_lm)), tol=tol)
+    assert not found, f"against {where.name} at {tol}:\n" + "\n".join(found[:20])
 
 
 def test_the_comparison_can_fail():
