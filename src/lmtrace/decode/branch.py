@@ -27,7 +27,7 @@ from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import GenerationError, InvalidParameter
 from lmtrace.inside import probe as inside
-from lmtrace.kv import ledger as kv
+from lmtrace.kv import ledger
 from lmtrace.logits import processors
 from lmtrace.model.draft import draft_for
 from lmtrace.model.lm import LM
@@ -96,7 +96,7 @@ def _decode(
     for index in range(at.start, p.max_new_tokens):
         forced = at.forced is not None and index == at.start
         how.forced = torch.tensor([at.forced], device=logits.device) if forced else None
-        tokens, step = advance(index, logits, how, [True], kv.state(cache, expected), watch)
+        tokens, step = advance(index, logits, how, [True], ledger.state(cache, expected), watch)
         if at.fork is not None and index == at.fork[0]:  # the seen mask moves only at how.saw below
             _save(at.fork[1], logits, how, probe)
         step.time_ms = (time.perf_counter() - started) * 1000
@@ -121,7 +121,7 @@ def _save(fork: _Fork, logits: torch.Tensor, how: Choosing, probe: inside.Probe 
 def _crop(cache, length: int) -> None:
     """Cuts the cache back to its first `length` positions (public DynamicCache API; a negative
     count removes that many, which old and new 5.x releases both read the same way)."""
-    extra = kv.seq_length(cache) - length
+    extra = ledger.seq_length(cache) - length
     if extra > 0:
         try:
             cache.crop(-extra)
@@ -151,7 +151,7 @@ class _Session:
         probe = inside.Probe([self.ids], p.top_logprobs, lens, attention)
         self.probe = probe if probe.wanted else None
         engine.check_context(lm.model, [self.ids], p)
-        self.cache = kv.new_cache(lm.model)
+        self.cache = ledger.new_cache(lm.model)
         self.eos = set(lm.eos_token_ids) if p.stop_on_eos else set()
 
     def _trace(self, make_steps: Callable, prefix: Sequence = ()) -> Trace:

@@ -32,8 +32,8 @@ from lmtrace.decode.rows import Row, RowSpec, record
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.detokenize import TokenBytes
 from lmtrace.errors import InvalidParameter
-from lmtrace.kv import ledger as kv
-from lmtrace.kv import rows as rowkv
+from lmtrace.kv import ledger
+from lmtrace.kv import rows as kv_rows
 from lmtrace.logits import processors
 from lmtrace.model.lm import LM
 from lmtrace.records import Trace
@@ -49,7 +49,7 @@ class ContinuousBatch:
             raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
         self.lm = lm
         # a sliding-window cache cannot be regrouped: such a model decodes one row at a time
-        self.max_batch = max_batch if kv.regroupable(kv.new_cache(lm.model)) else 1
+        self.max_batch = max_batch if ledger.regroupable(ledger.new_cache(lm.model)) else 1
         self.rows: list[Row] = []  # the rows that step together
         self.drafted: list[DraftedRow] = []  # the rows that decode a block per step with their draft
         self.cache: Any = None
@@ -91,7 +91,7 @@ class ContinuousBatch:
             return joined
         model = self.lm.model
         started = time.perf_counter()
-        cache = kv.new_cache(model)
+        cache = ledger.new_cache(model)
         ids, mask = engine.left_pad([r.spec.ids for r in rows], self.lm.pad_token_id, model.device)  # (k, width)
         padded = bool((mask == 0).any())
         with torch.inference_mode(), inside_rows.around(model, rows, mask):
@@ -113,7 +113,7 @@ class ContinuousBatch:
         model = self.lm.model
         rows = [Row(self.lm, spec) for spec in specs]
         width = max(len(p.ids) for p in prefilled)
-        cache = kv.cache_of(model, stack_left([p.kv for p in prefilled], width))  # (k, kv_heads, width, head_dim)
+        cache = ledger.cache_of(model, stack_left([p.kv for p in prefilled], width))  # (k, kv_heads, width, head_dim)
         mask = torch.zeros((len(rows), width), dtype=torch.long, device=model.device)
         for k, (row, p) in enumerate(zip(rows, prefilled)):
             mask[k, width - len(p.ids) :] = 1
@@ -128,11 +128,11 @@ class ContinuousBatch:
             return
         width, length = self.mask.shape[1], own.shape[1]
         # left-pad whichever is shorter, so that every row's tokens end at the last column
-        kv.pad_left(self.cache, length - width)
-        kv.pad_left(cache, width - length)
+        ledger.pad_left(self.cache, length - width)
+        ledger.pad_left(cache, width - length)
         self.mask = _pad_mask(self.mask, length - width)
         own = _pad_mask(own, width - length)
-        kv.append_rows(self.cache, cache)
+        ledger.append_rows(self.cache, cache)
         self.mask = torch.cat([self.mask, own], dim=0)
         self.logits = torch.cat([self.logits, logits], dim=0)
         self.rows += rows
@@ -165,7 +165,7 @@ class ContinuousBatch:
         grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
         how = Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows],
                                 grammars=grammars)  # fmt: skip
-        state = kv.state(self.cache, self._formula(len(rows)))
+        state = ledger.state(self.cache, self._formula(len(rows)))
         failed: dict[int, Exception] = {}  # a row whose grammar allowed nothing: that row alone fails
         watch = Watch(wanted=[r.spec.observers for r in rows], indices=[r.index for r in rows], failed=failed)
         tokens, bs = advance(0, self.logits, how, [True] * len(rows), state, watch)
@@ -178,7 +178,7 @@ class ContinuousBatch:
     def _record(self, r: int, bs: BatchStep, choose_ms: float) -> bool:
         """Row r's Step for this batch step; True when the row leaves the batch."""
         pad = int((self.mask[r] == 0).sum())
-        kv = rowkv.own_part(bs.kv.to_dict(), pad, len(self.rows), self._formula(1))
+        kv = kv_rows.own_part(bs.kv.to_dict(), pad, len(self.rows), self._formula(1))
         return record(self.lm, self.rows[r], bs, r, kv, choose_ms, self.tb)
 
     def _formula(self, batch: int) -> Any:
@@ -193,12 +193,12 @@ class ContinuousBatch:
             self.cache = self.mask = self.logits = None
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
-        kv.select_rows(self.cache, index)
+        ledger.select_rows(self.cache, index)
         self.mask = self.mask.index_select(0, index)
         # columns that are padding in every remaining row are dropped: the cache stays as short
         # as the longest row needs
         unused = int((self.mask == 0).sum(dim=1).min())
-        kv.drop_left(self.cache, unused)
+        ledger.drop_left(self.cache, unused)
         self.mask = self.mask[:, unused:]
 
     def _decode(self, tokens: torch.Tensor) -> None:
@@ -233,7 +233,8 @@ def first_steps(lm: LM, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]
         row.seen = _seen(lm.model, row, p.ids)
         row.step_ms, row.cached = p.ms, p.cached
     started = time.perf_counter()
-    states = {id(p): kv.state(kv.cache_of(lm.model, p.kv), engine.expected_bytes(lm.model, 1)) for p in prefilled}
+    formula = engine.expected_bytes(lm.model, 1)
+    states = {id(p): ledger.state(ledger.cache_of(lm.model, p.kv), formula) for p in prefilled}
     grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
     how = Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows], grammars=grammars)
     with torch.inference_mode():

@@ -19,7 +19,7 @@ from lmtrace.decode import engine
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.errors import InvalidParameter
 from lmtrace.external.generation_config import model_header, params_of, settings_dict, special_ids
-from lmtrace.kv import ledger as kv
+from lmtrace.kv import ledger
 from lmtrace.kv import size as kvsize
 from lmtrace.logits.measure import Numbers
 from lmtrace.logits.measure import recorded as measure
@@ -128,17 +128,17 @@ def _ledger(run: _Run, model: Any) -> tuple[dict[str, Any] | None, dict[str, Any
     keys = getattr(run.cache.layers[0], "keys", None) if run.cache.layers else None
     batch = int(keys.shape[0]) if isinstance(keys, torch.Tensor) and keys.dim() == 4 else 1
     expected = engine.expected_bytes(model, batch) if model is not None else None
-    ledger = kv.state(run.cache, expected).to_dict()
-    ledger["measured"] = "end"  # after generate returned: the whole batch's cache, not this step's
+    measured = ledger.state(run.cache, expected).to_dict()
+    measured["measured"] = "end"  # after generate returned: the whole batch's cache, not this step's
     anatomy = None
     if model is not None:
         try:
             dtype = str(next(model.parameters()).dtype).replace("torch.", "")
             anatomy = kvsize.anatomy(model.config, dtype, batch).to_dict()
-            anatomy["mismatches"] = [] if ledger.get("expected_bytes") in (None, ledger["bytes"]) else ["end"]
+            anatomy["mismatches"] = [] if measured.get("expected_bytes") in (None, measured["bytes"]) else ["end"]
         except InvalidParameter as e:
             anatomy = {"unsupported": str(e)}
-    return ledger, anatomy
+    return measured, anatomy
 
 
 def records_of(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from lmtrace.external.watch import Watch, watch
-from lmtrace.kv import ledger as kv
+from lmtrace.kv import ledger
 from lmtrace.model.lm import LM
 
 
@@ -23,11 +23,11 @@ def run_loop(lm: LM, prompt_ids: list[int], rounds: int, refeed: bool) -> LoopRu
     """A person's own greedy loop; `refeed=True` is the mistake of passing the whole sequence."""
     model = lm.model
     seq = torch.tensor([prompt_ids], device=model.device)
-    cache = kv.new_cache(model)
+    cache = ledger.new_cache(model)
     step_input, tokens, logits = seq, [], []
     with watch(model) as w, torch.inference_mode():
         for _ in range(rounds):
-            out = model(input_ids=step_input, **kv.cache_kwargs(model, cache))
+            out = model(input_ids=step_input, **ledger.cache_kwargs(model, cache))
             last = out.logits[0, -1].float()
             token = int(last.argmax())
             tokens.append(token)

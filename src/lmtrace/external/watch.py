@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from lmtrace.external.follow import Loop, positions
-from lmtrace.kv import ledger as kv
+from lmtrace.kv import ledger
 
 PACKAGE = str(Path(__file__).resolve().parents[1])  # lmtrace's own frames are not the user's
 
@@ -88,12 +88,12 @@ class Watch:
         ids = kwargs.get("input_ids", args[0] if args else None)
         embeds = kwargs.get("inputs_embeds")
         length = ids.shape[-1] if ids is not None else (embeds.shape[1] if embeds is not None else 0)
-        cache = kv.find_cache(kwargs)
+        cache = ledger.find_cache(kwargs)
         pos = kwargs.get("position_ids")
         self._pending = {
             "rows": ids.tolist() if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None,
             "len": int(length),
-            "before": kv.seq_length(cache) if cache is not None else 0,
+            "before": ledger.seq_length(cache) if cache is not None else 0,
             "cache": cache,
             "pos": int(pos[0, 0]) if isinstance(pos, torch.Tensor) and pos.numel() else None,
             "mask": kwargs.get("attention_mask"),
@@ -103,7 +103,7 @@ class Watch:
     def _after(self, module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         p, self._pending = self._pending, {}
         cache = p["cache"] if p["cache"] is not None else _output_cache(output)
-        after = kv.seq_length(cache) if cache is not None else 0
+        after = ledger.seq_length(cache) if cache is not None else 0
         logits = getattr(output, "logits", None)
         r = Round(
             index=len(self.rounds),
@@ -111,7 +111,7 @@ class Watch:
             cache_len_before=p["before"],
             cache_len_after=after,
             logits_shape=list(logits.shape) if isinstance(logits, torch.Tensor) else None,
-            layer_shapes=kv.layer_shapes(cache) if cache is not None else [],
+            layer_shapes=ledger.layer_shapes(cache) if cache is not None else [],
             position_start=p["pos"],
             time_ms=(time.perf_counter() - p["started"]) * 1000,
         )
@@ -130,7 +130,7 @@ class Watch:
         mask = p["mask"]
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and p["len"]:
             r.input_mask = mask[:, -p["len"] :].tolist()  # (batch, past + fed) -> (batch, fed)
-        r.cache_bytes = kv.state(cache, layers=False).bytes if cache is not None else None
+        r.cache_bytes = ledger.state(cache, layers=False).bytes if cache is not None else None
         last = logits[:, -1, :] if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
         self.logits.append(last.detach().to(torch.float32, copy=True) if last is not None else None)
 

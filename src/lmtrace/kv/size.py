@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmtrace.errors import InvalidParameter
-from lmtrace.kv import ledger as kv
+from lmtrace.kv import ledger
 from lmtrace.model.arch import attention_kind, text_config
 
 BYTES_PER_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
@@ -40,7 +40,7 @@ class Anatomy:
     dtype: str
     bytes_per_element: int
     batch: int
-    specs: list[kv.LayerSpec]
+    specs: list[ledger.LayerSpec]
     sources: dict[str, str]
 
     def bytes_at(self, positions: int) -> int:
@@ -57,7 +57,7 @@ class Anatomy:
     def bytes_per_token_full(self) -> int:
         """Growth per token of one sequence once every sliding window is full: only the
         full-attention layers still grow."""
-        return sum(2 * s.kv_heads * s.head_dim for s in self.specs if s.kind == kv.FULL) * self.bytes_per_element
+        return sum(2 * s.kv_heads * s.head_dim for s in self.specs if s.kind == ledger.FULL) * self.bytes_per_element
 
     def growth_at(self, positions: int) -> int:
         """Bytes one sequence's cache grows by with its `positions`-th token (1-based)."""
@@ -70,7 +70,7 @@ class Anatomy:
 
     @property
     def full_layers(self) -> list[int]:
-        return [i for i, s in enumerate(self.specs) if s.kind == kv.FULL]
+        return [i for i, s in enumerate(self.specs) if s.kind == ledger.FULL]
 
     def groups(self) -> list[dict[str, Any]]:
         """Layers with the same cache shape: {kind, window, kv_heads, head_dim, layers: [indices]},
@@ -147,8 +147,8 @@ def anatomy(config: Any, dtype: str = "float32", batch: int = 1) -> Anatomy:
             f"{config.model_type}: multi-head latent attention (kv_lora_rank {c.kv_lora_rank}) caches a compressed "
             "latent, not keys and values per head; its size is not computed here"
         )
-    specs = kv.layer_layout(config)
-    unknown = sorted({s.kind for s in specs} - {kv.FULL, kv.SLIDING, "none"})
+    specs = ledger.layer_layout(config)
+    unknown = sorted({s.kind for s in specs} - {ledger.FULL, ledger.SLIDING, "none"})
     if unknown:
         raise UnsupportedCacheLayout(
             f"{config.model_type}: layer type {unknown[0]!r} keeps a cache this calculator does not know"

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lmtrace.errors import InvalidParameter
-from lmtrace.kv import ledger as kv
+from lmtrace.kv import ledger
 
 
 class LabCache:
@@ -72,7 +72,7 @@ class LabCache:
     @staticmethod
     def slots(layer: Any) -> int:
         """Slots a layer holds: its key tensor's length, or its count for a quantized layer."""
-        if kv.quantized_storage(layer)[0] is not None:
+        if ledger.quantized_storage(layer)[0] is not None:
             return int(layer.get_seq_length())
         keys = getattr(layer, "keys", None)
         return int(keys.shape[-2]) if isinstance(keys, torch.Tensor) and keys.dim() == 4 else 0
@@ -87,7 +87,7 @@ class LabCache:
     def keep(self, index: int, slots: torch.Tensor) -> None:
         """Keeps only `slots` (ascending slot indices) of layer `index`, keys and values alike."""
         layer = self.cache.layers[index]
-        if kv.quantized_storage(layer)[0] is not None or self.sliding(index):
+        if ledger.quantized_storage(layer)[0] is not None or self.sliding(index):
             raise InvalidParameter("policy: eviction works on full-precision full-attention layers only")
         slots = slots.to(layer.keys.device)
         layer.keys = layer.keys.index_select(-2, slots)  # (b, h, kept, d)
@@ -101,14 +101,14 @@ class LabCache:
         return [p.tolist() for p in self.positions]
 
     def measured_bytes(self) -> int:
-        return kv.state(self.cache, layers=False).bytes
+        return ledger.state(self.cache, layers=False).bytes
 
     def formula_bytes(self, formula: Any) -> int:
         """What `formula(layer_index, slots, residual)` says for the slots every layer holds now
         (`residual`: slots a quantized layer still keeps in full precision)."""
         total = 0
         for i, layer in enumerate(self.cache.layers):
-            quantized = kv.quantized_storage(layer)[0] is not None
+            quantized = ledger.quantized_storage(layer)[0] is not None
             keys = getattr(layer, "keys", None)
             residual = int(keys.shape[-2]) if quantized and isinstance(keys, torch.Tensor) and keys.dim() == 4 else 0
             total += formula(i, self.slots(layer), residual)

@@ -16,7 +16,7 @@ import torch
 
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.errors import InvalidParameter
-from lmtrace.kv import ledger as kv
+from lmtrace.kv import ledger
 from lmtrace.kvlab import metrics, runner
 from lmtrace.kvlab.policies.base import Policy
 from lmtrace.kvlab.spec import parse_policies
@@ -84,7 +84,7 @@ def _reference_steps(lm: LM, tokens: list[int], top_n: int) -> tuple[list[Step],
             logprob=float(chosen), sampled_logprob=float(chosen), rank=int((lp > chosen).sum()) + 1,
             entropy=float(measure.entropy(lp[None])[0]), sampled_entropy=float(measure.entropy(lp[None])[0]),
             top=[Alternative(t, tb.text(t), list(tb(t)), v, v) for t, v in zip(top_ids.tolist(), top_lp.tolist())],
-            kv=kv.state(ref.lab.cache).to_dict(), time_ms=0.0,
+            kv=ledger.state(ref.lab.cache).to_dict(), time_ms=0.0,
         ))  # fmt: skip
 
     return steps, on_step

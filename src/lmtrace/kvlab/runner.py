@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from lmtrace.kv import ledger as kv
+from lmtrace.kv import ledger
 from lmtrace.kvlab import capture, metrics
 from lmtrace.kvlab.cache import LabCache
 from lmtrace.kvlab.policies.base import Policy
@@ -46,7 +46,7 @@ def _dtype_size(model: Any) -> int:
 
 def new_arm(model: Any, policy: Policy, params: SamplingParams, recorder: capture.Recorder | None = None) -> Arm:
     policy.reset()
-    specs = kv.layer_layout(model.config)
+    specs = ledger.layer_layout(model.config)
     formulas = [policy.layer_formula(s.kv_heads, s.head_dim, _dtype_size(model)) for s in specs]
     rng = None if params.greedy else torch.Generator(device=model.device).manual_seed(params.seed)
     rec = recorder if recorder is not None else policy.recorder()
@@ -63,7 +63,7 @@ def rotary_embedding(model: Any) -> Any:
     rope = getattr(getattr(model, "model", None), "rotary_emb", None)
     if rope is None or getattr(rope, "attention_scaling", 1.0) != 1.0:
         raise invalid("rerotate", "needs a model with a plain rotary embedding (model.model.rotary_emb)")
-    if any(spec.kind != kv.FULL for spec in kv.layer_layout(model.config)):
+    if any(spec.kind != ledger.FULL for spec in ledger.layer_layout(model.config)):
         raise invalid("rerotate", "works on models whose layers all use full attention (no sliding window)")
     return rope
 
@@ -81,7 +81,7 @@ def forward(model: Any, arm: Arm, ids: list[int], start: int) -> None:
         attention_mask=None,
         position_ids=torch.arange(fed, fed + len(ids), device=device)[None],  # (1, n)
         logits_to_keep=1,
-        **kv.cache_kwargs(model, arm.lab.cache),
+        **ledger.cache_kwargs(model, arm.lab.cache),
     )
     arm.logits = out.logits[0, -1, :].float()  # (vocab,)
     arm.lab.appended(start, len(ids))

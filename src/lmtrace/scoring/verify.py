@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from lmtrace.decode import engine
-from lmtrace.kv import ledger as kv
+from lmtrace.kv import ledger
 from lmtrace.model.lm import LM
 
 
@@ -74,7 +74,7 @@ class VerifyReport:
 def cached_greedy(lm: LM, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
     """Greedy decoding through the same prefill/decode_step the tracer uses; (ids, logits (steps, vocab))."""
     model = lm.model
-    cache = kv.new_cache(model)
+    cache = ledger.new_cache(model)
     ids = torch.tensor([prompt_ids], device=model.device)
     out, logits = [], []
     with torch.inference_mode():
