@@ -162,3 +162,18 @@ def test_a_proposal_the_targets_top_k_removes_is_written_as_null(tiny_lm):
     assert data["steps"][filtered[0].index]["draft"]["target_logprob"] is None
     back = lmtrace.Trace.from_json(trace.to_json())
     assert back.steps[filtered[0].index].draft["target_logprob"] == float("-inf")
+
+
+def test_server_branch_decodes_with_the_servers_draft(pair, tiny_lm):
+    """/v1/branch on a drafted server: its branches decode speculatively (draft_tokens as on the
+    other routes; 0 without the draft); a plain server refuses draft_tokens (it was ignored)."""
+    plain, fast = pair
+    body = {"prompt": "Hello world", "at": 1, "max_tokens": 6, "temperature": 0}
+    drafted = fast.post("/v1/branch", json={**body, "draft_tokens": 2}).json()
+    without = fast.post("/v1/branch", json={**body, "draft_tokens": 0}).json()
+    alone = lmtrace.branch(tiny_lm, "Hello world", 1, max_new_tokens=6, temperature=0)
+    assert [b["token_ids"] for b in drafted["branches"]] == [t.token_ids for t in alone.traces]
+    assert all(b["speculative"]["draft_tokens"] == 2 for b in drafted["branches"])
+    assert all("speculative" not in b for b in without["branches"])
+    r = plain.post("/v1/branch", json={**body, "draft_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "draft_tokens"

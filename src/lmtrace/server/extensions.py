@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from lmtrace.decode.branch import branch
 from lmtrace.scoring.score import score
 from lmtrace.server.errors import APIError, bad_request, failure
-from lmtrace.server.generation import ServerState
+from lmtrace.server.generation import ServerState, check_draft
 from lmtrace.server.prepare import check_common, check_model, params_for
 from lmtrace.server.schemas import Int, Sampling, Text
 from lmtrace.server.traces import served
@@ -92,7 +92,8 @@ async def create_branch(body: BranchRequest, request: Request) -> Any:
     check_model(body, state.name)
     check_common(body)
     params = params_for(body, 64 if body.max_tokens is None else body.max_tokens, body.top_logprobs, "top_logprobs")
-    kw = {"fan": body.fan, "params": params, "chat": body.chat, "lens": body.lens, "attention": body.attention}
+    kw = {"fan": body.fan, "params": params, "chat": body.chat, "lens": body.lens, "attention": body.attention,
+          **check_draft(state, body.draft_tokens, {"lens": body.lens, "attention": body.attention})}  # fmt: skip
     result = await _run(state, request, lambda: branch(state.lm, body.prompt, body.at, body.alternatives, **kw))
     d = result.to_dict()
     d["branches"] = [{**served(t, state.name), "label": b["label"]} for t, b in zip(result.traces, d["branches"])]

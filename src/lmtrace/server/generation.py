@@ -99,33 +99,35 @@ def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
 
 def start(state: ServerState, job: Job) -> Handle:
     check_rows(job, state.max_rows)
-    _check_draft(state, job)
-    try:
-        if isinstance(state.worker, BatchingWorker):  # every request inside the continuous batch
-            job.draft = state.draft if job.draft_tokens != 0 else None
-            job.draft_tokens = job.draft_tokens or state.draft_tokens
+    drafted = check_draft(state, job.draft_tokens, job.inside)
+    job.draft, job.draft_tokens = drafted.get("draft"), drafted.get("draft_tokens")
+    if isinstance(state.worker, BatchingWorker):  # every request inside the continuous batch
+        try:
             return state.worker.submit_job(job)
-    except Busy as e:
-        raise _busy(e) from e
-    if state.draft is not None and job.draft_tokens != 0:  # one request at a time: speculative, row by row
-        return _submit(state, work(state.lm, job, state.draft, job.draft_tokens or state.draft_tokens))
-    return _submit(state, work(state.lm, job))
+        except Busy as e:
+            raise _busy(e) from e
+    # one request at a time (max_batch 1); with a draft, speculative and row by row
+    return _submit(state, work(state.lm, job, job.draft, job.draft_tokens or state.draft_tokens))
 
 
-def _check_draft(state: ServerState, job: Job) -> None:
-    """draft_tokens needs a server with a draft (0: none asked); the server's draft and a
-    request's lens or attention do not combine (its draft_tokens 0 decodes it without the draft)."""
+def check_draft(state: ServerState, draft_tokens: int | None, inside: dict) -> dict:
+    """draft_tokens needs a server with a draft (0: without it); the server's draft and a
+    request's lens or attention do not combine (its draft_tokens 0 decodes it without the draft).
+    Returns the request's draft as keyword arguments ({draft, draft_tokens}; {}: none)."""
     if state.draft is None:
-        if job.draft_tokens is not None:
-            got = job.draft_tokens
+        if draft_tokens is not None:
+            got = draft_tokens
             message = f"draft_tokens: this server runs no draft model (lmtrace serve --draft SPEC), got {got}"
             raise APIError(400, message, param="draft_tokens")
-        return
-    asked = [name for name in ("lens", "attention") if job.inside.get(name)]
-    if asked and job.draft_tokens != 0:
+        return {}
+    if draft_tokens == 0:
+        return {}
+    asked = [name for name in ("lens", "attention") if inside.get(name)]
+    if asked:
         message = (f"{asked[0]}: cannot be combined with this server's draft (lmtrace serve --draft); "
                    "send draft_tokens 0 to decode this request without it")  # fmt: skip
         raise APIError(400, message, param=asked[0])
+    return {"draft": state.draft, "draft_tokens": draft_tokens or state.draft_tokens}
 
 
 def _submit(state: ServerState, run: Work) -> Handle:
