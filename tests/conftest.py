@@ -37,6 +37,27 @@ def bundled_lm() -> LM:
     return lmtrace.load()
 
 
+@pytest.fixture(scope="session")
+def bundled_vllm(bundled_lm):
+    """One vLLM engine on the bundled model for the whole session (a start costs 10-30 s on a
+    CPU), shared by the tests that run vLLM on it: float32, processed logprobs (those of the
+    distribution the sampler drew from), xgrammar compiling JSON compact as lmtrace does."""
+    from tests.vllm_world import HAVE_VLLM
+
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed (pip install 'lmtrace[vllm]', see the README)")
+    from lmtrace.vllm import VLLMEngine
+
+    return VLLMEngine.start(
+        bundled_lm,
+        None,
+        logprobs_mode="processed",
+        kv_cache_bytes=256 << 20,
+        max_model_len=512,
+        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
+    )
+
+
 def pytest_report_header(config):
     """Whether the vLLM tests (marker `vllm`) can run here."""
     from tests.vllm_world import HAVE_VLLM

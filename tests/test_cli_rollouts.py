@@ -62,26 +62,6 @@ def test_locate_in_the_report(capsys, tiny_dir, rollout_file, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "line, message",
-    [
-        ({"prompt_ids": [1, 2], "logprobs": [-1.0]}, "rollouts: line 2: completion_ids is missing"),
-        ({"prompt_ids": [1, 2], "completion_ids": [3, 4], "logprobs": [-1.0]},
-         "rollouts: line 2: logprobs has 1 values for 2 completion ids"),
-        ({"prompt_ids": [1, 2], "completion_ids": [3, 99999], "logprobs": [-1.0, -1.0]},
-         "rollouts: line 2: completion_ids[1] = 99999 is outside the model's vocabulary"),
-    ],
-)
-def test_bad_lines_exit_2_and_write_nothing(capsys, tiny_dir, tmp_path, line, message):
-    path = tmp_path / "bad.jsonl"
-    good = {"prompt_ids": [1, 2], "completion_ids": [3], "logprobs": [-1.0]}
-    path.write_text(json.dumps(good) + "\n" + json.dumps(line) + "\n")
-    js, html = tmp_path / "out.json", tmp_path / "out.html"
-    code, _, err = run(capsys, "rollouts", path, "--model", tiny_dir, "--json", js, "--html", html)
-    assert code == 2 and message in one_error(err)
-    assert not js.exists() and not html.exists()
-
-
-@pytest.mark.parametrize(
     "args, message",
     [
         (["--format", "sglang"], "format: unknown format 'sglang'"),
@@ -101,3 +81,76 @@ def test_a_line_that_is_not_json(capsys, tmp_path):
     path.write_text('{"prompt_ids": [1], "completion_ids": [2], "logprobs": [-1]}\n{not json\n')
     code, _, err = run(capsys, "rollouts", path, "--format", "lmtrace")
     assert code == 2 and "rollouts: line 2: line is not JSON" in one_error(err)
+
+
+GOOD = {"prompt_ids": [1, 2], "completion_ids": [3, 4], "logprobs": [-1.0, -1.5]}
+
+
+def in_format(fmt: str, record: dict, k: int = 0) -> dict:
+    """One line of `fmt` holding `record` (tests/test_rollouts_formats.py writes each as its framework does)."""
+    from tests import test_rollouts_formats as formats
+
+    if fmt == "lmtrace":
+        return dict(record)
+    if fmt == "trl":
+        return formats.trl_batch([record])
+    if fmt == "verl":
+        return {**formats.verl_batch([record]), "uid": [f"q{k}"]}
+    return formats.vllm_output(record, k) if fmt == "vllm" else formats.openai_response(record, k, False)
+
+
+def broken(fmt: str, case: str) -> dict:
+    """A line of `fmt` with one fault: no completion ids, one logprob too few, an id outside the vocabulary."""
+    if case == "vocabulary":
+        line = in_format(fmt, {**GOOD, "completion_ids": [3, 99999]})
+        if fmt == "openai":  # the ids given as token_ids (vLLM's return_token_ids)
+            line["choices"][0]["token_ids"] = [3, 99999]
+        return line
+    if case == "length":
+        if fmt in ("trl", "verl"):  # a padded batch: the logprobs row a column short of the completion row
+            line = in_format(fmt, GOOD)
+            key = "sampling_per_token_logps" if fmt == "trl" else "rollout_log_probs"
+            line[key][0] = line[key][0][:-1]
+            return line
+        line = in_format(fmt, {**GOOD, "logprobs": [-1.0]})
+        if fmt == "openai":
+            line["choices"][0]["token_ids"] = [3, 4]
+        return line
+    line = in_format(fmt, GOOD)
+    if fmt == "vllm":
+        del line["outputs"][0]["token_ids"]
+    elif fmt == "openai":
+        for entry in line["choices"][0]["logprobs"]["content"]:
+            del entry["token_id"]
+    else:
+        del line[{"lmtrace": "completion_ids", "trl": "completion_ids", "verl": "responses"}[fmt]]
+    return line
+
+
+FIELDS = {  # (format, fault) -> the error's words: the line and the field
+    ("lmtrace", "missing"): "line 2: completion_ids is missing",
+    ("lmtrace", "length"): "line 2: logprobs has 1 values for 2 completion ids",
+    ("lmtrace", "vocabulary"): "line 2: completion_ids[1] = 99999 is outside the model's vocabulary",
+    ("trl", "missing"): "line 2: completion_ids is missing",
+    ("trl", "length"): "line 2: sampling_per_token_logps[0] has 3 values for the 4 columns of completion_ids[0]",
+    ("trl", "vocabulary"): "line 2: completion_ids[0][1] = 99999 is outside the model's vocabulary",
+    ("verl", "missing"): "line 2: responses is missing",
+    ("verl", "length"): "line 2: rollout_log_probs[0] has 3 values for the 4 columns of responses[0]",
+    ("verl", "vocabulary"): "line 2: responses[0][1] = 99999 is outside the model's vocabulary",
+    ("vllm", "missing"): "line 2: outputs[0].token_ids is missing",
+    ("vllm", "length"): "line 2: outputs[0].logprobs has 1 values for 2 completion ids",
+    ("vllm", "vocabulary"): "line 2: outputs[0].token_ids[1] = 99999 is outside the model's vocabulary",
+    ("openai", "missing"): "line 2: choices[0].logprobs.content[0].token carries no token id",
+    ("openai", "length"): "line 2: choices[0].logprobs.content has 1 values for 2 completion ids",
+    ("openai", "vocabulary"): "line 2: choices[0].token_ids[1] = 99999 is outside the model's vocabulary",
+}
+
+
+@pytest.mark.parametrize("fmt, case", list(FIELDS))
+def test_bad_lines_exit_2_name_the_line_and_the_field_and_write_nothing(capsys, tiny_dir, tmp_path, fmt, case):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(in_format(fmt, {**GOOD, "id": "a"}, k=1)) + "\n" + json.dumps(broken(fmt, case)) + "\n")
+    js, html = tmp_path / "out.json", tmp_path / "out.html"
+    code, _, err = run(capsys, "rollouts", path, "--format", fmt, "--model", tiny_dir, "--json", js, "--html", html)
+    assert code == 2 and "rollouts: " + FIELDS[fmt, case] in one_error(err)
+    assert not js.exists() and not html.exists()

@@ -126,15 +126,13 @@ def test_greedy_tokens_equal_vllm_structured_output(bundled_lm, vllm_structured,
 
 
 @pytest.fixture(scope="module")
-def vllm_structured(bundled_lm):
-    """vLLM on the bundled model, its xgrammar backend compiling JSON compact as lmtrace does."""
+def vllm_structured(bundled_lm, bundled_vllm):
+    """vLLM on the bundled model (the session's engine, tests/conftest.py), its xgrammar backend
+    compiling JSON compact as lmtrace does."""
     from vllm import SamplingParams as VllmParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from lmtrace.vllm import VLLMEngine
-
-    engine = VLLMEngine.start(bundled_lm, None, kv_cache_bytes=256 << 20, max_model_len=512,
-                              structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
+    engine = bundled_vllm
 
     def run(prompt: str, schema: dict) -> list[int]:
         ids = tracing.encode_prompt(bundled_lm, prompt, chat=True)

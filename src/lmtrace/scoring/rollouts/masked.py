@@ -18,11 +18,26 @@ def _rows(obj: dict[str, Any], name: str, line: int) -> list[list[Any]] | None:
 
 
 def _kept(line: int, name: str, row: list[Any], mask: list[Any] | None) -> list[Any]:
+    if not isinstance(row, list):
+        raise bad(line, name, f"must be a row (a list), got {type(row).__name__}")
     if mask is None:
         return row
-    if len(mask) != len(row):
-        raise bad(line, name, f"has {len(row)} columns but its mask has {len(mask)}")
+    if not isinstance(mask, list) or len(mask) != len(row):
+        got = len(mask) if isinstance(mask, list) else f"no list but a {type(mask).__name__}"
+        raise bad(line, name, f"has {len(row)} columns but its mask has {got}")
     return [x for x, m in zip(row, mask) if m]
+
+
+def _logprob_row(line: int, name: str, row: list[Any], c_row: list[Any], c_mask: list[Any] | None, c_name: str,
+                 kept: int) -> list[Any]:  # fmt: skip
+    """A row of logprobs: padded as its completion row (the mask drops the same columns), or
+    already of its `kept` ids alone; any other width is an error naming both."""
+    if isinstance(row, list) and len(row) == len(c_row):
+        return _kept(line, name, row, c_mask)
+    if isinstance(row, list) and len(row) == kept:
+        return row
+    width = len(row) if isinstance(row, list) else type(row).__name__
+    raise bad(line, name, f"has {width} values for the {len(c_row)} columns of {c_name} ({kept} ids once unpadded)")
 
 
 def batch_rows(obj: dict[str, Any], line: int, prompt: tuple[str, str], completion: tuple[str, str],
@@ -45,8 +60,8 @@ def batch_rows(obj: dict[str, Any], line: int, prompt: tuple[str, str], completi
         p = _kept(line, f"{prompt[0]}[{i}]", p_rows[i], p_masks[i] if p_masks else None)
         c_mask = c_masks[i] if c_masks else None
         c = _kept(line, f"{completion[0]}[{i}]", c_rows[i], c_mask)
-        lp = _kept(line, f"{logprobs}[{i}]", l_rows[i], c_mask) if len(l_rows[i]) == len(c_rows[i]) else l_rows[i]
         c = ids_of(line, f"{completion[0]}[{i}]", c)
+        lp = _logprob_row(line, f"{logprobs}[{i}]", l_rows[i], c_rows[i], c_mask, f"{completion[0]}[{i}]", len(c))
         out.append((ids_of(line, f"{prompt[0]}[{i}]", p), c, logprobs_of(line, f"{logprobs}[{i}]", lp, len(c))))
     return out
 

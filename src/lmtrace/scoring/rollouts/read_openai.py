@@ -30,19 +30,26 @@ def _token_id(line: int, name: str, entry: Any) -> int:
     raise bad(line, f"{name}.token", f"carries no token id (want token_id, or 'token_id:N'), got {token!r}")
 
 
-def _choice(obj: dict[str, Any], choice: Any, k: int, line: int) -> tuple[list[int], list[int], list[Any]]:
+Choice = tuple[list[int], list[int], list[Any], tuple[str, str]]
+
+
+def _choice(obj: dict[str, Any], choice: Any, k: int, line: int) -> Choice:
+    """(prompt ids, completion ids, logprobs, where the two lists of ids are in the line)."""
     name = f"choices[{k}]"
     if not isinstance(choice, dict):
         raise bad(line, name, "must be an object")
-    prompt = ids_of(line, "prompt_token_ids", choice.get("prompt_token_ids", obj.get("prompt_token_ids")))
+    where = f"{name}.prompt_token_ids" if "prompt_token_ids" in choice else "prompt_token_ids"
+    prompt = ids_of(line, where, choice.get("prompt_token_ids", obj.get("prompt_token_ids")))
     content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
     if not isinstance(content, list) or not content:
         raise bad(line, f"{name}.logprobs.content", "is missing (ask with logprobs: true)")
     if choice.get("token_ids") is not None:
-        ids = ids_of(line, f"{name}.token_ids", choice["token_ids"])
+        field = f"{name}.token_ids"
+        ids = ids_of(line, field, choice["token_ids"])
     else:
-        ids = [_token_id(line, f"{name}.logprobs.content[{i}]", e) for i, e in enumerate(content)]
-    return prompt, ids, [e.get("logprob") if isinstance(e, dict) else e for e in content]
+        field = f"{name}.logprobs.content"  # an id's error names its entry: content[i]
+        ids = ids_of(line, field, [_token_id(line, f"{field}[{i}]", e) for i, e in enumerate(content)])
+    return prompt, ids, [e.get("logprob") if isinstance(e, dict) else e for e in content], (where, field)
 
 
 def read(obj: dict[str, Any], line: int) -> list[Rollout]:
@@ -53,8 +60,8 @@ def read(obj: dict[str, Any], line: int) -> list[Rollout]:
     sampling = settings(obj, line)
     out = []
     for k, choice in enumerate(choices):
-        prompt, ids, values = _choice(obj, choice, k, line)
+        prompt, ids, values, fields = _choice(obj, choice, k, line)
         index = choice.get("index", k)
         lp = logprobs_of(line, f"choices[{k}].logprobs.content", values, len(ids))
-        out.append(Rollout(f"{obj.get('id', line)}/{index}", prompt, ids, lp, sampling, line))
+        out.append(Rollout(f"{obj.get('id', line)}/{index}", prompt, ids, lp, sampling, line, fields=fields))
     return out

@@ -35,5 +35,5 @@ def read(obj: dict[str, Any], line: int) -> list[Rollout]:
     uids = obj.get("uid")
     names = [str(u) for u in uids] if isinstance(uids, list) and len(uids) == len(rows) else None
     sampling = settings(obj.get("meta_info") if isinstance(obj.get("meta_info"), dict) else obj, line)
-    return [Rollout(f"{names[i] if names else line}/{i}", p, c, lp, sampling, line)
-            for i, (p, c, lp) in enumerate(rows)]  # fmt: skip
+    return [Rollout(f"{names[i] if names else line}/{i}", p, c, lp, sampling, line,
+                    fields=(f"prompts[{i}]", f"responses[{i}]")) for i, (p, c, lp) in enumerate(rows)]  # fmt: skip

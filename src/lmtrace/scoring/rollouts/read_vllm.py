@@ -49,5 +49,5 @@ def read(obj: dict[str, Any], line: int) -> list[Rollout]:
         values = _sampled(line, f"outputs[{k}].logprobs", ids, steps) if len(steps) >= len(ids) else steps
         name = f"{obj.get('request_id', line)}/{o.get('index', k)}"
         out.append(Rollout(name, prompt, ids, logprobs_of(line, f"outputs[{k}].logprobs", values, len(ids)),
-                           sampling, line))  # fmt: skip
+                           sampling, line, fields=("prompt_token_ids", f"outputs[{k}].token_ids")))  # fmt: skip
     return out

@@ -26,6 +26,9 @@ class Rollout:
     sampling: dict[str, Any] = field(default_factory=dict)
     line: int = 0  # the line of the file it came from (1-based; 0: given in memory)
     prompt_text: str | None = None  # a prompt given as text: encoded by `encode` once the model is known
+    # where the prompt and completion ids are in the line, for errors (a padded batch's row: its
+    # ids counted once the mask has dropped the padding)
+    fields: tuple[str, str] = ("prompt_ids", "completion_ids")
 
     def params(self) -> SamplingParams:
         """The settings as SamplingParams (the processors' own validation)."""
@@ -91,8 +94,8 @@ def encode(rollout: Rollout, tokenizer: Any) -> None:
 
 
 def check(rollout: Rollout, vocab: int) -> None:
-    """Every id inside the vocabulary of `vocab` tokens."""
-    for name, ids in (("prompt_ids", rollout.prompt_ids), ("completion_ids", rollout.completion_ids)):
+    """Every id inside the vocabulary of `vocab` tokens (the error names the field in the line)."""
+    for name, ids in zip(rollout.fields, (rollout.prompt_ids, rollout.completion_ids)):
         for i, x in enumerate(ids):
             if x >= vocab:
                 raise bad(rollout.line, f"{name}[{i}]", f"= {x} is outside the model's vocabulary of {vocab} tokens")
