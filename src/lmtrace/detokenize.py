@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import weakref
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -90,6 +91,13 @@ class TokenBytes:
     def text(self, token_id: int) -> str:
         """The token on its own, as text (invalid UTF-8 bytes become U+FFFD)."""
         return self(token_id).decode("utf-8", errors="replace")
+
+
+def pieces(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Each token's text piece, as IncrementalDetokenizer gives them, the last one with whatever
+    was held back (an incomplete character): they concatenate to exactly decode(ids)."""
+    detok = IncrementalDetokenizer(tokenizer)
+    return [detok.add(t, final=i == len(ids) - 1) for i, t in enumerate(ids)]
 
 
 class IncrementalDetokenizer:

@@ -107,6 +107,13 @@ class RowRecord:
         self.text_before_eos: str | None = None
         self.prompt_logprobs: list | None = None  # with echo: the prompt's TokenScores
 
+    def closing(self, finish: str | None, token_id: int) -> str:
+        """This step's text: the piece its token added, and at the row's last step whatever the
+        detokenizer held back (an end token also becomes the stop reason)."""
+        if finish == "eos":
+            self.stop_reason = token_id
+        return self.piece + (self.detok.flush() if finish else "")
+
     def add(self, token_id: int, is_eos: bool) -> bool:
         """Feeds a token; True when a stop string is now complete."""
         before = self.detok.emitted
@@ -185,10 +192,7 @@ def records(
         for r, state in enumerate(rows):
             if not bs.active[r]:
                 continue
-            piece = state.piece + (state.detok.flush() if bs.finish[r] else "")
-            if bs.finish[r] == "eos":
-                state.stop_reason = bs.token_ids[r]
-            step = step_record(lm, bs, r, piece, tb)
+            step = step_record(lm, bs, r, state.closing(bs.finish[r], bs.token_ids[r]), tb)
             state.steps.append(step)
             yield r, step
 
@@ -284,9 +288,7 @@ def record(lm: LM, row: Row, bs: BatchStep, r: int, kv: dict[str, Any], choose_m
     is_eos = p.stop_on_eos and token in lm.eos_token_ids
     hit = row.record.add(token, is_eos)
     finish = finish_reason(is_eos, hit, row.index == p.max_new_tokens - 1)
-    piece = row.record.piece + (row.record.detok.flush() if finish else "")
-    if finish == "eos":
-        row.record.stop_reason = token
+    piece = row.record.closing(finish, token)
     bs.index = row.index
     bs.time_ms = row.step_ms + choose_ms
     step = step_record(lm, bs, r, piece, tb)

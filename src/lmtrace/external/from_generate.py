@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from lmtrace.decode import engine
-from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
+from lmtrace.detokenize import TokenBytes, pieces
 from lmtrace.errors import InvalidParameter
 from lmtrace.external.generation_config import model_header, params_of, settings_dict, special_ids
 from lmtrace.kv import ledger
@@ -145,21 +145,17 @@ def records_of(
     tokens: list[int], numbers: Numbers, tokenizer: Any, tb: TokenBytes, finish: str
 ) -> tuple[list[Step], str]:
     """The records and the text, as lmtrace.generate writes them (the text ends before an end token)."""
-    detok = IncrementalDetokenizer(tokenizer)
-    steps, text_before_end = [], None
-    for i, token in enumerate(tokens):
-        if finish == "stop" and i == len(tokens) - 1:
-            text_before_end = tokenizer.decode(detok.ids)
-        piece = detok.add(token)
-        if i == len(tokens) - 1:
-            piece += detok.flush()
+    steps, texts = [], pieces(tokenizer, tokens)
+    for i, (token, piece) in enumerate(zip(tokens, texts)):
         top = [
             Alternative(t, tb.text(t), list(tb(t)), lp, slp)
             for t, lp, slp in zip(numbers.top_ids[i], numbers.top_logprobs[i], numbers.top_sampled_logprobs[i])
         ]
         steps.append(Step(i, token, piece, list(tb(token)), numbers.logprob[i], numbers.sampled_logprob[i],
                           numbers.rank[i], numbers.entropy[i], numbers.sampled_entropy[i], top, {}, None))  # fmt: skip
-    return steps, text_before_end if text_before_end is not None else detok.emitted
+    if finish == "stop" and tokens:  # the text ends before the end token, held-back bytes included
+        return steps, tokenizer.decode(tokens[:-1])
+    return steps, "".join(texts)
 
 
 def _prompt_texts(prompt: str | Sequence[str] | None, rows: int) -> list[str | None]:

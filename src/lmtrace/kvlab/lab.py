@@ -78,7 +78,7 @@ def _reference_steps(lm: LM, tokens: list[int], top_n: int) -> tuple[list[Step],
         chosen = lp[token]
         top_lp, top_ids = torch.topk(lp, top_n) if top_n else (lp[:0], lp[:0].long())
         last = index == len(tokens) - 1
-        piece = detok.add(token) + (detok.flush() if last else "")
+        piece = detok.add(token, final=last)
         steps.append(Step(
             index=index, token_id=token, text=piece, bytes=list(tb(token)),
             logprob=float(chosen), sampled_logprob=float(chosen), rank=int((lp > chosen).sum()) + 1,

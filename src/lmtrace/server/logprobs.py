@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmtrace.decode.prefill import PromptRow, prefill_many
-from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
+from lmtrace.detokenize import TokenBytes, pieces
 from lmtrace.logits import measure
 from lmtrace.model.lm import LM
 from lmtrace.records import Alternative, Step
@@ -56,13 +56,11 @@ def prompt_tokens(lm: LM, ids: list[int], numbers: measure.Forced) -> list[Promp
     lmtrace.decode.prefill measures them): token i's logprob under the distribution after
     tokens 0..i-1; the first token has none (null), as OpenAI."""
     tb = TokenBytes(lm.tokenizer)
-    detok = IncrementalDetokenizer(lm.tokenizer)
-    pieces = [detok.add(t) for t in ids]
-    pieces[-1] += detok.flush()
-    out = [PromptToken(ids[0], pieces[0], list(tb(ids[0])), None)]
+    texts = pieces(lm.tokenizer, ids)
+    out = [PromptToken(ids[0], texts[0], list(tb(ids[0])), None)]
     for i, value, alt_ids, alts in zip(range(1, len(ids)), numbers.logprob, numbers.top_ids, numbers.top_logprobs):
         top = [Alternative(t, tb.text(t), list(tb(t)), a, a) for t, a in zip(alt_ids, alts)]
-        out.append(PromptToken(ids[i], pieces[i], list(tb(ids[i])), value, top))
+        out.append(PromptToken(ids[i], texts[i], list(tb(ids[i])), value, top))
     return out
 
 

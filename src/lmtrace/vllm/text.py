@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lmtrace.detokenize import IncrementalDetokenizer
+from lmtrace.detokenize import pieces
 
 
 @dataclass
@@ -23,22 +23,16 @@ def completion_text(
     tokenizer: Any, token_ids: Sequence[int], stops: Iterable[str], eos_ids: Iterable[int], ended: bool
 ) -> Text:
     """`ended`: vLLM finished the request on an end token or a stop string (finish_reason "stop")."""
-    detok = IncrementalDetokenizer(tokenizer)
     eos = set(eos_ids)
-    pieces = []
+    texts = pieces(tokenizer, token_ids)
     before_eos = None
-    for i, token in enumerate(token_ids):
-        last = i == len(token_ids) - 1
-        if last and ended and token in eos:  # the answer ends before the end token, held bytes included
-            before_eos = tokenizer.decode(detok.ids)
-        pieces.append(detok.add(token))
-    if pieces:
-        pieces[-1] += detok.flush()
-    full = detok.emitted
+    if token_ids and ended and token_ids[-1] in eos:  # the answer ends before the end token, held bytes included
+        before_eos = tokenizer.decode(list(token_ids[:-1]))
+    full = "".join(texts)
     if before_eos is not None:
-        return Text(pieces, before_eos, "stop", token_ids[-1])
+        return Text(texts, before_eos, "stop", token_ids[-1])
     hits = [(full.find(s), s) for s in stops if full.find(s) >= 0] if ended else []
     if hits:
         cut, stop = min(hits)
-        return Text(pieces, full[:cut], "stop", stop)
-    return Text(pieces, full, "length" if not ended else "stop", None)
+        return Text(texts, full[:cut], "stop", stop)
+    return Text(texts, full, "length" if not ended else "stop", None)
