@@ -1,8 +1,9 @@
 """Every Python block in the docs (docs/**/*.md, README.md, README.zh-CN.md) runs: the blocks of a
 page in order, in one namespace, in a temporary folder, as a reader would paste them. A block that
 cannot run here says why in an HTML comment on the line before its fence:
-`<!-- not-run: needs a running lmtrace serve -->`. `lmtrace.load()` without arguments returns the
-bundled model the session already loaded (a page that loads it again would only cost time).
+`<!-- not-run: needs a running lmtrace serve -->`. `lmtrace.load()` without arguments (or with `weights="packed"`)
+returns the bundled model the session already loaded (tests/conftest.py's shared_bundled: a page
+that loads it again would only cost time).
 No block may raise a deprecation warning (transformers 5.24 warns on `past_key_values=`: the
 examples say `cache=`)."""
 
@@ -68,15 +69,7 @@ def test_every_python_block_is_found_and_every_skip_says_why():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("page", RUNNABLE, ids=name)
-def test_the_python_blocks_of_a_page_run(page, bundled_lm, tmp_path, monkeypatch):
-    import lmtrace
-
-    real_load = lmtrace.load
-
-    def load(source=None, **kwargs):
-        return bundled_lm if source is None and not kwargs else real_load(source, **kwargs)
-
-    monkeypatch.setattr(lmtrace, "load", load)
+def test_the_python_blocks_of_a_page_run(page, shared_bundled, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__"}
     with warnings.catch_warnings(record=True) as caught:

@@ -131,7 +131,10 @@ def test_the_default_cache_folder(monkeypatch, tmp_path):
     assert gguf_cache.cache_root() == tmp_path / "home" / ".cache" / "lmtrace"
 
 
+# transformers' own read of the bundled GGUF (~45 s on 2 cores, shared with no other test): `make test-slow`;
+# `make test` keeps the same check on a tiny GGUF (test_cached_load_equals_the_direct_load_bit_for_bit)
 @pytest.mark.integration
+@pytest.mark.slow
 def test_the_bundled_model_from_the_cache_equals_the_gguf_bit_for_bit(bundled_lm):
     """bundled_lm comes through the converted copy (the user's cache, shared by the suite's runs
     and its subprocesses); the GGUF read by transformers itself is the oracle."""

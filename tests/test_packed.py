@@ -201,13 +201,6 @@ def test_load_refuses_packed_without_a_gguf(tiny_dir):
         lmtrace.load(str(tiny_dir), weights="int3")
 
 
-@pytest.fixture(scope="session")
-def bundled_packed():
-    import lmtrace
-
-    return lmtrace.load(weights="packed")
-
-
 @pytest.mark.integration
 def test_bundled_packed_against_float32(bundled_packed, bundled_lm):
     """Every linear layer of the bundled Q4_1 file runs packed; greedy decoding agrees with the
@@ -253,6 +246,7 @@ def test_cli_weights_packed_needs_a_gguf(capsys, tiny_dir):
 
 
 @pytest.mark.integration
+@pytest.mark.usefixtures("shared_bundled")  # the command runs on the session's bundled_packed
 def test_cli_verify_packed_on_the_bundled_model(capsys):
     """`lmtrace verify --weights packed` says what runs packed and what it costs against float32."""
     import json

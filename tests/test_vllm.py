@@ -227,7 +227,9 @@ def test_bundled_model_exported_to_a_folder(bundled_lm):
         assert theirs.model["engine"]["check"]["max_abs_diff"] <= TOL
 
 
-
+# a Ray cluster and a vLLM replica in its own process (~45 s on 2 idle cores): `make test-slow`; `make test`
+# keeps --engine vllm (test_cli_batch_and_render) and Ray's actor pool (tests/test_batch_ray.py)
+@pytest.mark.slow
 def test_on_ray(tmp_path, tiny32_dir, raw_engine):
     """--engine vllm with --num-workers: a vLLM replica in a Ray Data actor on a local Ray."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'lmtrace[ray]')")

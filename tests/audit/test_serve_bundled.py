@@ -9,21 +9,13 @@ import pytest
 
 from lmtrace.cli import main
 from lmtrace.comparison.audit import PROBE_NAMES
-from lmtrace.model.load import bundled_gguf
-from tests.server.process import free_port, start_serve
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def serve():
-    proc, url = start_serve(bundled_gguf(), free_port())
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
-
-
-def test_lmtrace_serve_passes_every_probe(serve, tmp_path, capsys):
+@pytest.mark.usefixtures("shared_bundled")  # the audit's own model: the session's bundled_lm
+def test_lmtrace_serve_passes_every_probe(bundled_server, tmp_path, capsys):
+    serve = bundled_server  # tests/conftest.py: the suite's one `lmtrace serve` of the bundled model
     report, page = tmp_path / "audit.json", tmp_path / "audit.html"
     code = main(["audit", serve, "--json", str(report), "--html", str(page), "--no-color", "--timeout", "600"])
     d = json.loads(report.read_text(encoding="utf-8"))

@@ -26,15 +26,18 @@ from lmtrace.comparison.audit import PROBE_NAMES
 from tests.server.process import free_port
 from tests.vllm_world import needs_vllm
 
-pytestmark = [*needs_vllm, pytest.mark.integration]
+# minutes on 2 cores (vLLM's server starts in two processes, then every probe): `make test-slow`. `make test`
+# keeps the probes' logic (tests/audit/test_bugs.py: each probe catches its bug, lossy_bytes being vLLM's,
+# and only it) and a real server on the bundled model (tests/audit/test_serve_bundled.py)
+pytestmark = [*needs_vllm, pytest.mark.integration, pytest.mark.slow]
 START_S = 180  # vLLM's CPU server starts in ~45 s on 2 idle cores
 
 
 @pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory):
-    from lmtrace.model.export import export
+def vllm_url(tmp_path_factory, bundled_lm):
+    from lmtrace.vllm.folder import model_folder
 
-    folder = export(None, tmp_path_factory.mktemp("smol") / "model")
+    folder = model_folder(bundled_lm, None)  # lmtrace's export of the bundled model, kept in its cache
     port, log = free_port(), tmp_path_factory.mktemp("vllm-log") / "server.log"
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", "smol", "--dtype", "float32", "--enforce-eager",
@@ -62,6 +65,7 @@ def vllm_url(tmp_path_factory):
             proc.kill()
 
 
+@pytest.mark.usefixtures("shared_bundled")  # the audit's own model: the session's bundled_lm
 def test_vllm_passes_all_but_bytes(vllm_url, tmp_path):
     report = tmp_path / "audit.json"
     code = main(["audit", vllm_url, "--json", str(report), "--no-color"])

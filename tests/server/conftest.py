@@ -6,20 +6,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
-import httpx
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
 from lmtrace.server import create_app
-from tests.server.process import SRC, free_port
 
 CHATML = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -107,28 +102,3 @@ def slow_lm(tiny_tok):
     model = tiny_model(tiny_tok)
     model.register_forward_pre_hook(lambda *_: time.sleep(0.01))
     return LM.from_objects(model, tiny_tok, source="tiny-slow")
-
-
-@pytest.fixture(scope="module")
-def bundled_server(tmp_path_factory):
-    """`lmtrace serve` of the bundled model (its log to a file: a pipe nobody reads would fill)."""
-    port = free_port()
-    log = (tmp_path_factory.mktemp("serve") / "serve.log").open("w")
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-c", "from lmtrace.cli import entry; entry()", "serve", "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        assert proc.poll() is None, "lmtrace serve exited"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "lmtrace serve did not start"
-        time.sleep(0.5)
-    yield url
-    proc.terminate()
-    proc.wait(30)
-    log.close()
