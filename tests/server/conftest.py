@@ -31,6 +31,15 @@ def chat_lm(tiny_lm):
 
 
 @pytest.fixture(scope="session")
+def long_lm(chat_lm):
+    """The tiny chat model with a context long enough for the tools' system prompt (its
+    byte-level vocabulary spends a token on about every character)."""
+    model = copy.deepcopy(chat_lm.model)
+    model.config.max_position_embeddings = 2048
+    return dataclasses.replace(chat_lm, model=model)
+
+
+@pytest.fixture(scope="session")
 def eos_lm(tiny_lm):
     """The tiny model with an end token it really produces: greedy 'Hello world' emits ' l'
     within a few steps, so generations end with finish_reason 'stop' by EOS."""

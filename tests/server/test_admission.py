@@ -1,22 +1,30 @@
 """A loop that never waits on one request: a large prompt is tokenized off the event loop (GET
-/health answers meanwhile), and the rows of a request of many rows join the batch round-robin
+/health answers meanwhile; tests/server/test_length.py: one far beyond the context is refused by
+its length, before tokenizing), and the rows of a request of many rows join the batch round-robin
 with room kept, so a single request that arrives meanwhile gets its first token within a few
 steps rather than after the large one."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import threading
 import time
 
 import httpx
+from tokenizers import normalizers
 
 from lmtrace.server import create_app
 from tests.server.conftest import RunningServer
 
 
 def test_health_answers_while_a_large_prompt_is_tokenized(chat_lm):
-    app = create_app(chat_lm, name="tiny", max_body_bytes=8 << 20)
+    # a tokenizer with a normalizer has no length bound (lmtrace.server.length): the prompt is
+    # tokenized in full, then refused
+    tok = copy.deepcopy(chat_lm.tokenizer)
+    tok.backend_tokenizer.normalizer = normalizers.NFC()
+    app = create_app(dataclasses.replace(chat_lm, tokenizer=tok), name="tiny", max_body_bytes=8 << 20)
     with RunningServer(app) as server:
         done = threading.Event()
         answer = {}

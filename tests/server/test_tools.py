@@ -28,15 +28,6 @@ USER = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def long_lm(chat_lm):
-    """The tiny chat model with a context long enough for the tools' system prompt (its
-    byte-level vocabulary spends a token on about every character)."""
-    model = copy.deepcopy(chat_lm.model)
-    model.config.max_position_embeddings = 2048
-    return dataclasses.replace(chat_lm, model=model)
-
-
-@pytest.fixture(scope="module")
 def client(long_lm):
     with TestClient(create_app(long_lm, name="tiny")) as c:
         yield c

@@ -28,6 +28,7 @@ from lmtrace.server import (
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.generation import ServerState
 from lmtrace.server.lane import DEFAULT_PREFIX_CACHE_BYTES
+from lmtrace.server.length import longest_token
 from lmtrace.server.limits import DEFAULT_MAX_BODY_MB, BodyLimit
 from lmtrace.server.prepare import DEFAULT_MAX_ROWS
 from lmtrace.server.security import HostCheck, KeyCheck
@@ -89,6 +90,7 @@ def create_app(
     else:
         worker = ModelWorker(max_concurrency)
     state = ServerState(lm, name or served_name(lm), worker, draft=draft, draft_tokens=draft_tokens, max_rows=max_rows)
+    longest_token(state.front.tokenizer)  # the length bound, computed now rather than in the first request
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -19,9 +19,10 @@ from lmtrace.server.logprobs import chat_entry
 from lmtrace.server.prepare import Job, chat_job, check_model
 from lmtrace.server.schemas import ChatRequest
 from lmtrace.server.sse import DONE, SSEResponse, sse
+from lmtrace.server.threaded import ThreadedRoute
 from lmtrace.server.worker import Handle
 
-router = APIRouter()
+router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded off the loop
 
 
 @router.post("/v1/chat/completions")

@@ -18,9 +18,10 @@ from lmtrace.server.logprobs import CompletionLogprobs, PromptToken
 from lmtrace.server.prepare import Job, check_model, completion_job
 from lmtrace.server.schemas import CompletionRequest
 from lmtrace.server.sse import SSEResponse, answer_pieces
+from lmtrace.server.threaded import ThreadedRoute
 from lmtrace.server.worker import Handle
 
-router = APIRouter()
+router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded off the loop
 
 
 @router.post("/v1/completions")

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lmtrace.errors import InvalidParameter, LmtraceError
@@ -176,7 +177,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and exc.detail == PARSE_FAILED:
-            return unreadable_body(await request.body()).response()
+            # (reading an 8 MB body's depth in Python would hold the event loop for seconds)
+            return (await run_in_threadpool(unreadable_body, await request.body())).response()
         if exc.status_code == 405:
             allowed = (exc.headers or {}).get("Allow", "")
             message = f"{request.method} is not allowed on {request.url.path}; it takes {allowed or 'none'}"

@@ -17,10 +17,11 @@ from lmtrace.server.errors import APIError, bad_request, failure
 from lmtrace.server.generation import ServerState, check_draft
 from lmtrace.server.prepare import check_common, check_model, params_for
 from lmtrace.server.schemas import Int, Sampling, Text
+from lmtrace.server.threaded import ThreadedRoute
 from lmtrace.server.traces import served
 from lmtrace.server.worker import Busy, ShuttingDown
 
-router = APIRouter()
+router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded off the loop
 
 
 class ScoreRequest(BaseModel):

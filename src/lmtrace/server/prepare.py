@@ -14,6 +14,7 @@ from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.server import constraints, messages, tools
 from lmtrace.server.errors import APIError, bad_request, from_invalid
+from lmtrace.server.length import check_fits, check_length, context_size
 from lmtrace.server.schemas import ChatRequest, CompletionRequest, Message, Sampling, TraceRequest, unicode_text
 from lmtrace.server.tools import ToolPlan
 
@@ -141,32 +142,6 @@ def params_for(
     return params
 
 
-def context_size(lm: LM) -> int | None:
-    return getattr(lm.model.config, "max_position_embeddings", None)
-
-
-def check_fits(lm: LM, ids: list[int], max_tokens: int, name: str = "prompt", param: str = "prompt") -> None:
-    """The prompt and `max_tokens` fit the model's context. A prompt that leaves no room for
-    `max_tokens` is blamed on the prompt (its tokens, the limit, what max_tokens leaves it); a
-    prompt that fits, on max_tokens (what this prompt leaves it)."""
-    limit = context_size(lm)
-    if not limit or len(ids) + max_tokens <= limit:
-        return
-    if len(ids) >= limit or len(ids) > max_tokens:  # the prompt is the larger part
-        room = max(0, limit - max_tokens)
-        raise bad_request(
-            f"{name} is too long: it has {len(ids)} tokens and the model's context holds {limit} tokens; "
-            f"with max_tokens {max_tokens} the prompt may have at most {room}",
-            param,
-        )
-    raise bad_request(
-        f"max_tokens is too large: the {name} has {len(ids)} tokens and max_tokens is {max_tokens}, "
-        f"{len(ids) + max_tokens} in all, but the model's context holds {limit} tokens "
-        f"(max_tokens {limit - len(ids)} at most with this {name})",
-        "max_tokens",
-    )
-
-
 def _is_id(t: object) -> bool:
     """A token id: an integer, or a float with no fraction (JSON Schema counts 3.0 an integer)."""
     if isinstance(t, bool):
@@ -178,9 +153,10 @@ def _is_ids(value: object) -> bool:
     return isinstance(value, list) and all(_is_id(t) for t in value)
 
 
-def encode(lm: LM, prompt: object, name: str = "prompt") -> tuple[list[int], str]:
+def encode(lm: LM, prompt: object, name: str = "prompt", max_tokens: int = 1) -> tuple[list[int], str]:
     """(token ids, prompt text) of one completion prompt: a string or a list of token ids.
-    `name` is how messages call it (`prompt[3]` for an element of a list)."""
+    `name` is how messages call it (`prompt[3]` for an element of a list); a text too long for
+    the context with `max_tokens` is refused by its length before it is tokenized."""
     if isinstance(prompt, str):
         if prompt == "":
             raise bad_request(f"{name} must not be empty", "prompt")
@@ -188,6 +164,7 @@ def encode(lm: LM, prompt: object, name: str = "prompt") -> tuple[list[int], str
             unicode_text(prompt)
         except ValueError as e:
             raise bad_request(f"{name} {e}", "prompt") from None
+        check_length(lm, prompt, max_tokens, name)
         ids = encode_prompt(lm, prompt)
         if not ids:
             raise bad_request(f"{name} must contain at least one token", "prompt")
@@ -204,19 +181,22 @@ def encode(lm: LM, prompt: object, name: str = "prompt") -> tuple[list[int], str
     raise bad_request(f"{name} must be a string or a list of token ids (integers)", "prompt")
 
 
-def encode_many(lm: LM, prompt: object) -> tuple[list[Prompt], bool]:
+def encode_many(lm: LM, prompt: object, max_tokens: int = 1) -> tuple[list[Prompt], bool]:
     """OpenAI's four shapes: a string, a list of token ids, a list of strings, a list of
     token-id lists. (the prompts, whether a list of prompts was given)."""
     if isinstance(prompt, list) and prompt and not _is_ids(prompt):
         if len(prompt) > MAX_PROMPTS:
             raise bad_request(f"prompt takes at most {MAX_PROMPTS} prompts, got {len(prompt)}", "prompt")
-        return [Prompt(*encode(lm, p, f"prompt[{i}]")) for i, p in enumerate(prompt)], True
-    return [Prompt(*encode(lm, prompt))], False
+        return [Prompt(*encode(lm, p, f"prompt[{i}]", max_tokens)) for i, p in enumerate(prompt)], True
+    return [Prompt(*encode(lm, prompt, max_tokens=max_tokens))], False
 
 
-def encode_chat(lm: LM, history: list[Message], plan: ToolPlan | None = None) -> tuple[list[int], str]:
+def encode_chat(
+    lm: LM, history: list[Message], plan: ToolPlan | None = None, max_tokens: int = 1
+) -> tuple[list[int], str]:
     """The conversation through the chat template, as `lmtrace generate --chat` does; with
-    tools, as lmtrace.server.tools says."""
+    tools, as lmtrace.server.tools says; refused by its length before it is tokenized where that
+    proves it too long for the context with `max_tokens`."""
     tok = lm.tokenizer
     if not getattr(tok, "chat_template", None):
         raise bad_request("messages: this model has no chat template; use /v1/completions", "messages")
@@ -234,6 +214,7 @@ def encode_chat(lm: LM, history: list[Message], plan: ToolPlan | None = None) ->
     except Exception as e:  # the model's template refused these messages (roles, an order)
         raise bad_request(f"messages: the chat template failed: {' '.join(str(e).split())[:300]}", "messages") from e
     text += plan.prefix() if plan is not None else ""
+    check_length(lm, text, max_tokens, "chat prompt", "messages")
     return list(tok(text, add_special_tokens=False)["input_ids"]), text
 
 
@@ -244,8 +225,8 @@ def completion_job(lm: LM, body: CompletionRequest) -> Job:
         raise bad_request(f"{name} is not supported by lmtrace serve", name)
     if body.logprobs is not None:
         _range("logprobs", body.logprobs, 0, MAX_LOGPROBS)
-    prompts, many = encode_many(lm, body.prompt)
     max_tokens = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    prompts, many = encode_many(lm, body.prompt, max_tokens)
     score_only = body.echo and max_tokens == 0  # as OpenAI and vLLM: echo the prompt, generate nothing
     params = params_for(body, 1 if score_only else max_tokens, body.logprobs or 0, "logprobs")
     for i, p in enumerate(prompts):
@@ -264,12 +245,12 @@ def chat_job(lm: LM, body: ChatRequest) -> Job:
         if not body.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     plan = tools.plan(body, getattr(lm.tokenizer, "chat_template", None))
-    ids, text = encode_chat(lm, body.messages, plan)
     for name in ("max_tokens", "max_completion_tokens"):  # both checked, whichever is used
         value = getattr(body, name)
         if value is not None:
             _range(name, value, 1, context_size(lm) or value)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    ids, text = encode_chat(lm, body.messages, plan, limit or 1)
     if limit is None:  # as OpenAI: up to the end of the context
         limit = max(1, (context_size(lm) or len(ids) + 512) - len(ids))
     params = params_for(body, limit, (body.top_logprobs or 0) if body.logprobs else 0, "top_logprobs", plan)
@@ -286,14 +267,14 @@ def trace_job(lm: LM, body: TraceRequest) -> Job:
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("give either prompt or messages", "prompt")
     plan = None
+    max_tokens = TRACE_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     if body.messages is not None:
         plan = tools.plan(body, getattr(lm.tokenizer, "chat_template", None))
-        prompts, many = [Prompt(*encode_chat(lm, body.messages, plan))], False
+        prompts, many = [Prompt(*encode_chat(lm, body.messages, plan, max_tokens))], False
     else:
         if body.tools is not None or body.tool_choice is not None:
             raise bad_request("tools need messages (a chat), not a prompt", "tools")
-        prompts, many = encode_many(lm, body.prompt)
-    max_tokens = TRACE_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+        prompts, many = encode_many(lm, body.prompt, max_tokens)
     params = params_for(body, max_tokens, body.top_logprobs, "top_logprobs", plan)
     for i, p in enumerate(prompts):
         check_fits(lm, p.ids, max_tokens, f"prompt[{i}]" if many else "prompt")

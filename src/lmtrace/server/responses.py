@@ -27,8 +27,9 @@ from lmtrace.server.prepare import Job, chat_job, check_model
 from lmtrace.server.schemas import ChatRequest, Int, JsonSchemaFormat, ResponseFormat, Text
 from lmtrace.server.sse import SSEResponse
 from lmtrace.server.sse import sse as data_line
+from lmtrace.server.threaded import ThreadedRoute
 
-router = APIRouter()
+router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded off the loop
 LOGPROBS = "message.output_text.logprobs"
 
 

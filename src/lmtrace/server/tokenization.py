@@ -12,10 +12,12 @@ from lmtrace.model.lm import LM
 from lmtrace.server import messages
 from lmtrace.server.errors import bad_request
 from lmtrace.server.generation import ServerState
-from lmtrace.server.prepare import check_model, context_size
+from lmtrace.server.length import context_size
+from lmtrace.server.prepare import check_model
 from lmtrace.server.schemas import DetokenizeRequest, TokenizeRequest
+from lmtrace.server.threaded import ThreadedRoute
 
-router = APIRouter()
+router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded off the loop
 
 
 def _chat_ids(front: LM, body: TokenizeRequest) -> list[int]:

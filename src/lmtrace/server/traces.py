@@ -21,9 +21,10 @@ from lmtrace.server.generation import ServerState, collect, start
 from lmtrace.server.prepare import Job, check_model, trace_job
 from lmtrace.server.schemas import TraceRequest
 from lmtrace.server.sse import DONE, SSEResponse, sse
+from lmtrace.server.threaded import ThreadedRoute
 from lmtrace.server.worker import Handle
 
-router = APIRouter()
+router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded off the loop
 
 
 def served(trace: Trace, name: str) -> dict[str, Any]:
