@@ -132,3 +132,21 @@ def test_row_chunks_must_add_up_to_the_rows_announced(written, monkeypatch):
     for rows in (OUT - 16, OUT + 32):
         with pytest.raises(ValueError, match="rows"):
             packed.PackedLinear(packed._forms(Found(tensor, None), OUT, IN), None, torch.float32, "Q5_0", rows=rows)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_a_small_packed_matmul_on_one_thread_gives_the_same_bits(written, type_name, monkeypatch):
+    """Below SERIAL_WORK the kernel runs on one thread (no thread wake-up per small layer): the
+    same output, bit for bit, as on all threads, for one row and for a prefill's many."""
+    layer = packed.PackedLinear(int4_form(type_name, written[type_name].data, OUT, IN), None, torch.bfloat16, type_name)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for rows in (1, 7):
+            x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(rows))
+            monkeypatch.setattr(packed, "SERIAL_WORK", 0)
+            parallel = layer(x)
+            monkeypatch.setattr(packed, "SERIAL_WORK", 1 << 40)
+            assert torch.equal(layer(x), parallel) and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

@@ -12,6 +12,7 @@ bfloat16 (`compute_dtype`); with float32 it runs torch's scalar path on the exac
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import time
@@ -41,6 +42,36 @@ def _padded(form: Int4Form, rows: int = 32) -> Int4Form:
 
 
 CHUNK_ROWS = 2048  # rows converted at a time: a multiple of 64 (the kernel packs 64-row blocks, then a 32-row tail)
+
+
+SERIAL_WORK = 1 << 24  # multiply-adds under which a packed matmul runs on one thread
+
+
+def int4_mm(flat: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
+    """torch's int4 kernel, on one thread when the product is small: the kernel splits its output
+    columns over all threads, and a decode step's small layers (Gemma 3's q_proj: 2 x 640 x 1024)
+    then cost a thread wake-up each (measured on a shared 2-core machine: 20 ms a call on 2
+    threads, 0.05 ms on one). Each output is one thread's dot product either way, so the result
+    is the same bit for bit."""
+    if flat.shape[0] * flat.shape[1] * packed.shape[0] >= SERIAL_WORK:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, packed, GROUP, scale_zeros)
+    with one_thread():
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, packed, GROUP, scale_zeros)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's intra-op threads set to one inside (not while torch.compile traces: it would break
+    the graph)."""
+    threads = torch.get_num_threads()
+    if threads == 1 or torch.compiler.is_compiling():
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _packed_chunks(forms: Iterable[Int4Form], pieces: int, dtype: torch.dtype,
@@ -97,7 +128,7 @@ class PackedLinear(nn.Module):
         flat = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)  # (..., in) -> (rows, in)
         if self.pieces > 1:  # one copy of the input per piece: (rows, in) -> (rows, pieces * in)
             flat = flat.repeat(1, self.pieces)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, GROUP, self.scale_zeros)
+        out = int4_mm(flat.contiguous(), self.packed, self.scale_zeros)
         if out.shape[-1] != self.out_features:  # (rows, padded out) -> (rows, out)
             out = out[:, : self.out_features]
         out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -141,13 +172,14 @@ class PackedHead(PackedLinear):
         if self.refine == 0:  # a draft model's head: its proposals need no float32 logits
             return coarse
         flat, logits = x.reshape(-1, x.shape[-1]).float(), coarse.reshape(-1, self.out_features)
-        idx = logits.topk(self.refine, dim=-1).indices  # (rows, refine)
-        unique, where = idx.unique(return_inverse=True)  # (k,), (rows, refine) positions into it
-        w = self.exact_rows(unique)[where]  # (rows, refine, in)
-        exact = torch.einsum("rki,ri->rk", w, flat)  # (rows, refine)
-        if self.bias is not None:
-            exact = exact + self.bias[idx]
-        return logits.scatter(-1, idx, exact.to(logits.dtype)).reshape(coarse.shape)
+        with one_thread() if len(flat) <= 4 else contextlib.nullcontext():  # a decode step's few rows
+            idx = logits.topk(self.refine, dim=-1).indices  # (rows, refine)
+            unique, where = idx.unique(return_inverse=True)  # (k,), (rows, refine) positions into it
+            w = self.exact_rows(unique)[where]  # (rows, refine, in)
+            exact = torch.einsum("rki,ri->rk", w, flat)  # (rows, refine)
+            if self.bias is not None:
+                exact = exact + self.bias[idx]
+            return logits.scatter(-1, idx, exact.to(logits.dtype)).reshape(coarse.shape)
 
 
 def _form(found: Found, out_features: int, in_features: int) -> Int4Form:
