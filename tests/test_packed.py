@@ -352,6 +352,9 @@ def test_packed_load_of_a_tied_model_packs_its_head(tmp_path, monkeypatch):
     assert report.packed["lm_head"] == "Q8_0" and set(report.kept_float) == {"model.layers.1.self_attn.v_proj"}
     embed = direct.model.embed_tokens
     assert isinstance(embed, PackedEmbedding) and embed.kind == "Q8_0"
+    from lmtrace.inside.lens import unembedding
+
+    assert unembedding(model).tied and unembedding(direct).tied  # the packed head and embedding: one GGUF tensor
     assert torch.equal(embed.rows(torch.arange(320)), model.model.embed_tokens.weight)
     assert torch.equal(embed(torch.tensor([[5, 7, 5]])), model.model.embed_tokens(torch.tensor([[5, 7, 5]])))
     reference = copy.deepcopy(model)
