@@ -362,3 +362,8 @@ def test_packed_load_of_a_tied_model_packs_its_head(tmp_path, monkeypatch):
     ids = torch.randint(0, 320, (1, 9))
     with torch.inference_mode():
         assert torch.equal(direct(ids).logits, reference(ids).logits)
+    ref = packed.float_reference(direct)  # what verify and kld compare against: the float embedding back
+    assert not any(isinstance(m, PackedEmbedding) for m in ref.modules())
+    assert torch.equal(ref.get_input_embeddings().weight, model.model.embed_tokens.weight)
+    with torch.inference_mode():
+        assert torch.equal(ref(ids).logits, model(ids).logits)
