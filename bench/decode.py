@@ -84,8 +84,8 @@ def weights_read_per_token(model: torch.nn.Module) -> int:
     the input embedding only where it is also the lm_head (a lookup reads one row)."""
     from lmtrace.model.gguf.packed import PackedLinear
 
-    embed = model.get_input_embeddings().weight
-    seen, total = {embed.data_ptr()}, 0
+    embed = getattr(model.get_input_embeddings(), "weight", None)  # a PackedEmbedding has none: rows from the file
+    seen, total = ({embed.data_ptr()} if embed is not None else set()), 0
     for module in model.modules():
         tensors = [module.packed, module.scale_zeros] if isinstance(module, PackedLinear) else []
         tensors += list(module.parameters(recurse=False))
@@ -98,9 +98,9 @@ def weights_read_per_token(model: torch.nn.Module) -> int:
 
 def gguf_bytes(path: Path) -> int:
     """Bytes of all tensors in the GGUF file: what llama.cpp reads per token (tied lm_head)."""
-    import gguf
+    from lmtrace.model.gguf.tensors import GGUFTensors
 
-    return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
+    return sum(int(t.n_bytes) for t in GGUFTensors(path).tensors)
 
 
 def hf_generate(lm, prompts: list[str], n: int, scores: bool) -> int:

@@ -17,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.gguf import packed
 from lmtrace.model.gguf.blocks import int4_form
+from lmtrace.model.gguf.embedding import PackedEmbedding
 from tests.cli_errors import one_error
 
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
@@ -320,29 +321,43 @@ def test_packed_load_reads_the_file_straight_into_packed_form(tmp_path, tiny_tok
         assert torch.equal(direct.model(ids).logits, floats.model(ids).logits)
     linears = [n for n, m in direct.model.named_modules() if isinstance(m, torch.nn.Linear)]
     assert linears == ["model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj"]  # F32 in the file
-    want = {n for n, _ in floats.model.named_parameters()}
-    assert {n for n, _ in direct.model.named_parameters()} == want  # norms and the embedding, float
+    want = {n for n, _ in floats.model.named_parameters()} - {"model.embed_tokens.weight"}
+    assert {n for n, _ in direct.model.named_parameters()} == want  # the norms, float
+    embed = direct.model.get_input_embeddings()  # rows dequantized from the file's blocks when looked up
+    assert isinstance(embed, PackedEmbedding) and direct.model.lmtrace_packed.embedding.endswith("when looked up")
+    rows = torch.arange(embed.num_embeddings)
+    assert torch.equal(embed.rows(rows), floats.model.get_input_embeddings().weight)
 
 
 def test_packed_load_of_a_tied_model_packs_its_head(tmp_path, monkeypatch):
     """A file without output.weight (tied head, as most small models ship): the lm_head runs
-    packed from token_embd's blocks and the embedding, float, from the same tensor (dequantized
-    64 rows at a time here, as a large embedding is)."""
+    packed from token_embd's blocks (converted 64 rows at a time here, as a large head is) and the
+    embedding's rows dequantized from the same tensor when looked up."""
     from transformers import LlamaConfig
 
-    from lmtrace.model.gguf import direct
     from lmtrace.model.gguf.direct import load_packed
 
-    monkeypatch.setattr(direct, "CHUNK_ROWS", 64)
+    monkeypatch.setattr(packed, "CHUNK_ROWS", 64)
     path = tmp_path / "tied.gguf"
     model = _tiny_gguf(path)  # token_embd only, Q8_0
     config = LlamaConfig(**{k: v for k, v in model.config.to_dict().items() if k in LlamaConfig().to_dict()})
     direct = load_packed(config, path)
     report = packed.report_of(direct)
     assert report.packed["lm_head"] == "Q8_0" and set(report.kept_float) == {"model.layers.1.self_attn.v_proj"}
-    assert torch.equal(direct.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    embed = direct.model.embed_tokens
+    assert isinstance(embed, PackedEmbedding) and embed.kind == "Q8_0"
+    from lmtrace.inside.lens import unembedding
+
+    assert unembedding(model).tied and unembedding(direct).tied  # the packed head and embedding: one GGUF tensor
+    assert torch.equal(embed.rows(torch.arange(320)), model.model.embed_tokens.weight)
+    assert torch.equal(embed(torch.tensor([[5, 7, 5]])), model.model.embed_tokens(torch.tensor([[5, 7, 5]])))
     reference = copy.deepcopy(model)
     packed.pack_gguf(reference, path)
     ids = torch.randint(0, 320, (1, 9))
     with torch.inference_mode():
         assert torch.equal(direct(ids).logits, reference(ids).logits)
+    ref = packed.float_reference(direct)  # what verify and kld compare against: the float embedding back
+    assert not any(isinstance(m, PackedEmbedding) for m in ref.modules())
+    assert torch.equal(ref.get_input_embeddings().weight, model.model.embed_tokens.weight)
+    with torch.inference_mode():
+        assert torch.equal(ref(ids).logits, model(ids).logits)

@@ -104,14 +104,49 @@ def test_q4_k_offsets_that_would_round_take_a_second_piece():
 
 
 def test_a_large_tensor_is_packed_in_row_chunks(written, monkeypatch):
-    """Rows converted CHUNK_ROWS at a time (the kernel packs 32-row blocks on their own): the
-    same matmul as the tensor converted whole."""
+    """Rows converted CHUNK_ROWS at a time (the kernel packs 64-row blocks on their own, then a
+    32-row tail): the same packed buffers, and matmul, as the tensor converted whole."""
+    from types import SimpleNamespace
+
     from lmtrace.model.gguf.names import Found
 
-    tensor = written["Q5_0"]
-    whole = packed.PackedLinear(int4_form("Q5_0", tensor.data, OUT, IN), None, torch.float32, "Q5_0")
-    monkeypatch.setattr(packed, "CHUNK_ROWS", 32)
-    parts = list(packed._forms(Found(tensor, None), OUT, IN))
-    assert [f.codes.shape[0] for f in parts] == [32, 16]
-    chunked = packed.PackedLinear(iter(parts), None, torch.float32, "Q5_0")
+    tensor = SimpleNamespace(data=np.concatenate([written["Q5_0"].data] * 3), tensor_type=Q.Q5_0)  # 144 rows
+    whole = packed.PackedLinear(int4_form("Q5_0", tensor.data, 3 * OUT, IN), None, torch.float32, "Q5_0")
+    monkeypatch.setattr(packed, "CHUNK_ROWS", 64)
+    parts = list(packed._forms(Found(tensor, None), 3 * OUT, IN))
+    assert [f.codes.shape[0] for f in parts] == [64, 64, 16]
+    chunked = packed.PackedLinear(iter(parts), None, torch.float32, "Q5_0", rows=3 * OUT)
     assert torch.equal(chunked.packed, whole.packed) and torch.equal(chunked.scale_zeros, whole.scale_zeros)
+    x = torch.randn(3, IN, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(chunked(x), whole(x))
+    with pytest.raises(ValueError, match="multiple of 64"):  # 32-row chunks would be packed otherwise
+        packed.PackedLinear(iter([parts[0], parts[2], parts[1]]), None, torch.float32, "Q5_0", rows=3 * OUT)
+
+
+def test_row_chunks_must_add_up_to_the_rows_announced(written, monkeypatch):
+    """Chunks are copied into buffers made for `rows`: fewer or more rows than that is refused."""
+    from lmtrace.model.gguf.names import Found
+
+    monkeypatch.setattr(packed, "CHUNK_ROWS", 64)
+    tensor = written["Q5_0"]
+    for rows in (OUT - 16, OUT + 32):
+        with pytest.raises(ValueError, match="rows"):
+            packed.PackedLinear(packed._forms(Found(tensor, None), OUT, IN), None, torch.float32, "Q5_0", rows=rows)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_a_small_packed_matmul_on_one_thread_gives_the_same_bits(written, type_name, monkeypatch):
+    """Below SERIAL_WORK the kernel runs on one thread (no thread wake-up per small layer): the
+    same output, bit for bit, as on all threads, for one row and for a prefill's many."""
+    layer = packed.PackedLinear(int4_form(type_name, written[type_name].data, OUT, IN), None, torch.bfloat16, type_name)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for rows in (1, 7):
+            x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(rows))
+            monkeypatch.setattr(packed, "SERIAL_WORK", 0)
+            parallel = layer(x)
+            monkeypatch.setattr(packed, "SERIAL_WORK", 1 << 40)
+            assert torch.equal(layer(x), parallel) and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

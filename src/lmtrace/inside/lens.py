@@ -58,9 +58,21 @@ def unembedding(model) -> Unembedding:
     if layers is None or norm_name is None or head is None:
         raise InvalidParameter(f"lens needs decoder layers, a final norm and an lm_head, got {type(model).__name__}")
     embed = model.get_input_embeddings()
-    tied = embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", None)
+    tied = _tied(head, embed)
     softcap = getattr(model.config, "final_logit_softcapping", None)
     return Unembedding(layers, getattr(decoder, norm_name), head, softcap, tied, norm_name)
+
+
+def _tied(head: Any, embed: Any) -> bool:
+    """Whether the head shares the input embedding's weights: the same tensor, or (packed GGUF
+    layers, which hold no `weight`) the same GGUF tensor."""
+    if embed is None:
+        return False
+    weight = getattr(head, "weight", None)
+    if weight is not None:
+        return weight is getattr(embed, "weight", None)
+    source = getattr(head, "source", None)
+    return source is not None and source == getattr(embed, "source", None)
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """Checks a GGUF file before transformers reads it, so that a corrupt or hostile file gives one
 clear line naming the file instead of a traceback, a hang or a huge allocation. The header is
-read by hand (magic, version, counts against the file size); the rest by the gguf package's
-memory-mapped reader, whose errors are translated."""
+read by hand (magic, version, counts against the file size); the rest by model/gguf/tensors.py,
+which walks the metadata and checks every read and every tensor against the file's end."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def check_header(path: Path) -> tuple[int, int, int]:
 
 def _explain(e: Exception) -> str:
     text = " ".join(str(e).split())
-    if isinstance(e, KeyError) and "Duplicate" in text:
-        return f"duplicate metadata key ({text.strip(chr(39))})"
+    if text.startswith(("duplicate", "metadata runs past", "tensor ")):  # model/gguf/tensors.py's own
+        return text[:160]
     if "reshape" in text or "out of bounds" in text or "divisor" in text:
         return f"tensor data or metadata runs past the end of the file ({text[:120]})"
     return f"{type(e).__name__}: {text[:160]}"
@@ -50,11 +50,13 @@ def check_gguf(path: str | Path) -> None:
     path = Path(path)
     check_header(path)
     try:
-        import gguf
+        import gguf  # noqa: F401  (GGUFTensors reads the type table from it)
     except ImportError as e:
         raise ModelLoadError("gguf: loading a .gguf file needs the gguf package: pip install gguf") from e
+    from lmtrace.model.gguf.tensors import GGUFTensors
+
     try:
-        reader = gguf.GGUFReader(str(path), "r")
+        reader = GGUFTensors(path)
     except Exception as e:  # the reader's own errors are many and unhelpful: translate them
         raise ModelLoadError(f"{path}: corrupt or truncated GGUF file: {_explain(e)}") from e
     size = path.stat().st_size

@@ -19,6 +19,7 @@ from torch import nn
 
 from lmtrace.model.gguf.packed import pack_gguf
 from lmtrace.model.gguf.report import PackReport
+from lmtrace.model.gguf.tensors import GGUFTensors
 
 CHUNK_ROWS = 16384  # rows of a large float tensor dequantized at a time
 
@@ -50,17 +51,23 @@ def _in_chunks(t: Any, param: torch.Tensor, processor: Any, to_hf: dict[str, str
     return True
 
 
-def fill_float(model: nn.Module, reader: Any) -> int:
+def fill_float(model: nn.Module, reader: Any, report: PackReport | None = None) -> int:
     """Puts the file's float tensors, dequantized as transformers' loader makes them, into every
-    parameter still held in float, one tensor at a time; returns their bytes. Raises ValueError
-    naming a parameter the file does not hold."""
+    parameter still held in float, one tensor at a time; returns their bytes. The input
+    embedding is first replaced by a PackedEmbedding where it can be (model/gguf/embedding.py;
+    `report.embedding` says which). Raises ValueError naming a parameter the file does not hold."""
     from gguf.quants import dequantize
 
+    from lmtrace.model.gguf.embedding import pack_embedding
     from lmtrace.model.gguf.names import file_architecture, processor_for, weights_map
 
     arch = file_architecture(reader)
     processor = processor_for(model, arch)
     to_hf = weights_map(model, processor, arch)
+    why = pack_embedding(model, reader, processor, to_hf)
+    if report is not None:
+        embed = model.get_input_embeddings()
+        report.embedding = f"{embed.kind}, rows dequantized when looked up" if not why else f"float ({why})"
     params, filled = dict(model.named_parameters()), set()
     with torch.no_grad():
         for t in reader.tensors:
@@ -77,6 +84,9 @@ def fill_float(model: nn.Module, reader: Any) -> int:
                         _put(params[name], value.numpy() if isinstance(value, torch.Tensor) else value, name)
                         filled.add(name)
             filled.add(hf)
+            release = getattr(reader, "release", None)
+            if release is not None:  # its pages read: out of this process's resident memory
+                release(t)
     missing = [n for n in params if n not in filled]
     if missing:
         raise ValueError(f"no GGUF tensor for {missing[0]}")
@@ -86,7 +96,6 @@ def fill_float(model: nn.Module, reader: Any) -> int:
 def load_packed(config: Any, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16) -> nn.Module:
     """The model of `config` with its linear layers packed from the GGUF at `path` and the rest
     dequantized from it; no float32 copy of the packed layers is ever made."""
-    import gguf
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
@@ -94,10 +103,10 @@ def load_packed(config: Any, path: str | Path, compute_dtype: torch.dtype = torc
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.tie_weights()  # transformers ties in init_weights, which no_init_weights skips
     model.eval()
-    reader = gguf.GGUFReader(str(path))
+    reader = GGUFTensors(path)
 
     def fill(m: nn.Module, report: PackReport) -> None:
-        report.float_bytes = fill_float(m, reader)
+        report.float_bytes = fill_float(m, reader, report)
 
     pack_gguf(model, path, compute_dtype, check=False, before_fuse=fill)
     return model

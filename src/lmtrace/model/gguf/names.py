@@ -24,7 +24,10 @@ class Found:
 
 
 def file_architecture(reader: Any) -> str | None:
-    """The `general.architecture` a GGUF file declares (e.g. "gemma3", "llama")."""
+    """The `general.architecture` a GGUF file declares (e.g. "gemma3", "llama"); `reader` a
+    GGUFTensors (model/gguf/tensors.py) or gguf's GGUFReader."""
+    if hasattr(reader, "architecture"):
+        return reader.architecture
     field = reader.fields.get("general.architecture")
     if field is None:
         return None

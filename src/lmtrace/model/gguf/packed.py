@@ -12,6 +12,7 @@ bfloat16 (`compute_dtype`); with float32 it runs torch's scalar path on the exac
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import time
@@ -24,8 +25,10 @@ from torch import nn
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.gguf.blocks import GROUP, Int4Form, int4_form, permute_rows
+from lmtrace.model.gguf.embedding import PackedEmbedding
 from lmtrace.model.gguf.names import Found, linear_tensors
 from lmtrace.model.gguf.report import PackReport, report_of
+from lmtrace.model.gguf.tensors import GGUFTensors, release
 
 
 def _padded(form: Int4Form, rows: int = 32) -> Int4Form:
@@ -38,7 +41,66 @@ def _padded(form: Int4Form, rows: int = 32) -> Int4Form:
     return Int4Form(codes, torch.cat([form.scales, pad], 1), torch.cat([form.zeros, pad], 1), form.pieces)
 
 
-CHUNK_ROWS = 8192  # rows converted at a time (a multiple of the kernel's 32-row blocks)
+CHUNK_ROWS = 2048  # rows converted at a time: a multiple of 64 (the kernel packs 64-row blocks, then a 32-row tail)
+
+
+SERIAL_WORK = 1 << 24  # multiply-adds under which a packed matmul runs on one thread
+
+
+def int4_mm(flat: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
+    """torch's int4 kernel, on one thread when the product is small: the kernel splits its output
+    columns over all threads, and a decode step's small layers (Gemma 3's q_proj: 2 x 640 x 1024)
+    then cost a thread wake-up each (measured on a shared 2-core machine: 20 ms a call on 2
+    threads, 0.05 ms on one). Each output is one thread's dot product either way, so the result
+    is the same bit for bit."""
+    if flat.shape[0] * flat.shape[1] * packed.shape[0] >= SERIAL_WORK:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, packed, GROUP, scale_zeros)
+    with one_thread():
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, packed, GROUP, scale_zeros)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's intra-op threads set to one inside (not while torch.compile traces: it would break
+    the graph)."""
+    threads = torch.get_num_threads()
+    if threads == 1 or torch.compiler.is_compiling():
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _packed_chunks(forms: Iterable[Int4Form], pieces: int, dtype: torch.dtype,
+                   rows: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(packed codes (padded rows, pieces * in / 2) uint8, scales and zeros (groups, padded rows,
+    2)) of `rows` rows given in chunks (64-row multiples but the last), converted one at a time
+    and copied into buffers made once for all rows (no second copy from a final concatenation)."""
+    padded, done = rows + -rows % 32, 0
+    packed = scale_zeros = None
+    for part in forms:  # each chunk's int32 codes freed once packed
+        if part.pieces != pieces:
+            raise ValueError("row chunks of different pieces")
+        n = part.codes.shape[0]
+        part = _padded(part)  # the kernel takes a multiple of 16 rows: rows of weight 0 fill up
+        codes = torch.ops.aten._convert_weight_to_int4pack_for_cpu(part.codes, 1)  # (rows, pieces * in / 2)
+        sz = torch.stack([part.scales, part.zeros], -1).to(dtype)  # (groups, rows, 2)
+        if packed is None or scale_zeros is None:
+            packed = codes.new_empty((padded, codes.shape[1]))
+            scale_zeros = sz.new_empty((sz.shape[0], padded, 2))
+        if done % 64:
+            raise ValueError(f"a row chunk after {done} rows: chunks but the last must be a multiple of 64 rows")
+        if done + len(codes) > padded:
+            raise ValueError(f"row chunks of more than the layer's {rows} rows")
+        packed[done : done + len(codes)] = codes
+        scale_zeros[:, done : done + len(codes)] = sz
+        done += n
+    if done != rows or packed is None or scale_zeros is None:
+        raise ValueError(f"row chunks of {done} rows for a layer of {rows}")
+    return packed, scale_zeros
 
 
 class PackedLinear(nn.Module):
@@ -46,22 +108,18 @@ class PackedLinear(nn.Module):
     `pieces` parts side by side along the input (the input fed once per piece)."""
 
     def __init__(self, form: Int4Form | Iterable[Int4Form], bias: torch.Tensor | None, compute_dtype: torch.dtype,
-                 kind: str, source: str = "", order: torch.Tensor | None = None) -> None:  # fmt: skip
+                 kind: str, source: str = "", order: torch.Tensor | None = None,
+                 rows: int | None = None) -> None:  # fmt: skip
         super().__init__()
-        forms = iter([form] if isinstance(form, Int4Form) else form)  # row chunks: 32-row multiples but the last
+        forms = iter([form] if isinstance(form, Int4Form) else form)  # row chunks: 64-row multiples but the last
         first = next(forms)
         self.in_features, self.pieces = first.in_features, first.pieces
         self.compute_dtype, self.kind = compute_dtype, kind
-        packed, scale_zeros, self.out_features = [], [], 0
-        for part in itertools.chain([first], forms):  # each chunk's int32 codes freed once packed
-            if part.pieces != self.pieces:
-                raise ValueError("row chunks of different pieces")
-            self.out_features += part.codes.shape[0]
-            part = _padded(part)  # the kernel takes a multiple of 16 rows: rows of weight 0 fill up
-            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(part.codes, 1))  # (rows, pieces * in / 2)
-            scale_zeros.append(torch.stack([part.scales, part.zeros], -1).to(compute_dtype))  # (groups, rows, 2)
-        self.register_buffer("packed", torch.cat(packed))
-        self.register_buffer("scale_zeros", torch.cat(scale_zeros, dim=1))
+        self.out_features = first.codes.shape[0] if rows is None else rows  # rows: all chunks' (given chunks)
+        packed, scale_zeros = _packed_chunks(itertools.chain([first], forms), self.pieces, compute_dtype,
+                                             self.out_features)  # fmt: skip
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_zeros", scale_zeros)
         self.source, self.order = source, order  # the GGUF tensor's name and row order (float_reference)
         self.packed_numel = self.out_features * self.in_features  # weights it stands for (arch.summarize)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
@@ -70,7 +128,7 @@ class PackedLinear(nn.Module):
         flat = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)  # (..., in) -> (rows, in)
         if self.pieces > 1:  # one copy of the input per piece: (rows, in) -> (rows, pieces * in)
             flat = flat.repeat(1, self.pieces)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, GROUP, self.scale_zeros)
+        out = int4_mm(flat.contiguous(), self.packed, self.scale_zeros)
         if out.shape[-1] != self.out_features:  # (rows, padded out) -> (rows, out)
             out = out[:, : self.out_features]
         out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -92,8 +150,9 @@ class PackedHead(PackedLinear):
     chosen token, the top alternatives) then carry float32 logits, the far tail the coarse ones."""
 
     def __init__(self, form: Int4Form | Iterable[Int4Form], bias: torch.Tensor | None, compute_dtype: torch.dtype,
-                 kind: str, source: str = "", refine: int = 64, raw: np.ndarray | None = None) -> None:  # fmt: skip
-        super().__init__(form, bias, compute_dtype, kind, source)
+                 kind: str, source: str = "", refine: int = 64, raw: np.ndarray | None = None,
+                 rows: int | None = None) -> None:  # fmt: skip
+        super().__init__(form, bias, compute_dtype, kind, source, rows=rows)
         if raw is None:
             raise ValueError("a packed head needs its tensor's raw blocks")
         self.refine = min(refine, self.out_features)
@@ -113,13 +172,14 @@ class PackedHead(PackedLinear):
         if self.refine == 0:  # a draft model's head: its proposals need no float32 logits
             return coarse
         flat, logits = x.reshape(-1, x.shape[-1]).float(), coarse.reshape(-1, self.out_features)
-        idx = logits.topk(self.refine, dim=-1).indices  # (rows, refine)
-        unique, where = idx.unique(return_inverse=True)  # (k,), (rows, refine) positions into it
-        w = self.exact_rows(unique)[where]  # (rows, refine, in)
-        exact = torch.einsum("rki,ri->rk", w, flat)  # (rows, refine)
-        if self.bias is not None:
-            exact = exact + self.bias[idx]
-        return logits.scatter(-1, idx, exact.to(logits.dtype)).reshape(coarse.shape)
+        with one_thread() if len(flat) <= 4 else contextlib.nullcontext():  # a decode step's few rows
+            idx = logits.topk(self.refine, dim=-1).indices  # (rows, refine)
+            unique, where = idx.unique(return_inverse=True)  # (k,), (rows, refine) positions into it
+            w = self.exact_rows(unique)[where]  # (rows, refine, in)
+            exact = torch.einsum("rki,ri->rk", w, flat)  # (rows, refine)
+            if self.bias is not None:
+                exact = exact + self.bias[idx]
+            return logits.scatter(-1, idx, exact.to(logits.dtype)).reshape(coarse.shape)
 
 
 def _form(found: Found, out_features: int, in_features: int) -> Int4Form:
@@ -138,6 +198,7 @@ def _forms(found: Found, out_features: int, in_features: int) -> Iterator[Int4Fo
     raw, kind = found.tensor.data.reshape(out_features, -1), found.tensor.tensor_type.name
     for i in range(0, out_features, CHUNK_ROWS):
         yield int4_form(kind, raw[i : i + CHUNK_ROWS], min(CHUNK_ROWS, out_features - i), in_features)
+        release(raw[i : i + CHUNK_ROWS])  # its pages read: out of resident memory
 
 
 def _same_rows(form: Int4Form, weight: torch.Tensor, count: int = 16) -> bool:
@@ -159,8 +220,8 @@ def _pack_one(model: nn.Module, module: nn.Linear, found: Found, compute: torch.
     def build(form: Int4Form | Iterable[Int4Form]) -> PackedLinear:
         if head:
             raw = tensor.data.reshape(len(module.weight), -1)  # (out, bytes a row), in the mapped file
-            return PackedHead(form, module.bias, compute, kind, tensor.name, raw=raw)
-        return PackedLinear(form, module.bias, compute, kind, tensor.name, found.order)
+            return PackedHead(form, module.bias, compute, kind, tensor.name, raw=raw, rows=module.out_features)
+        return PackedLinear(form, module.bias, compute, kind, tensor.name, found.order, rows=module.out_features)
 
     try:
         layer = build(itertools.chain([first], forms))
@@ -182,10 +243,9 @@ def pack_gguf(
     checked equal to the loaded float32 weights before the swap; a layer that fails keeps its
     float weights. With `fuse`, gate/up then run as one kernel call (model/gguf/fused.py).
     Raises InvalidParameter when no linear layer packs: a float model is never labelled packed."""
-    import gguf
-
     started = time.perf_counter()
-    found, arch = linear_tensors(model, gguf.GGUFReader(str(path)))
+    reader = GGUFTensors(path)
+    found, arch = linear_tensors(model, reader)
     report = PackReport(compute_dtype=str(compute_dtype).replace("torch.", ""), path=str(path), architecture=arch)
     from lmtrace.model.gguf.progress import Progress
 
@@ -204,6 +264,7 @@ def pack_gguf(
             report.kept_float[name], report.float_bytes = f"{kind}{e}", report.float_bytes + weight_bytes
             continue
         model.set_submodule(name, packed)
+        reader.release(found[name].tensor)  # its blocks read: their pages out of resident memory
         report.packed[name] = found[name].tensor.tensor_type.name
         report.packed_bytes += packed.nbytes()
     progress.close()
@@ -216,7 +277,9 @@ def pack_gguf(
         from lmtrace.model.gguf.fused import fuse as fuse_groups
 
         def form_of(name: str, layer: PackedLinear) -> Int4Form:
-            return _form(found[name], layer.out_features, layer.in_features)
+            form = _form(found[name], layer.out_features, layer.in_features)
+            reader.release(found[name].tensor)
+            return form
 
         report.fused = fuse_groups(model, form_of)
     report.seconds = time.perf_counter() - started
@@ -236,15 +299,13 @@ def float_reference(model: nn.Module) -> nn.Module:
     """A float32 copy of a packed model with every PackedLinear back as an nn.Linear holding the
     GGUF's dequantized weights (read again from the file): the path packed decoding is measured
     against, equal to what `load(weights="float")` gives."""
-    import gguf
-
     report = report_of(model)
     ref = nn.Module.float(copy.deepcopy(model))  # transformers' own .float() refuses GGUF-loaded models
     if report is None:
         return ref.eval()
     from lmtrace.model.gguf.fused import FusedMLP, Stub
 
-    tensors = {t.name: t for t in gguf.GGUFReader(report.path).tensors}
+    tensors = {t.name: t for t in GGUFTensors(report.path).tensors}
     del ref.lmtrace_packed
     for name, module in list(ref.named_modules()):
         if isinstance(module, FusedMLP):  # the MLP as it was, its gate and up read below
@@ -260,4 +321,16 @@ def float_reference(model: nn.Module) -> nn.Module:
                 if module.bias is not None:
                     linear.bias.copy_(module.bias.float())
             ref.set_submodule(name, linear.requires_grad_(False))
+        elif isinstance(module, PackedEmbedding):
+            ref.set_submodule(name, _float_embedding(module))
     return ref.eval()
+
+
+def _float_embedding(module: PackedEmbedding) -> nn.Module:
+    """The model's own embedding module holding the whole dequantized table."""
+    embed = copy.copy(module.original)  # its buffers (Gemma's scale) shared, its weight replaced
+    embed._parameters = dict(embed._parameters)
+    embed.padding_idx = module.padding_idx
+    rows = torch.arange(module.num_embeddings)
+    embed.weight = nn.Parameter(torch.cat([module.rows(part) for part in rows.split(CHUNK_ROWS)]), requires_grad=False)
+    return embed

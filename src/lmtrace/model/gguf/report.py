@@ -23,6 +23,7 @@ class PackReport:
     packed_bytes: int = 0  # bytes of the packed matmul weights
     float_bytes: int = 0  # bytes of the linear weights kept in float
     seconds: float = 0.0
+    embedding: str = ""  # how the input embedding is held (a packed load: model/gguf/embedding.py)
     fused: int = 0  # groups of sibling projections stacked into one kernel call (model/gguf/fused.py)
 
     def types(self) -> str:
@@ -37,6 +38,8 @@ class PackReport:
         total = len(self.packed) + len(self.kept_float)
         text = (f"packed weights: {len(self.packed)} of {total} linear layers ({self.types()}; "
                 f"{self.packed_bytes / 1e6:.0f} MB, {self.compute_dtype} activations)")  # fmt: skip
+        if self.embedding:
+            text += f"; embedding: {self.embedding}"
         if self.kept_float:
             reasons = sorted({f"{n} ({r})" for n, r in self.kept_float.items()})
             text += f"; kept in float: {', '.join(reasons[:3])}" + (" …" if len(reasons) > 3 else "")
