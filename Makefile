@@ -69,7 +69,7 @@ test: install browser vllm
 	$(BIN)/python -m pytest -q -rs -m "not slow" --durations=15
 
 # the tests marked slow (bundled-model runs of a whole feature: rollouts, kld, schemathesis's positive run,
-# the audit of vLLM's own server; vLLM on Ray; transformers' direct read of the bundled GGUF)
+# vLLM on Ray, transformers' direct read of the bundled GGUF)
 test-slow: install browser vllm
 	$(BIN)/python -m pytest -q -rs -m slow
 

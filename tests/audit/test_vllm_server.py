@@ -26,10 +26,7 @@ from lmtrace.comparison.audit import PROBE_NAMES
 from tests.server.process import free_port
 from tests.vllm_world import needs_vllm
 
-# minutes on 2 cores (vLLM's server starts in two processes, then every probe): `make test-slow`. `make test`
-# keeps the probes' logic (tests/audit/test_bugs.py: each probe catches its bug, lossy_bytes being vLLM's,
-# and only it) and a real server on the bundled model (tests/audit/test_serve_bundled.py)
-pytestmark = [*needs_vllm, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [*needs_vllm, pytest.mark.integration]
 START_S = 180  # vLLM's CPU server starts in ~45 s on 2 idle cores
 
 
