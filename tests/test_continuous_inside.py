@@ -14,6 +14,7 @@ from tests.same_record import assert_same, one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+STOP = "L"
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "top_logprobs": 3}
 SAMPLED = {"temperature": 0.9, "top_k": 30, "seed": 7, "max_new_tokens": 7, "top_logprobs": 2}
 
@@ -61,18 +62,22 @@ def test_lens_and_attention_rows_beside_plain_rows_are_their_alone_traces(tiny_l
 
 def test_a_drafted_row_decodes_its_blocks_beside_the_batch_as_alone(tiny_lm):
     draft = drafts.draft_for(tiny_lm, "layers:1")
-    texts = ["Hello world", "The cat", "Once upon a time there was"]
+    texts = ["Hello world", "The cat", "Once upon a time there was", "A B C"]
+    stopping = {**GREEDY, "max_new_tokens": 16, "stop": [STOP]}
     waves = [[spec(tiny_lm, texts[0], GREEDY), spec(tiny_lm, texts[1], SAMPLED, draft=draft, draft_tokens=3)],
-             [spec(tiny_lm, texts[2], GREEDY, draft=draft, draft_tokens=2, lens=False)]]  # fmt: skip
+             [spec(tiny_lm, texts[2], GREEDY, draft=draft, draft_tokens=2, lens=False),
+              spec(tiny_lm, texts[3], stopping, draft=draft, draft_tokens=4)]]  # fmt: skip
     together = run(ContinuousBatch(tiny_lm, max_batch=4), waves)
     alone = [
         tracing.generate(tiny_lm, texts[0], SamplingParams(**GREEDY)),
         tracing.generate(tiny_lm, texts[1], SamplingParams(**SAMPLED), draft=draft, draft_tokens=3),
         tracing.generate(tiny_lm, texts[2], SamplingParams(**GREEDY), draft=draft, draft_tokens=2),
+        tracing.generate(tiny_lm, texts[3], SamplingParams(**stopping), draft=draft, draft_tokens=4),
     ]
+    assert alone[3].finish_reason == "stop" and alone[3].stop_reason == STOP  # a stop string ends a block
     for a, t in zip(alone, together):
         assert t.token_ids == a.token_ids
-        assert_same(t.to_dict(), a.to_dict(), tol=1e-6)  # a drafted row runs exactly as alone
+        assert_same(t.to_dict(), a.to_dict(), tol=1e-6)  # a drafted row runs exactly as alone (its tally too)
     assert together[1].speculative["blocks"] > 1 and together[0].speculative is None
     assert any(s.draft is not None for s in together[1].steps)
 
@@ -119,3 +124,32 @@ def test_a_batch_job_decodes_lens_drafted_and_plain_lines_together(tiny_lm, tmp_
         assert got[line["id"]]["trace"]["token_ids"] == alone["token_ids"], line["id"]
         assert_same(got[line["id"]]["trace"], json.loads(json.dumps(alone)), tol=5e-5)
     assert "lens" in got["both"]["error"] and "draft" in got["both"]["error"]
+
+
+def test_drafted_rows_leave_no_inference_mode_behind(tiny_lm):
+    """A drafted row holds nothing suspended inside torch.inference_mode between steps: after rows
+    that finish, one whose consumer stops it, and a batch dropped mid-way and collected, the
+    caller's thread is not in inference mode (it was, once: models built after it were broken)."""
+    import gc
+
+    import torch
+
+    draft = drafts.draft_for(tiny_lm, "layers:1")
+
+    def stop(step):
+        if step.index == 2:
+            raise RuntimeError("client gone")
+
+    rows = [spec(tiny_lm, "Hello world", GREEDY, draft=draft, draft_tokens=2),
+            spec(tiny_lm, "The cat", GREEDY, draft=draft, draft_tokens=3, on_step=stop)]  # fmt: skip
+    batch = ContinuousBatch(tiny_lm, max_batch=2)
+    batch.join_many(rows)
+    while not batch.empty:
+        batch.step()
+    assert not torch.is_inference_mode_enabled()
+    dropped = ContinuousBatch(tiny_lm, max_batch=2)
+    dropped.join(spec(tiny_lm, "Once upon a time", GREEDY, draft=draft, draft_tokens=2))
+    dropped.step()
+    del dropped
+    gc.collect()
+    assert not torch.is_inference_mode_enabled()

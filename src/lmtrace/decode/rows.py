@@ -278,15 +278,20 @@ def seeded(params: SamplingParams) -> SamplingParams:
     return make_params(params, seed=random.randrange(2**31))
 
 
-def record(lm: LM, row: Row, bs: BatchStep, r: int, kv: dict[str, Any], choose_ms: float, tb: TokenBytes) -> bool:
+def record(
+    lm: LM, row: Row, bs: BatchStep, r: int, kv: dict[str, Any], choose_ms: float, tb: TokenBytes,
+    hit: bool | None = None,
+) -> bool:  # fmt: skip
     """Row `row`'s Step from row `r` of the batch step, with `kv` its own part of the cache;
     calls its `on_step`. True when the row leaves: it finished (its trace is set) or its
-    consumer raised (its `error` is set)."""
+    consumer raised (its `error` is set). `hit`: the loop already fed the token to the row's
+    record (its hook), and whether it completed a stop string."""
     if row.error is not None:  # its grammar allowed nothing: it leaves without this step
         return True
     token, p = bs.token_ids[r], row.params
     is_eos = p.stop_on_eos and token in lm.eos_token_ids
-    hit = row.record.add(token, is_eos)
+    if hit is None:
+        hit = row.record.add(token, is_eos)
     finish = finish_reason(is_eos, hit, row.index == p.max_new_tokens - 1)
     piece = row.record.closing(finish, token)
     bs.index = row.index

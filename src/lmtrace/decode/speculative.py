@@ -166,6 +166,53 @@ def verify(target: Side, seq: list[int], proposals: list[Proposal], held: torch.
     return torch.cat(rows)
 
 
+class Speculation:
+    """One prompt decoded speculatively, a block at a time: `prefill()` once, then `block()` (the
+    block's steps, lazily) until `done`. It holds no context across calls: the caller runs each
+    under torch.inference_mode (generate_steps below; a continuous batch's drafted row)."""
+
+    def __init__(self, model: Any, draft: Any, prompt_ids: Sequence[int], params: SamplingParams, rng: Any,
+                 setup: engine.Setup, k: int, tally: Tally, compile: bool = False):  # fmt: skip
+        engine.check_context(model, [prompt_ids], params)
+        self.model, self.params, self.rng, self.setup, self.k, self.tally = model, params, rng, setup, k, tally
+        self.prompt_len, self.seq = len(prompt_ids), list(prompt_ids)
+        static = None
+        if compile:  # room for the prompt, the tokens and a block past them, in whole buckets
+            static = -(-(len(self.seq) + params.max_new_tokens + k + 1) // STATIC_BUCKET) * STATIC_BUCKET
+        self.target, self.proposer = Side(model), Side(draft, static)
+        self.seen = processors.seen_mask(params, [self.seq], model.config.vocab_size, model.device)
+        self.loop = _Loop(self.target, self.proposer, params, rng, setup, tally, engine.expected_bytes(model, 1),
+                          [[]] if setup.user else None)  # fmt: skip
+        self.held: torch.Tensor | None = None  # the prefill's distribution, owed to the first block
+        self.width = 0  # the target's vocabulary: a draft's logits are fitted to it
+
+    @property
+    def made(self) -> int:
+        return len(self.seq) - self.prompt_len
+
+    @property
+    def done(self) -> bool:
+        return self.loop.done or self.made >= self.params.max_new_tokens
+
+    def prefill(self) -> None:
+        ids = torch.tensor([self.seq], device=self.model.device)
+        self.held = engine.prefill_observed(self.model, ids, torch.ones_like(ids), False, self.target.cache,
+                                            self.setup.observers)  # fmt: skip
+        self.target.forwards += 1
+        self.width = self.held.shape[-1]
+
+    def block(self) -> Iterator[BatchStep]:
+        """The draft's proposals and the target's verification forward now; the block's steps
+        as they are judged (up to the first rejected proposal, then the target's own token)."""
+        k_now = min(self.k, self.params.max_new_tokens - self.made - 1)
+        matcher = self.setup.grammars[0] if self.setup.grammars else None
+        proposals = propose(self.proposer, self.seq, k_now, self.params, self.rng, self.seen, len(self.tally.blocks),
+                            self.width, matcher, self.setup.user, self.loop.history)  # fmt: skip
+        rows = verify(self.target, self.seq, proposals, self.held)  # (k_now + 1, vocab)
+        self.held = None
+        return self.loop.block(self.seq, self.made, proposals, rows, self.seen)
+
+
 def generate_steps(
     model: Any, draft: Any, prompt_ids: Sequence[int], params: SamplingParams, rng: Any, setup: engine.Setup,
     k: int, tally: Tally, compile: bool = False,
@@ -173,28 +220,11 @@ def generate_steps(
     """Decodes one prompt with `draft` proposing `k` tokens a block; yields one BatchStep per
     token, as engine.generate_steps does, with the step's `draft` verdict (None: a bonus token).
     `compile`: the draft's step runs torch.compile'd on a static cache (a one-off compile)."""
-    engine.check_context(model, [prompt_ids], params)
-    seq = list(prompt_ids)
-    static = None
-    if compile:  # room for the prompt, the tokens and a block past them, in whole buckets
-        static = -(-(len(seq) + params.max_new_tokens + k + 1) // STATIC_BUCKET) * STATIC_BUCKET
-    target, proposer = Side(model), Side(draft, static)
-    seen = processors.seen_mask(params, [seq], model.config.vocab_size, model.device)
-    loop = _Loop(target, proposer, params, rng, setup, tally, engine.expected_bytes(model, 1),
-                 [[]] if setup.user else None)  # fmt: skip
+    run = Speculation(model, draft, prompt_ids, params, rng, setup, k, tally, compile)
     with torch.inference_mode(), attached(setup.observers, model):
-        ids = torch.tensor([seq], device=model.device)
-        held = engine.prefill_observed(model, ids, torch.ones_like(ids), False, target.cache, setup.observers)
-        target.forwards += 1
-        width = held.shape[-1]  # the target's vocabulary: a draft's logits are fitted to it
-        while len(seq) - len(prompt_ids) < params.max_new_tokens and not loop.done:
-            k_now = min(k, params.max_new_tokens - (len(seq) - len(prompt_ids)) - 1)
-            matcher = setup.grammars[0] if setup.grammars else None
-            proposals = propose(proposer, seq, k_now, params, rng, seen, len(tally.blocks), width, matcher,
-                                setup.user, loop.history)  # fmt: skip
-            rows = verify(target, seq, proposals, held)  # (k_now + 1, vocab)
-            held = None
-            yield from loop.block(seq, len(seq) - len(prompt_ids), proposals, rows, seen)
+        run.prefill()
+        while not run.done:
+            yield from run.block()
 
 
 @dataclass
