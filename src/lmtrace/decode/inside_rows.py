@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from lmtrace.inside import attention, lens
-from lmtrace.inside.probe import DEFAULT_TOP, Probe
+from lmtrace.inside.probe import DEFAULT_TOP, name_positions
 
 
 class RowInside:
@@ -74,6 +74,7 @@ def take(
         return None, None
     lens_rows: list | None = None
     att_rows: list | None = None
+    un = lens.unembedding(model) if any(getattr(row.spec, "lens", False) for row in rows) else None
     for r, row in enumerate(rows):
         own = getattr(row, "inside", None)
         if own is None:
@@ -81,26 +82,10 @@ def take(
         if own.residuals is not None:
             lens_rows = lens_rows or [None] * len(rows)
             hidden = [h[None] for h in own.residuals]  # per layer (1, hidden)
-            un = lens.unembedding(model)
             lens_rows[r] = lens.measure(un, hidden, logits[r : r + 1], tokens[r : r + 1], top_n(row.spec))[0]
         if own.attention is not None:
             att_rows = att_rows or [None] * len(rows)
             seq = list(row.spec.ids) + [s.token_id for s in row.record.steps]
-            att_rows[r] = {"layers": _named(own.attention, seq)}
+            att_rows[r] = {"layers": name_positions(own.attention, seq)}
     return lens_rows, att_rows
 
-
-def _named(layers: list[dict], seq: Sequence[int]) -> list[dict]:
-    """Each attended position with the token at that position of the row's sequence."""
-    for layer in layers:
-        tops = [layer["top"], layer["value_weighted"]["top"], *(h["top"] for h in layer.get("heads", ()))]
-        for t in (t for top in tops for t in top):
-            t["token_id"] = seq[t["position"]]
-    return layers
-
-
-def probe_of(spec: Any) -> Probe | None:
-    """A Probe describing what the row asked for (for the trace's params and prompt tokens)."""
-    if not wants(spec):
-        return None
-    return Probe([spec.ids], spec.params.top_logprobs, spec.lens, spec.attention)

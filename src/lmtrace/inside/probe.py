@@ -62,10 +62,7 @@ class Probe:
             total = self.width + index  # columns of the padded sequence the query sees
             att_rows = attention.summarize(self._weights, total, self.pads, self.top_n, self.heads)
             for row, layers in enumerate(att_rows):
-                for layer in layers:
-                    tops = [layer["top"], layer["value_weighted"]["top"], *(h["top"] for h in layer.get("heads", ()))]
-                    for t in (t for top in tops for t in top):
-                        t["token_id"] = self.seqs[row][t["position"]]
+                name_positions(layers, self.seqs[row])
         for row, token in enumerate(tokens.tolist()):
             self.seqs[row].append(token)
         att = [{"layers": layers} for layers in att_rows] if att_rows is not None else None
@@ -84,6 +81,16 @@ class Probe:
             self._weights.clear()
             self._weights.update(weights)
         self.seqs = [list(s) for s in seqs]
+
+
+def name_positions(layers: list[dict], seq: Sequence[int]) -> list[dict]:
+    """An attention record's layers with each attended position's token id (`seq`: the row's
+    tokens by absolute position)."""
+    for layer in layers:
+        tops = [layer["top"], layer["value_weighted"]["top"], *(h["top"] for h in layer.get("heads", ()))]
+        for t in (t for top in tops for t in top):
+            t["token_id"] = seq[t["position"]]
+    return layers
 
 
 def check(compile: bool, lens_on: bool, attention_on: bool | str) -> None:
