@@ -1,7 +1,7 @@
 """Side-by-side decoding speed on the bundled model, one process, contenders interleaved in every
 round, medians over rounds: transformers' model.generate (plain, and with output_scores +
 output_logits), lmtrace.generate in float32, bfloat16, with the GGUF's packed 4-bit weights and
-with --compile (with --inside also the logit lens, attention over the cache, and both), and
+with --compile, with --matmul onednn (with --inside also the logit lens, attention over the cache, and both), and
 llama-cpp-python (plain and with logprobs, each in a child process that may crash: the crash is
 that contender's result). Batch sizes 1 and 16 by default.
 
@@ -75,6 +75,7 @@ class Bench:
     model: Path | None = None  # --model FILE: a GGUF file instead of the bundled one
     inside: bool = False
     bf16: lmtrace.LM | None = None
+    onednn: lmtrace.LM | None = None  # float32, its linear layers on oneDNN (--matmul onednn)
     packed: lmtrace.LM | None = None
     step_bytes: dict[str, int] = field(default_factory=dict)
 
@@ -170,6 +171,12 @@ def c_bfloat16(b: Bench, batch: int) -> Contender | str:
     return Contender("lmtrace bfloat16", "bfloat16", lambda p: traced(b.bf16, p, b.tokens))
 
 
+def c_onednn(b: Bench, batch: int) -> Contender | str:
+    if b.onednn is None:
+        return "--no-onednn"
+    return Contender("lmtrace float32 --matmul onednn", "float32", lambda p: traced(b.onednn, p, b.tokens))
+
+
 def c_packed(b: Bench, batch: int) -> Contender | str:
     if b.packed is None:
         return "packed model not loaded"
@@ -233,8 +240,8 @@ def c_llama_cpp_logprobs(b: Bench, batch: int) -> Contender | str:
     return Contender("llama-cpp-python (logprobs=5)", "gguf", llama_cpp_run(b.tokens, 5, b.model))
 
 
-CONTENDERS = [c_generate, c_generate_scores, c_float32, c_bfloat16, c_packed, c_compile, *map(_inside, INSIDE),
-              c_llama_cpp, c_llama_cpp_logprobs]  # fmt: skip
+CONTENDERS = [c_generate, c_generate_scores, c_float32, c_onednn, c_bfloat16, c_packed, c_compile,
+              *map(_inside, INSIDE), c_llama_cpp, c_llama_cpp_logprobs]  # fmt: skip
 
 
 def measure(bench: Bench, batch: int, rounds: int, errors: dict[str, str]) -> dict[str, dict]:
@@ -337,6 +344,8 @@ def load_all(args) -> Bench:
     bench = Bench(tokens=args.tokens, compile=not args.no_compile, lm=lm, inside=args.inside, model=model)
     bench.step_bytes["float32"] = weights_read_per_token(lm.model)
     bench.step_bytes["gguf"] = gguf_bytes(gguf_file(model))
+    if not args.no_onednn:
+        bench.onednn = lmtrace.load(source, device="cpu", dtype="float32", matmul="onednn")
     if not args.no_bf16:
         bench.bf16 = lmtrace.load(source, device="cpu", dtype="bfloat16")
         bench.step_bytes["bfloat16"] = weights_read_per_token(bench.bf16.model)
@@ -357,6 +366,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--batch-sizes", default="1,16")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 contender")
+    ap.add_argument("--no-onednn", action="store_true", help="skip the float32 --matmul onednn contender")
     ap.add_argument("--no-packed", action="store_true", help="skip the packed 4-bit contender")
     ap.add_argument("--no-compile", action="store_true", help="skip lmtrace --compile (a one-off compile)")
     ap.add_argument("--inside", action="store_true", help="also time --lens, --attention and both")

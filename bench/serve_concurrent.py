@@ -56,7 +56,8 @@ PROMPTS = [
     "Why is the sky blue?",
 ]
 NAMES = {"lmtrace": "lmtrace serve (max_batch 16)", "vllm": "vLLM OpenAI server (max_num_seqs 16)",
-         "lmtrace-b1": "lmtrace serve (max_batch 1)"}  # fmt: skip
+         "lmtrace-b1": "lmtrace serve (max_batch 1)",
+         "lmtrace-onednn": "lmtrace serve --matmul onednn (max_batch 16)"}  # fmt: skip
 
 
 def free_port() -> int:
@@ -69,9 +70,10 @@ def command(kind: str, port: int, folder: str | None, threads: int) -> tuple[lis
     """The server's command line and environment: `threads` compute threads each, unpinned
     (vLLM's own default on x86 binds one thread a core and keeps one core for its scheduler)."""
     env = {"OMP_NUM_THREADS": str(threads)}
-    if kind in ("lmtrace", "lmtrace-b1"):
-        batch = "16" if kind == "lmtrace" else "1"
+    if kind.startswith("lmtrace"):
+        batch = "1" if kind == "lmtrace-b1" else "16"
         args = ["serve", "--port", str(port), "--max-batch", batch, "--max-concurrency", "64"]
+        args += ["--matmul", "onednn"] if kind == "lmtrace-onednn" else []
         return [sys.executable, "-c", "from lmtrace.cli import entry; entry()", *args], env
     args = ["--model", str(folder), "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
             "--max-num-seqs", "16", "--max-logprobs", "20", "--logprobs-mode", "raw_logprobs", "--seed", "0",

@@ -142,6 +142,7 @@ def load_model(
     trust_remote_code: bool,
     device_map: str | None = None,
     weights: str = "float",
+    matmul: str = "default",
 ):
     """lmtrace.load after the startup line (`announce`), with a spinner on `console` (stderr)
     instead of transformers' progress bars, then one line with the real times; with packed
@@ -165,7 +166,7 @@ def load_model(
         with no_gguf_bar():
             lm = load(model, device=device, dtype=dtype, allow_pickle=allow_pickle,
                       trust_remote_code=trust_remote_code, device_map=device_map, status=status,
-                      weights=weights)  # fmt: skip
+                      weights=weights, matmul=matmul)  # fmt: skip
     except BaseException:
         if startup.spinner is not None:
             startup.spinner.stop()
@@ -175,6 +176,9 @@ def load_model(
         from lmtrace.model.gguf.packed import report_of
 
         console.print(report_of(lm.model).line(), markup=False, highlight=False, soft_wrap=True, style="dim")
+    if lm.summary.matmul is not None:
+        console.print(f"matmul: {lm.summary.matmul} on oneDNN, weights packed once (float32, rounding apart "
+                      "from torch's own kernel)", markup=False, highlight=False, soft_wrap=True, style="dim")
     return lm
 
 

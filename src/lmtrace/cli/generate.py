@@ -17,6 +17,7 @@ from lmtrace.cli.options import (
     draft_options,
     inside_options,
     json_option,
+    matmul_option,
     model_options,
     params_from,
     sampling_options,
@@ -67,6 +68,7 @@ def progress_bar(console, total: int) -> Progress:
 @json_option("the trace")
 @report_options
 @weights_option
+@matmul_option
 @click.option("--compile", "compile_", is_flag=True,
               help="Static cache + torch.compile'd decode step: a one-off compile, the same tokens.")  # fmt: skip
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
@@ -94,6 +96,7 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     view, status = consoles(json_path, no_color)
     local = {"device": device, "dtype": dtype, "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code,
              "device_map": kw.pop("device_map"), "weights": kw.pop("weights"), "compile": kw["compile_"],
+             "matmul": kw.pop("matmul"),
              "echo": kw["echo"], "waterfall": kw["waterfall"]}  # fmt: skip
     inside = {"lens": kw["lens"], "attention": kw["attention"]}
     if kw["server"]:
@@ -113,6 +116,10 @@ def _check_pairs(kw: dict, params) -> None:
         grammar.check(params)
     if kw["against"] is not None and not kw["attribution"]:
         raise InvalidParameter(f"against needs --attribution, got --against {kw['against']}")
+    if kw["matmul"] != "default" and kw["server"]:
+        raise InvalidParameter(f"server: --matmul {kw['matmul']} is the server's own option (lmtrace serve --matmul)")
+    if kw["matmul"] != "default" and kw["compile_"]:
+        raise InvalidParameter(f"compile: --compile chooses its own kernels; not with --matmul {kw['matmul']}")
     if kw["server"] and kw["attribution"]:
         raise InvalidParameter("server: --attribution runs in this process only; drop --server or --attribution")
 
@@ -123,7 +130,7 @@ def _traced_here(status, model, local: dict, text: str, params, kw: dict, draft:
     from lmtrace.decode.tracing import generate as run
 
     lm = load_model(status, model, local["device"], local["dtype"], local["allow_pickle"],
-                    local["trust_remote_code"], local["device_map"], local["weights"])  # fmt: skip
+                    local["trust_remote_code"], local["device_map"], local["weights"], local["matmul"])  # fmt: skip
     spec, draft_tokens = draft
     chosen = load_draft(status, lm, spec)
     uncertainty = False

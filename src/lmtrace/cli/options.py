@@ -91,6 +91,18 @@ def weights_option(f):
     )(f)
 
 
+def matmul_option(f):
+    """Adds --matmul: default (torch's own kernel) or onednn (float32 linear layers on weights packed once)."""
+    return click.option(
+        "--matmul",
+        type=click.Choice(["default", "onednn"]),
+        default="default",
+        show_default=True,
+        help="onednn: float32 linear layers through oneDNN on weights packed once (CPU): a step of several rows "
+        "costs about one row's time; numbers differ from torch's kernel by float32 rounding.",
+    )(f)
+
+
 # name -> (flag, click settings); the defaults are SamplingParams' own
 _SAMPLING: dict[str, tuple[str, dict[str, Any]]] = {
     "max_new_tokens": ("--max-new-tokens", {"type": int, "default": 64, "help": "Tokens to generate at most."}),

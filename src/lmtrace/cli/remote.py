@@ -36,7 +36,7 @@ def check(server: str, model: str | None, local: dict[str, Any]) -> str:
     if url.scheme not in ("http", "https") or not url.netloc:
         raise InvalidParameter(f"server: expected an http:// or https:// URL, got {server!r}")
     for name, value in local.items():
-        if value not in (None, False, "auto", "float", ()):
+        if value not in (None, False, "auto", "float", "default", ()):
             flag = name.replace("_", "-")
             raise InvalidParameter(f"{flag}: --{flag} applies to a model loaded here; drop it with --server {server}")
     return server.rstrip("/")

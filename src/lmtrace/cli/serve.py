@@ -8,7 +8,7 @@ import ipaddress
 import click
 
 from lmtrace.cli.common import cli, load_draft, load_model
-from lmtrace.cli.options import draft_from, draft_options, model_options
+from lmtrace.cli.options import draft_from, draft_options, matmul_option, model_options
 from lmtrace.errors import InvalidParameter
 
 
@@ -103,6 +103,7 @@ def check_options(
 )
 @click.option("--no-docs", is_flag=True, help="Do not serve the OpenAPI document (/openapi.json, /docs, /redoc).")
 @draft_options
+@matmul_option
 def serve(
     model,
     device,
@@ -121,6 +122,7 @@ def serve(
     max_body_mb,
     max_rows_per_request,
     no_docs,
+    matmul,
     **kw,
 ):
     """Serve the model: OpenAI's /v1/completions, /v1/chat/completions (tools too) and
@@ -142,7 +144,7 @@ def serve(
     from lmtrace.server.run import Runner
 
     status = Console(stderr=True)
-    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
+    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, matmul=matmul)
     chosen = load_draft(status, lm, draft)
     app = create_app(
         lm,

@@ -26,9 +26,15 @@ class ArchSummary:
     weights: str | None = None
     # the layers that attend over a sliding window, where some do: "15 of 18 layers, window 512"
     sliding: str | None = None
+    # the kernel of the float32 linear layers where not torch's own: "onednn (211 linear layers)"
+    # (lmtrace.model.matmul); left out of the dict where None, so default traces keep their shape
+    matmul: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["matmul"] is None:
+            del d["matmul"]
+        return d
 
 
 def text_config(config: Any) -> Any:
@@ -74,6 +80,7 @@ def summarize(config: Any, model: Any = None) -> ArchSummary:
         parameters=params,
         weights=_weights(model),
         sliding=sliding_summary(c),
+        matmul=getattr(model, "lmtrace_matmul", None) if model is not None else None,
     )
 
 

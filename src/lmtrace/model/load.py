@@ -161,6 +161,7 @@ def load(
     gguf_cache: bool = True,
     status: Callable[[str], None] | None = None,
     weights: str = "float",
+    matmul: str = "default",
 ) -> LM:
     """Loads a causal LM and its tokenizer. `source` None means the bundled SmolLM2-135M-Instruct.
     `device_map="auto"` spreads the layers over the GPUs present (through accelerate) instead
@@ -168,7 +169,12 @@ def load(
     folder in the user's cache and loaded from there (same weights bit for bit, seconds instead
     of half a minute); `gguf_cache=False` reads the file itself. `status` is told, in a line,
     what the load does (converting, or loading the converted copy). `weights="packed"` runs a
-    GGUF's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU; model/gguf/packed.py), not dequantized."""
+    GGUF's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU; model/gguf/packed.py), not dequantized.
+    `matmul="onednn"` computes the float32 linear layers with oneDNN on weights packed once
+    (lmtrace.model.matmul: faster batch steps on the CPU, float32 rounding apart from torch's own)."""
+    from lmtrace.model.matmul import check as check_matmul
+
+    check_matmul(matmul)
     started = time.perf_counter()
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -184,9 +190,7 @@ def load(
     if weights == "packed":
         direct = _load_packed(gguf_path, gguf_cache, trust_remote_code, name, status)
         if direct is not None:  # packed straight from the file, no float32 copy
-            lm = LM.from_objects(direct[0], direct[1], name)
-            lm.load_timing = {"imports_s": imports, "weights_s": time.perf_counter() - started - imports}
-            return lm
+            return _loaded(direct[0], direct[1], name, matmul, imports, started)
     if "gguf_file" in extra and gguf_cache:
         where, extra = _through_cache(Path(where) / extra["gguf_file"], where, extra, trust_remote_code, status)
     shared = ("gguf_file", "local_files_only")  # for the config and the tokenizer as well as the weights
@@ -211,6 +215,15 @@ def load(
         from lmtrace.model.gguf.packed import pack_gguf
 
         pack_gguf(model, gguf_path)
+    return _loaded(model, tokenizer, name, matmul, imports, started)
+
+
+def _loaded(model: Any, tokenizer: Any, name: str, matmul: str, imports: float, started: float) -> LM:
+    """The LM, its linear layers on the chosen kernel, with the load's seconds."""
+    if matmul != "default":
+        from lmtrace.model import matmul as kernels
+
+        kernels.use(model, matmul)
     lm = LM.from_objects(model, tokenizer, name)
     lm.load_timing = {"imports_s": imports, "weights_s": time.perf_counter() - started - imports}
     return lm

@@ -1,0 +1,126 @@
+"""--matmul onednn (lmtrace.model.matmul): the float32 linear layers through oneDNN on weights packed
+once. Against transformers on a tiny model of its own (the shared one is left alone) and against
+torch's kernel on the bundled model: the same greedy tokens, logprobs within the batched-versus-alone
+bound (5e-5), an edited weight packed again, bad input one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import lmtrace
+from lmtrace import InvalidParameter
+from lmtrace.cli import main
+from lmtrace.model import matmul
+from lmtrace.model.arch import summarize
+from lmtrace.model.lm import LM
+from tests.oracle import hf_greedy
+from tests.tiny import tiny_model
+
+BOUND = 5e-5  # a batch against one row alone: the same float noise of another summation order
+
+
+@pytest.fixture
+def own_tiny(tiny_tok) -> LM:
+    return LM.from_objects(tiny_model(tiny_tok), tiny_tok, source="tiny")
+
+
+def test_onednn_greedy_equals_generate(own_tiny):
+    prompt = "Hello world"
+    ids = lmtrace.encode_prompt(own_tiny, prompt)
+    hf_ids, hf_logits = hf_greedy(own_tiny, ids, 16)  # torch's own kernel
+    switched = matmul.use(own_tiny.model, "onednn")
+    assert switched == sum(type(m) is torch.nn.Linear for m in own_tiny.model.modules())
+    trace = lmtrace.generate(own_tiny, prompt, max_new_tokens=16, temperature=0, top_logprobs=5)
+    assert trace.token_ids == hf_ids
+    hf_lp = torch.log_softmax(hf_logits, -1)
+    worst = max(abs(s.logprob - hf_lp[i, s.token_id].item()) for i, s in enumerate(trace.steps))
+    assert worst < BOUND
+    assert summarize(own_tiny.model.config, own_tiny.model).matmul.startswith("onednn (")
+
+
+def test_onednn_really_runs_another_kernel(own_tiny):
+    """The switched layer's output is oneDNN's own: equal to the op called by hand, bit for bit."""
+    layer = next(m for m in own_tiny.model.modules() if type(m) is torch.nn.Linear)
+    x = torch.randn(3, 5, layer.in_features)
+    matmul.use(own_tiny.model, "onednn")
+    packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), 8)
+    by_hand = torch.ops.mkldnn._linear_pointwise(x.reshape(15, -1), packed, layer.bias, "none", [], "")
+    with torch.inference_mode():
+        assert torch.equal(layer(x), by_hand.reshape(3, 5, -1))
+        assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5)
+
+
+def test_an_edited_weight_is_packed_again(own_tiny):
+    layer = next(m for m in own_tiny.model.modules() if type(m) is torch.nn.Linear)
+    matmul.use(own_tiny.model, "onednn")
+    x = torch.randn(2, layer.in_features)
+    with torch.inference_mode():
+        before = layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # in place: the tensor's version moves
+    with torch.inference_mode():
+        assert torch.allclose(layer(x), 2 * before, atol=1e-5)
+    layer.weight = torch.nn.Parameter(torch.zeros_like(layer.weight))  # a new tensor
+    with torch.inference_mode():
+        assert torch.count_nonzero(layer(x) - (layer.bias if layer.bias is not None else 0)) == 0
+
+
+def test_default_puts_torch_back(own_tiny):
+    matmul.use(own_tiny.model, "onednn")
+    matmul.use(own_tiny.model, "default")
+    assert not any("forward" in vars(m) for m in own_tiny.model.modules() if type(m) is torch.nn.Linear)
+    assert matmul.describe(own_tiny.model) is None
+    assert "matmul" not in summarize(own_tiny.model.config, own_tiny.model).to_dict()
+
+
+def test_bad_matmul_is_one_line(own_tiny):
+    with pytest.raises(InvalidParameter, match="matmul must be one of default, onednn, got 'mkl'"):
+        matmul.use(own_tiny.model, "mkl")
+    with pytest.raises(InvalidParameter, match="matmul"):
+        lmtrace.load(matmul="fast")
+    own_tiny.model.to(torch.bfloat16)
+    with pytest.raises(InvalidParameter, match="matmul: 'onednn' runs float32 linear layers"):
+        matmul.use(own_tiny.model, "onednn")
+
+
+def test_serve_refuses_an_unknown_matmul(capsys):
+    assert main(["serve", "--matmul", "fast"]) == 2
+    err = capsys.readouterr().err
+    assert "--matmul" in err and "fast" in err and "Traceback" not in err
+
+
+def test_bundled_onednn_equals_torch_kernel(bundled_lm):
+    """The bundled model, 4 prompts decoded as one batch: the same greedy tokens as torch's kernel,
+    logprobs within the batched-versus-alone bound (measured 8 prompts x 32 tokens: 3.0e-5)."""
+    prompts = ["The capital of France is", "很久很久以前，", "def fib(n):", "Why is the sky blue?"]
+    base = lmtrace.generate(bundled_lm, prompts, max_new_tokens=12, temperature=0, top_logprobs=5)
+    try:
+        matmul.use(bundled_lm.model, "onednn")
+        fast = lmtrace.generate(bundled_lm, prompts, max_new_tokens=12, temperature=0, top_logprobs=5)
+    finally:
+        matmul.use(bundled_lm.model, "default")
+    for a, b in zip(base, fast):
+        assert a.token_ids == b.token_ids
+        assert max(abs(s.logprob - t.logprob) for s, t in zip(a.steps, b.steps)) < BOUND
+        assert [x.token_id for x in a.steps[0].top] == [x.token_id for x in b.steps[0].top]
+
+
+@pytest.mark.parametrize(("extra", "named"), [(["--server", "http://127.0.0.1:9"], "server: --matmul onednn"),
+                                              (["--compile"], "compile: --compile")])  # fmt: skip
+def test_generate_matmul_pairs_refused(capsys, extra, named):
+    assert main(["generate", "Hi", "--matmul", "onednn", *extra]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+
+
+def test_generate_matmul_onednn_on_the_cli(capsys, tiny_dir, tmp_path):
+    out = tmp_path / "t.json"
+    code = main(["generate", "Hello", "--model", str(tiny_dir), "--matmul", "onednn", "--max-new-tokens", "4",
+                 "--temperature", "0", "--json", str(out)])  # fmt: skip
+    assert code == 0
+    trace = json.loads(out.read_text())
+    assert trace["model"]["config"]["matmul"].startswith("onednn (")
+    assert "matmul: onednn" in capsys.readouterr().err
