@@ -45,7 +45,7 @@ def bundled_packed() -> LM:
 # what a load may ask for and still be the session's bundled model: no source, float32 on the CPU
 _PLAIN_LOAD = {"device": ("auto", "cpu"), "dtype": ("auto", "float32"), "trust_remote_code": (False,),
                "allow_pickle": (False,), "device_map": (None,), "gguf_cache": (True,),
-               "weights": ("float", "packed")}  # fmt: skip
+               "weights": ("float", "packed"), "matmul": ("default",)}  # fmt: skip
 
 
 @pytest.fixture
