@@ -17,6 +17,7 @@ from torch import nn
 
 from lmtrace.model.gguf.blocks import Int4Form
 from lmtrace.model.gguf.packed import PackedLinear
+from lmtrace.model.gguf.tensors import trim_heap
 
 
 def stack(forms: list[Int4Form]) -> Int4Form:
@@ -83,5 +84,7 @@ def fuse(model: nn.Module, form_of: Callable[[str, PackedLinear], Int4Form]) -> 
         mlp.gate_proj, mlp.up_proj = Stub(gate), Stub(up)
         candidate.__dict__["original"] = mlp  # not a submodule: no second copy in state_dict or modules()
         model.set_submodule(name, candidate)
+        del gate, up, candidate, gate_up, form
+        trim_heap()  # the two layers' blocks, now in the fused one, out of the peak
         fused += 1
     return fused

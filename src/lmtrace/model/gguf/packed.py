@@ -28,7 +28,7 @@ from lmtrace.model.gguf.blocks import GROUP, Int4Form, int4_form, permute_rows
 from lmtrace.model.gguf.embedding import PackedEmbedding
 from lmtrace.model.gguf.names import Found, linear_tensors
 from lmtrace.model.gguf.report import PackReport, report_of
-from lmtrace.model.gguf.tensors import GGUFTensors, release
+from lmtrace.model.gguf.tensors import GGUFTensors, release, trim_heap
 
 
 def _padded(form: Int4Form, rows: int = 32) -> Int4Form:
@@ -265,6 +265,7 @@ def pack_gguf(
             continue
         model.set_submodule(name, packed)
         reader.release(found[name].tensor)  # its blocks read: their pages out of resident memory
+        trim_heap()  # and the conversion's buffers, freed, out of it too
         report.packed[name] = found[name].tensor.tensor_type.name
         report.packed_bytes += packed.nbytes()
     progress.close()
@@ -282,6 +283,7 @@ def pack_gguf(
             return form
 
         report.fused = fuse_groups(model, form_of)
+        trim_heap()  # the unfused layers' blocks, freed
     report.seconds = time.perf_counter() - started
     model.lmtrace_packed = report
     return report

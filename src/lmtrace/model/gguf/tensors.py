@@ -10,6 +10,8 @@ tensors run past its end, or that repeats a key or a tensor name."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import struct
 from dataclasses import dataclass
@@ -132,6 +134,25 @@ class GGUFTensors:
     def release(self, tensor: Tensor) -> None:
         """Drops the pages of `tensor` from this process's resident memory (not from the file)."""
         release(tensor.data)
+
+
+def trim_heap() -> None:
+    """Gives the pages of memory the process freed back to the system (glibc's malloc_trim; a no-op
+    elsewhere). Freed blocks of a few MB stay in malloc's heap, counted in the resident size, and
+    a packed load frees one conversion buffer per tensor: trimmed as it goes, they do not pile up
+    into the load's peak (Gemma 3 270M Q4_K_M: about 280 MB)."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+_libc = None
 
 
 def release(view: np.ndarray) -> None:
