@@ -27,6 +27,7 @@ import torch
 from lmtrace.decode import engine, inside_rows
 from lmtrace.decode.drafted import DraftedRow, drafted
 from lmtrace.decode.loop import Watch, advance
+from lmtrace.decode.observers import inside_entry
 from lmtrace.decode.prefill import Prefilled, stack_left
 from lmtrace.decode.rows import Row, RowSpec, record
 from lmtrace.decode.step import BatchStep, Choosing
@@ -171,7 +172,9 @@ class ContinuousBatch:
         tokens, bs = advance(0, self.logits, how, [True] * len(rows), state, watch)
         for r, error in failed.items():
             rows[r].error = error
-        bs.lens, bs.attention = inside_rows.take(self.lm.model, rows, self.logits, tokens)
+        inside = inside_entry(*inside_rows.take(self.lm.model, rows, self.logits, tokens))
+        if inside is not None:
+            bs.entries["inside"] = inside
         how.saw(tokens)
         return tokens, bs
 

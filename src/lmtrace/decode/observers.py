@@ -81,7 +81,7 @@ def checked(observers: Sequence[Any]) -> list[Observer]:
     for o in observers:
         if not isinstance(o, Observer):
             raise InvalidParameter(f"observers: each must be an lmtrace.Observer, got {type(o).__name__}")
-        if not o.name or o.name in Step.__dataclass_fields__ or o.name in names:
+        if not o.name or o.name in Step.__dataclass_fields__ or o.name in BUILT_IN or o.name in names:
             raise InvalidParameter(f"observers: name must be set, new and unique, got {o.name!r}")
         names.add(o.name)
         out.append(o)
@@ -89,8 +89,9 @@ def checked(observers: Sequence[Any]) -> list[Observer]:
 
 
 class Echo(Observer):
-    """The prompt tokens' numbers from the prefill pass, on step 0 (`BatchStep.prompt`)."""
+    """The prompt tokens' numbers from the prefill pass, on step 0 (the entry `prompt`)."""
 
+    name = "prompt"
     all_positions = True
 
     def __init__(self, top_n: int):
@@ -107,14 +108,15 @@ class Echo(Observer):
             start = int((mask[row] == 0).sum())  # left padding
             self.numbers.append(measure.targets(logits[row, start:-1], input_ids[row, start + 1 :], self.top_n))
 
-    def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> None:
-        if step.index == 0:
-            step.prompt = self.numbers
+    def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor,
+                how: Choosing) -> list[measure.Forced] | None:  # fmt: skip
+        return self.numbers if step.index == 0 else None
 
 
 class Waterfall(Observer):
     """The distribution after each sampling stage, at the steps `at(index)` selects."""
 
+    name = "waterfall"
     all_positions = False
 
     def __init__(self, at: Callable[[int], bool], top_n: int):
@@ -126,15 +128,17 @@ class Waterfall(Observer):
     def prefill(self, logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> None:
         pass
 
-    def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> None:
-        if self.at(step.index):
-            step.waterfall = waterfall.stages(logits, how.params[0], how.batch_seen(), tokens, self.top_n, step.allowed,
-                                              how.user, how.history)  # fmt: skip
+    def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> list | None:
+        if not self.at(step.index):
+            return None
+        return waterfall.stages(logits, how.params[0], how.batch_seen(), tokens, self.top_n, step.allowed,
+                                how.user, how.history)  # fmt: skip
 
 
 class Inside(Observer):
     """The logit lens and the attention over the cache (inside/probe.py, Probe) at every step."""
 
+    name = "inside"
     all_positions = False
 
     def __init__(self, probe: Probe):
@@ -146,8 +150,23 @@ class Inside(Observer):
     def prefill(self, logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> None:
         pass
 
-    def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> None:
-        step.lens, step.attention = self.probe.take(step.index, logits, tokens)
+    def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> list | None:
+        return inside_entry(*self.probe.take(step.index, logits, tokens))
+
+
+# the entries the built-in observers write (records.Step keeps them as fields of their own)
+BUILT_IN = (Echo.name, Waterfall.name, Inside.name)
+
+
+def inside_entry(lens_rows: list | None, attention_rows: list | None) -> list | None:
+    """One `inside` entry per row, {lens, attention}, from the rows' lens and attention records
+    (None for a row with neither; None when no row has any)."""
+    if lens_rows is None and attention_rows is None:
+        return None
+    n = len(lens_rows if lens_rows is not None else attention_rows)  # type: ignore[arg-type]
+    lens_rows, attention_rows = lens_rows or [None] * n, attention_rows or [None] * n
+    return [None if lens is None and att is None else {"lens": lens, "attention": att}
+            for lens, att in zip(lens_rows, attention_rows)]  # fmt: skip
 
 
 def build(

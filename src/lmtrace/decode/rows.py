@@ -141,6 +141,8 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
     if bs.crop is not None:  # speculative decoding: the caches cut back after a rejection
         kv["crop"] = bs.crop
     draft = bs.draft[row] if bs.draft else None
+    stages = (bs.entries.get("waterfall") or [None] * (row + 1))[row]
+    inside_row = (bs.entries.get("inside") or [None] * (row + 1))[row] or {}
     if draft is not None:
         proposed = draft["proposed_token_id"]
         draft = {**draft, "text": tb.text(proposed), "bytes": list(tb(proposed))}
@@ -157,20 +159,19 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         top=top,
         kv=kv,
         time_ms=bs.time_ms,
-        waterfall=waterfall_mod.with_texts(bs.waterfall[row], tb.text) if bs.waterfall else None,
-        lens=_named(bs.lens, row, tb),
-        attention=_named(bs.attention, row, tb),
+        waterfall=waterfall_mod.with_texts(stages, tb.text) if stages is not None else None,
+        lens=_named(inside_row.get("lens"), tb),
+        attention=_named(inside_row.get("attention"), tb),
         grammar=bs.grammar[row] if bs.grammar else None,
         draft=draft,
-        entries={name: rows[row] for name, rows in bs.entries.items() if rows[row] is not None},
+        entries={name: rows[row] for name, rows in bs.entries.items()
+                 if name not in observers.BUILT_IN and rows[row] is not None},  # fmt: skip
     )
 
 
-def _named(records: list[dict | None] | None, row: int, tb: TokenBytes) -> dict | None:
+def _named(record: dict | None, tb: TokenBytes) -> dict | None:
     """A row's lens or attention record with each token's text (None where it has none)."""
-    if not records or records[row] is None:
-        return None
-    return inside.with_texts(records[row], tb.text)
+    return None if record is None else inside.with_texts(record, tb.text)
 
 
 def generator(lm: LM, params: SamplingParams) -> torch.Generator | None:
@@ -186,8 +187,8 @@ def records(
     """The engine's BatchSteps as (row, Step) records; `rows` were fed each token by the hook."""
     tb = TokenBytes(lm.tokenizer)
     for bs in steps:
-        if bs.prompt is not None:
-            for ids, state, numbers in zip(prompts, rows, bs.prompt):
+        if bs.entries.get("prompt") is not None:
+            for ids, state, numbers in zip(prompts, rows, bs.entries["prompt"]):
                 state.prompt_logprobs = forced.token_scores(lm.tokenizer, ids, 0, numbers, tb)
         for r, state in enumerate(rows):
             if not bs.active[r]:

@@ -43,14 +43,6 @@ class BatchStep:
     top_sampled_logprobs: list[list[float]]
     kv: ledger.KVState
     time_ms: float
-    # observers' records (decode/observers.py), one per row where they were asked for:
-    # step 0 with echo: the prompt's own tokens, teacher-forced in the prefill pass
-    prompt: list[measure.Forced] | None = None
-    # the distribution after each sampling stage (lmtrace.logits.waterfall.stages)
-    waterfall: list[dict] | None = None
-    # the logit lens and the attention over the cache (inside/probe.py)
-    lens: list[dict] | None = None
-    attention: list[dict] | None = None
     # constrained rows (lmtrace.logits.grammar.numbers; None for an unconstrained row) and the
     # grammar's mask (batch, vocab) bool that made them, for the observers
     grammar: list[dict | None] | None = None
@@ -60,7 +52,10 @@ class BatchStep:
     draft: list[dict | None] | None = None
     # speculative decoding: the target's and the draft's caches cropped after a rejection
     crop: dict | None = None
-    # the observers' entries: {name: one entry per row (None: that row has none)}
+    # the observers' entries: {name: one entry per row (None: that row has none)}; the built-in
+    # observers' (decode/observers.py BUILT_IN) too: `prompt` (echo: step 0, the prompt's own tokens
+    # teacher-forced in the prefill pass), `waterfall` (the distribution after each sampling stage),
+    # `inside` ({lens, attention}: the logit lens and the attention over the cache)
     entries: dict[str, list] = field(default_factory=dict)
 
 
