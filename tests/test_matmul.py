@@ -124,3 +124,41 @@ def test_generate_matmul_onednn_on_the_cli(capsys, tiny_dir, tmp_path):
     trace = json.loads(out.read_text())
     assert trace["model"]["config"]["matmul"].startswith("onednn (")
     assert "matmul: onednn" in capsys.readouterr().err
+
+
+def _attention(model):
+    return next(m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "k_proj"))
+
+
+def test_siblings_computed_in_one_call_equal_each_alone(own_tiny):
+    """q/k/v and gate/up are grouped; each part equals the layer's own product, bit for bit."""
+    matmul.use(own_tiny.model, "onednn")
+    assert "groups" in matmul.describe(own_tiny.model)
+    att = _attention(own_tiny.model)
+    layers = [att.q_proj, att.k_proj, att.v_proj]
+    assert all(m._lmtrace_group is layers[0]._lmtrace_group is not None for m in layers)
+    x = torch.randn(2, 3, att.q_proj.in_features)
+    with torch.inference_mode():
+        together = [m(x) for m in layers]  # the first call computes all three
+        alone = [torch.ops.mkldnn._linear_pointwise(x.reshape(6, -1), torch.ops.mkldnn._reorder_linear_weight(
+            m.weight.detach(), 8), m.bias, "none", [], "").reshape(2, 3, -1) for m in layers]  # fmt: skip
+        for t, a, m in zip(together, alone, layers):
+            assert torch.equal(t, a)
+            assert torch.allclose(t, torch.nn.functional.linear(x, m.weight, m.bias), atol=1e-5)
+        y = torch.randn_like(x)
+        assert torch.equal(att.q_proj(x), together[0])
+        assert torch.allclose(att.k_proj(y), torch.nn.functional.linear(y, att.k_proj.weight), atol=1e-5)
+
+
+def test_a_grouped_layer_edited_is_packed_again(own_tiny):
+    matmul.use(own_tiny.model, "onednn")
+    att = _attention(own_tiny.model)
+    x = torch.randn(2, att.k_proj.in_features)
+    with torch.inference_mode():
+        before = [att.q_proj(x), att.k_proj(x), att.v_proj(x)]
+    with torch.no_grad():
+        att.k_proj.weight.mul_(3.0)
+    with torch.inference_mode():
+        after = [att.q_proj(x), att.k_proj(x), att.v_proj(x)]
+    assert torch.equal(after[0], before[0]) and torch.equal(after[2], before[2])
+    assert torch.allclose(after[1], 3 * before[1], atol=1e-5)

@@ -13,6 +13,12 @@ row alone. The default stays torch's own kernel, the one transformers' numbers c
 A packed copy is made once per layer and made again when the weight changes (an in-place edit
 bumps the tensor's version; a new tensor has another address), so an edited model never runs
 stale weights. The packed copies take as much memory again as the float32 weights they pack.
+
+Layers that read the same input (an attention's q/k/v, an MLP's gate/up) are also packed together
+as one matrix: the first of them called computes all their outputs in one call, and each of the
+others, called with that same input, takes its part. A group is formed only where each part
+equals the layer's own product bit for bit (checked on a test input when `use` switches it), and
+a layer called with another input computes its own, so hooks and edits see what they would alone.
 """
 
 from __future__ import annotations
@@ -33,12 +39,25 @@ _LAYOUT_ROWS = 8
 
 
 @dataclass
+class Group:
+    """Layers that read one input, packed as one matrix (their weights stacked by output rows)."""
+
+    layers: list[torch.nn.Linear]
+    packed: Packed | None = None
+    stash: tuple[torch.Tensor, int, list[torch.Tensor | None]] | None = None  # (input, its version, parts)
+
+    def weights(self) -> tuple[tuple[int, int], ...]:
+        return tuple((m.weight._version, m.weight.data_ptr()) for m in self.layers)
+
+
+@dataclass
 class Packed:
     """A linear layer's weight in oneDNN's layout, and which weight it was made from."""
 
     weight: torch.Tensor
-    version: int
+    version: Any  # the weight's version (a group's: every layer's version and address)
     address: int
+    bias: torch.Tensor | None = None
 
 
 def check(matmul: str) -> None:
@@ -57,15 +76,47 @@ def use(model: Any, matmul: str) -> int:
             continue
         if "forward" in vars(module) and getattr(module.forward, "__func__", None) is _onednn_forward:
             del module.forward
-            module._lmtrace_onednn = None
+            module._lmtrace_onednn = module._lmtrace_group = None
         if matmul == "onednn" and _eligible(module):
-            module._lmtrace_onednn = None
+            module._lmtrace_onednn = module._lmtrace_group = None
             module.forward = types.MethodType(_onednn_forward, module)
             switched += 1
     if matmul == "onednn" and switched == 0:
         raise InvalidParameter("matmul: 'onednn' runs float32 linear layers on the CPU; this model has none")
-    model.lmtrace_matmul = f"onednn ({switched} linear layers)" if matmul == "onednn" else None
+    grouped = _group(model) if matmul == "onednn" else 0
+    model.lmtrace_matmul = f"onednn ({switched} linear layers, {grouped} groups)" if matmul == "onednn" else None
     return switched
+
+
+# the sibling layers that read one input, by the names transformers' decoder layers give them
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _group(model: Any) -> int:
+    """Forms the groups of switched sibling layers whose parts equal their own products."""
+    groups = 0
+    for parent in model.modules():
+        for names in SIBLINGS:
+            layers = [getattr(parent, n, None) for n in names]
+            if not all(_switched(m) for m in layers) or len({m.in_features for m in layers}) != 1:
+                continue
+            group = Group(layers)
+            probe = torch.randn(3, layers[0].in_features, generator=torch.Generator().manual_seed(0))
+            with torch.inference_mode():
+                alone = [m(probe) for m in layers]
+                for m in layers:
+                    m._lmtrace_group = group
+                together = [m(probe) for m in layers]
+            if all(torch.equal(a, b) for a, b in zip(alone, together)):
+                groups += 1
+            else:  # another summation order in the stacked matrix: each layer keeps its own call
+                for m in layers:
+                    m._lmtrace_group = None
+    return groups
+
+
+def _switched(module: Any) -> bool:
+    return type(module) is torch.nn.Linear and getattr(module.forward, "__func__", None) is _onednn_forward
 
 
 def describe(model: Any) -> str | None:
@@ -90,9 +141,51 @@ def _packed(module: torch.nn.Linear) -> torch.Tensor:
     return p.weight
 
 
+def _group_packed(group: Group) -> Packed:
+    """The group's stacked weight in oneDNN's layout (and bias), packed again where one changed."""
+    p = group.packed
+    if p is None or p.version != group.weights():
+        layers = group.layers
+        with torch.inference_mode(False), torch.no_grad():
+            stacked = torch.cat([m.weight.detach() for m in layers])  # (sum of out, in)
+            weight = torch.ops.mkldnn._reorder_linear_weight(stacked, _LAYOUT_ROWS)
+            biases = [m.bias.detach() if m.bias is not None else torch.zeros(m.out_features) for m in layers]
+            bias = torch.cat(biases) if any(m.bias is not None for m in layers) else None
+        group.packed = p = Packed(weight, group.weights(), 0, bias)  # type: ignore[arg-type]
+    return p
+
+
+def _from_group(self: torch.nn.Linear, group: Group, x: torch.Tensor) -> torch.Tensor:
+    """This layer's part of its group's product for the input `x` (..., in): computed for all the
+    group's layers at the first call with this very tensor, taken from there by the others."""
+    k = group.layers.index(self)
+    stash = group.stash
+    if stash is None or stash[0] is not x or stash[1] != _version(x) or stash[2][k] is None:
+        p = _group_packed(group)
+        rows = x.reshape(-1, x.shape[-1]).contiguous()  # (..., in) -> (rows, in)
+        y = torch.ops.mkldnn._linear_pointwise(rows, p.weight, p.bias, "none", [], "")  # (rows, sum of out)
+        parts: list[torch.Tensor | None] = list(y.split([m.out_features for m in group.layers], dim=-1))
+        stash = group.stash = (x, _version(x), parts)
+    part, stash[2][k] = stash[2][k], None  # each part handed out once
+    if all(t is None for t in stash[2]):
+        group.stash = None
+    return part.contiguous().reshape(*x.shape[:-1], self.out_features)  # type: ignore[union-attr]
+
+
+def _version(t: torch.Tensor) -> int:
+    """The tensor's in-place edit counter; an inference tensor keeps none (-1: its identity decides)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
 def _onednn_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32 or x.requires_grad or x.device.type != "cpu":
         return F.linear(x, self.weight, self.bias)  # autograd (attribution's gradients) or another dtype
+    group = getattr(self, "_lmtrace_group", None)
+    if group is not None:
+        return _from_group(self, group, x)
     rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (rows, in)
     y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), _packed(self), self.bias, "none", [], "")
     return y.reshape(*x.shape[:-1], y.shape[-1])  # (rows, out) -> (..., out)
