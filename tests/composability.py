@@ -241,7 +241,7 @@ ALONE_TOL, BATCHED_TOL = 1e-6, 5e-5
 # what each entry point refuses (in one line naming the option), beside what generate refuses
 OBSERVERS = {"uncertainty", "attribution"}  # this round's observers
 REFUSES = {
-    "stream": {"echo", *OBSERVERS},
+    "stream": {"echo"},  # a stream has no trace for the prompt's logprobs
     "branch": {"echo", "waterfall", "processor", *GRAMMARS, *OBSERVERS},
     "batch local": {"echo", "waterfall", "processor", *OBSERVERS},
     "kv-lab reference": {"lens", "attention", "echo", "waterfall", "processor", *GRAMMARS, *DRAFTS, *OBSERVERS},

@@ -197,16 +197,21 @@ def stream(
     draft_tokens: int = 4,
     observers: Sequence[Observer] = (),
     logits_processors: Sequence[processors.UserFn] = (),
+    uncertainty: bool | Uncertainty = False,
+    attribution: bool = False,
+    against: str | int | None = None,
     **kwargs: Any,
 ) -> Iterator[Step]:
     """Steps with text and timing, as they are produced (`lens`, `attention`, `draft`, `observers`,
-    `logits_processors` as in generate)."""
+    `logits_processors`, `uncertainty`, `attribution` as in generate; a stream has no trace, so
+    each observer's step entries come, its trace-level summary does not)."""
     p = seeded(make_params(params, "stream", **kwargs))
     chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
     ids = encode_prompt(lm, prompt, chat)
     probe = inside.Probe([ids], p.top_logprobs, lens, attention)
     watchers = build(probe, waterfall=waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
-    watchers += checked(observers)
+    watchers += checked([*observers, *observer_for(uncertainty, lm.model.config.vocab_size)])
+    watchers += attributing.wanted(lm, attribution, against, draft=draft)
     user = processors.user_processors(logits_processors)
     if chosen is not None:
         for _, step, _tally in speculative.iter_rows(lm, chosen, [ids], p, [RowRecord(lm, p.stop)], draft_tokens,
