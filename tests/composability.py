@@ -243,7 +243,7 @@ OBSERVERS = {"uncertainty", "attribution"}  # this round's observers
 REFUSES = {
     "stream": {"echo"},  # a stream has no trace for the prompt's logprobs
     "branch": {"echo", "waterfall", "processor", *GRAMMARS, *OBSERVERS},
-    "batch local": {"echo", "waterfall", "processor", *OBSERVERS},
+    "batch local": {"echo", "waterfall", "processor", "attribution"},
     "kv-lab reference": {"lens", "attention", "echo", "waterfall", "processor", *GRAMMARS, *DRAFTS, *OBSERVERS},
     "server /v1/traces": {"echo", "waterfall", "processor", "attribution"},
     "server completions": {"lens", "attention", "waterfall", "processor", *OBSERVERS},

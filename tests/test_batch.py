@@ -128,6 +128,9 @@ def test_two_jobs_cannot_write_one_output(tmp_path):
         (["--num-workers", "2"], "num_workers: only with --engine ray, got 2"),
         (["--temperature", "-1"], "temperature must be >= 0, got -1.0"),
         (["-"], "output: must be a file (a rerun reads it to resume), got '-'"),
+        (["--engine", "vllm", "--lens"], "lens: --lens runs in lmtrace's own engine; not with --engine vllm"),
+        (["--engine", "vllm", "--attention"],
+         "attention: --attention runs in lmtrace's own engine; not with --engine vllm"),
     ],
 )
 def test_bad_options_exit_2(capsys, tiny_dir, tmp_path, args, message):

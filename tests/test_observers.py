@@ -65,3 +65,24 @@ def test_two_of_one_name_and_a_non_observer_refused(tiny_lm):
         lmtrace.generate(tiny_lm, "Hi", max_new_tokens=2, observers=[Margin(), Margin()])
     with pytest.raises(InvalidParameter, match="each must be an lmtrace.Observer, got function"):
         lmtrace.generate(tiny_lm, "Hi", max_new_tokens=2, observers=[lambda *a: None])
+
+
+def test_rows_with_instances_of_one_observer_each_keep_their_own(tiny_lm):
+    """Two rows of a continuous batch, each with its own Uncertainty instance (two requests asking
+    for it): each row's entries equal its decoding alone (the second instance's entries once took
+    the first row's place)."""
+    from lmtrace.decode.continuous import RowSpec, generate_rows
+    from lmtrace.decode.uncertainty import Uncertainty
+    from lmtrace.params import SamplingParams
+
+    prompts = ["Hello world", "很久很久以前，"]
+    p = SamplingParams(max_new_tokens=5, temperature=0)
+    vocab = tiny_lm.model.config.vocab_size
+    specs = [RowSpec(lmtrace.encode_prompt(tiny_lm, t), p, t, observers=[Uncertainty(vocab=vocab)]) for t in prompts]
+    for text, trace in zip(prompts, generate_rows(tiny_lm, specs)):
+        alone = lmtrace.generate(tiny_lm, text, max_new_tokens=5, temperature=0, uncertainty=True)
+        assert trace.token_ids == alone.token_ids
+        for got, want in zip(trace.steps, alone.steps):
+            assert got.uncertainty is not None
+            assert abs(got.uncertainty["margin"] - want.uncertainty["margin"]) < 5e-5
+        assert trace.uncertainty is not None

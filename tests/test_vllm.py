@@ -241,3 +241,22 @@ def test_on_ray(tmp_path, tiny32_dir, raw_engine):
     here = raw_engine.generate(PROMPTS, temperature=0, max_new_tokens=4)
     assert [records[i]["trace"]["token_ids"] for i in range(len(PROMPTS))] == [t.token_ids for t in here]
     assert records[0]["trace"]["model"]["engine"]["name"] == "vllm"
+
+
+def test_batch_lines_vllm_cannot_run_are_refused(tmp_path, raw_engine):
+    """A line asking for what only lmtrace's engine runs gets its error line, never a trace
+    without it (the options were dropped silently before)."""
+    from lmtrace.batch.vllm_engine import trace_lines_vllm
+
+    lines = [{"id": "lens", "prompt": PROMPTS[0], "lens": True},
+             {"id": "att", "prompt": PROMPTS[0], "attention": "heads"},
+             {"id": "draft", "prompt": PROMPTS[0], "draft": "layers:1"},
+             {"id": "unc", "prompt": PROMPTS[0], "uncertainty": True}]  # fmt: skip
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    defaults = defaults_of(SamplingParams(temperature=0, max_new_tokens=4))
+    done = run_job(src, out, lambda pending, on_tokens: trace_lines_vllm(raw_engine, pending, defaults, 4, on_tokens))
+    assert (done.written, done.errors) == (4, 4)
+    records = by_id(read_records(out))
+    for key, name in (("lens", "lens"), ("att", "attention"), ("draft", "draft"), ("unc", "uncertainty")):
+        assert records[key]["error"] == f"{name}: the vllm engine does not run {name}; use --engine local"

@@ -63,8 +63,13 @@ def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None
 
 
 def _asked(lm: LM, job: Job) -> dict[str, Any]:
-    """The line's lens, attention and draft as a row's (the draft loaded once, kept on the model)."""
+    """The line's lens, attention, draft and uncertainty as a row's (the draft loaded once, kept on
+    the model)."""
     out: dict[str, Any] = {k: v for k, v in job.inside.items() if v}
+    if job.uncertainty:
+        from lmtrace.decode.uncertainty import Uncertainty
+
+        out["observers"] = [Uncertainty(vocab=lm.model.config.vocab_size)]
     if job.draft is not None:
         out.update(draft=draft_for(lm, job.draft["draft"]), draft_tokens=job.draft["draft_tokens"])
     return out

@@ -21,8 +21,7 @@ from lmtrace.params import CONSTRAINTS, SamplingParams
 # (json_schema, regex, choice, grammar, json_whitespace) among them
 OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
 # generate's options that a batch line cannot have: refused, never silently dropped
-NOT_IN_A_LINE = ("echo", "waterfall", "compile", "logits_processors", "observers", "uncertainty", "attribution",
-                 "against")  # fmt: skip
+NOT_IN_A_LINE = ("echo", "waterfall", "compile", "logits_processors", "observers", "attribution", "against")
 
 
 @dataclass
@@ -38,10 +37,11 @@ class Job:
     messages: list[dict[str, Any]] | None = None
     inside: dict[str, bool | str] = field(default_factory=dict)  # lens / attention (lmtrace.inside.probe)
     draft: dict[str, Any] | None = None  # speculative decoding: {draft, draft_tokens} (lmtrace.model.draft)
+    uncertainty: bool = False  # each step's and the trace's `uncertainty` (lmtrace.decode.uncertainty)
     group: str = field(init=False)
 
     def __post_init__(self) -> None:
-        key = [{**self.params.to_dict(), "seed": None}, self.chat, self.inside, self.draft]
+        key = [{**self.params.to_dict(), "seed": None}, self.chat, self.inside, self.draft, self.uncertainty]
         self.group = json.dumps(key, sort_keys=True)
 
 
@@ -113,8 +113,23 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
     except (TypeError, ValueError) as e:  # a chat template missing or failing, odd field types
         return f"{type(e).__name__}: {' '.join(str(e).split())}"
     job = Job(line, text, ids, params, chat or messages is not None, messages, inside_of(line.data, defaults),
-              draft_of(line.data, defaults))  # fmt: skip
+              draft_of(line.data, defaults), uncertainty_of(line.data))  # fmt: skip
     return job
+
+
+def uncertainty_of(data: dict[str, Any]) -> bool:
+    """The line's `uncertainty` (true: the scores of docs/uncertainty.md, at their defaults)."""
+    value = data.get("uncertainty", False)
+    if not isinstance(value, bool):
+        raise InvalidParameter(f"uncertainty must be true or false, got {value!r}")
+    return value
+
+
+def not_for_vllm(job: Job) -> str | None:
+    """The first of a line's options that the vLLM engine cannot run (None: it runs them all)."""
+    asked = [k for k, v in job.inside.items() if v] + ["draft"] * (job.draft is not None)
+    asked += ["uncertainty"] * job.uncertainty
+    return asked[0] if asked else None
 
 
 def inside_of(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, bool | str]:

@@ -17,7 +17,7 @@ from typing import Any
 from lmtrace.batch.lines import InputLine
 from lmtrace.batch.local import Outcome, error_outcome
 from lmtrace.batch.output import record_line
-from lmtrace.batch.prepare import Job, prepare
+from lmtrace.batch.prepare import Job, not_for_vllm, prepare
 from lmtrace.model.lm import LM
 
 
@@ -49,6 +49,8 @@ def trace_lines_vllm(
         jobs = []
         for line in window:
             job = prepare(engine.lm, line, defaults)
+            if not isinstance(job, str) and (name := not_for_vllm(job)) is not None:
+                job = f"{name}: the vllm engine does not run {name}; use --engine local"
             if isinstance(job, str):
                 yield error_outcome(line, job)
             else:

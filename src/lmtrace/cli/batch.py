@@ -127,6 +127,9 @@ def _engine(kw: dict, status: Console, defaults: dict):
                 raise InvalidParameter(f"{name}: only with --engine vllm, got {kw[name]!r}")
     if kw["engine"] != "local" and defaults.get("draft") is not None:
         raise InvalidParameter(f"draft: only with --engine local, got --engine {kw['engine']}")
+    for name in ("lens", "attention"):  # vLLM's forward has no hooks of lmtrace's
+        if kw["engine"] == "vllm" and kw[name]:
+            raise InvalidParameter(f"{name}: --{name} runs in lmtrace's own engine; not with --engine vllm")
     if kw["engine"] == "vllm":
         return _vllm_engine(kw, status, defaults, model_kwargs)
     if kw["engine"] == "local":

@@ -83,6 +83,12 @@ def _observe_rows(step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, h
             chosen[id(o)] = o
     for o in chosen.values():
         entries = o.observe(step, logits, tokens, how)
-        if entries is not None:
-            step.entries[o.name] = [e if o in own else None for e, own in zip(entries, wanted)]
+        if entries is None:
+            continue
+        # rows may ask for observers of one name through instances of their own (two requests
+        # with uncertainty): each row keeps the entry of its own instance
+        kept = step.entries.setdefault(o.name, [None] * len(wanted))
+        for r, (e, own) in enumerate(zip(entries, wanted)):
+            if any(x is o for x in own):
+                kept[r] = e
 
