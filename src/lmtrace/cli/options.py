@@ -79,28 +79,24 @@ def device_map_option(f):
     )(f)
 
 
+def _choice(flag: str, choices: list[str], help: str) -> Callable:
+    """A click option taking one of `choices`, the first the default."""
+    return click.option(flag, type=click.Choice(choices), default=choices[0], show_default=True, help=help)
+
+
 def weights_option(f):
     """Adds --weights: float (the default) or packed (a GGUF's own 4-bit weights, CPU)."""
-    return click.option(
-        "--weights",
-        type=click.Choice(["float", "packed"]),
-        default="float",
-        show_default=True,
-        help="packed: run a .gguf's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU, bfloat16 activations) "
-        "instead of dequantizing them to --dtype.",
-    )(f)
+    return _choice("--weights", ["float", "packed"],
+                   "packed: run a .gguf's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU, bfloat16 activations) "
+                   "instead of dequantizing them to --dtype.")(f)  # fmt: skip
 
 
 def matmul_option(f):
     """Adds --matmul: default (torch's own kernel) or onednn (float32 linear layers on weights packed once)."""
-    return click.option(
-        "--matmul",
-        type=click.Choice(["default", "onednn"]),
-        default="default",
-        show_default=True,
-        help="onednn: float32 linear layers through oneDNN on weights packed once (CPU): a step of several rows "
-        "costs about one row's time; numbers differ from torch's kernel by float32 rounding.",
-    )(f)
+    return _choice("--matmul", ["default", "onednn"],
+                   "onednn: float32 linear layers through oneDNN on weights packed once (CPU): a step of "
+                   "several rows costs about one row's time; numbers differ from torch's kernel by float32 "
+                   "rounding.")(f)  # fmt: skip
 
 
 # name -> (flag, click settings); the defaults are SamplingParams' own
