@@ -82,7 +82,8 @@ def use(model: Any, matmul: str) -> int:
             module.forward = types.MethodType(_onednn_forward, module)
             switched += 1
     if matmul == "onednn" and switched == 0:
-        raise InvalidParameter("matmul: 'onednn' runs float32 linear layers on the CPU; this model has none")
+        raise InvalidParameter("matmul: 'onednn' runs float32 linear layers on the CPU; this model has none "
+                               "(its weights packed, in another dtype or on another device)")
     grouped = _group(model) if matmul == "onednn" else 0
     model.lmtrace_matmul = f"onednn ({switched} linear layers, {grouped} groups)" if matmul == "onednn" else None
     return switched
