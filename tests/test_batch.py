@@ -131,6 +131,8 @@ def test_two_jobs_cannot_write_one_output(tmp_path):
         (["--engine", "vllm", "--lens"], "lens: --lens runs in lmtrace's own engine; not with --engine vllm"),
         (["--engine", "vllm", "--attention"],
          "attention: --attention runs in lmtrace's own engine; not with --engine vllm"),
+        (["--engine", "vllm", "--matmul", "onednn"],
+         "matmul: --matmul onednn is lmtrace's own engine's; vLLM chooses its kernels"),
     ],
 )
 def test_bad_options_exit_2(capsys, tiny_dir, tmp_path, args, message):
@@ -182,3 +184,17 @@ def test_a_line_that_fails_while_decoding_fails_alone(tiny_lm, monkeypatch):
     records = {json.loads(o.line)["id"]: json.loads(o.line) for o in outcomes}
     assert records["boom"] == {"id": "boom", "error": "RuntimeError: out of memory"}
     assert len(records["Hello"]["trace"]["steps"]) == 2 and "trace" in records["world"]
+
+
+def test_matmul_onednn_batch_equals_the_default_kernel(mixed, tiny_dir, tmp_path):
+    """--matmul onednn: the same greedy tokens as the default kernel's lines, logprobs within the
+    batched-versus-alone bound, and each trace says which kernel ran."""
+    out = tmp_path / "onednn.jsonl"
+    assert run_batch(tiny_dir, write_input(tmp_path / "in.jsonl"), out, "--batch-size", "4", "--matmul", "onednn") == 0
+    fast = by_id(read_records(out))
+    for key in ("hello", "zh", "emoji", "fox"):
+        got, want = fast[key]["trace"], mixed[key]["trace"]
+        assert got["token_ids"] == want["token_ids"]
+        assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(got["steps"], want["steps"])) < 5e-5
+        assert got["model"]["config"]["matmul"].startswith("onednn (")
+        assert "matmul" not in want["model"]["config"]

@@ -17,6 +17,7 @@ from lmtrace.cli.options import (
     draft_from,
     draft_options,
     inside_options,
+    matmul_option,
     model_options,
     params_from,
     sampling_options,
@@ -119,7 +120,7 @@ def _vllm_engine(kw: dict, status: Console, defaults: dict, model_kwargs: dict):
 def _engine(kw: dict, status: Console, defaults: dict):
     from lmtrace.batch.local import local_engine
 
-    model_kwargs = {k: kw[k] for k in ("device", "dtype", "allow_pickle", "trust_remote_code", "device_map")}
+    model_kwargs = {k: kw[k] for k in ("device", "dtype", "allow_pickle", "trust_remote_code", "device_map", "matmul")}
     source = kw["model"]
     if kw["engine"] != "vllm":
         for name in (*VLLM_ONLY, "echo"):
@@ -130,6 +131,8 @@ def _engine(kw: dict, status: Console, defaults: dict):
     for name in ("lens", "attention"):  # vLLM's forward has no hooks of lmtrace's
         if kw["engine"] == "vllm" and kw[name]:
             raise InvalidParameter(f"{name}: --{name} runs in lmtrace's own engine; not with --engine vllm")
+    if kw["engine"] == "vllm" and kw["matmul"] != "default":
+        raise InvalidParameter(f"matmul: --matmul {kw['matmul']} is lmtrace's own engine's; vLLM chooses its kernels")
     if kw["engine"] == "vllm":
         return _vllm_engine(kw, status, defaults, model_kwargs)
     if kw["engine"] == "local":
@@ -139,7 +142,7 @@ def _engine(kw: dict, status: Console, defaults: dict):
 
         def load():
             options = (kw["device"], kw["dtype"], kw["allow_pickle"], kw["trust_remote_code"], kw["device_map"])
-            lm = load_model(status, source, *options)
+            lm = load_model(status, source, *options, matmul=kw["matmul"])
             load_draft(status, lm, defaults.get("draft"))  # a bad --draft fails the job, not each line
             return lm
 
@@ -202,6 +205,7 @@ def _report(status: Console, summary: Summary, out_path: str) -> None:
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 @inside_options
 @draft_options
+@matmul_option
 def batch(in_path, out_path, no_color, **kw):
     """Trace every line of IN.jsonl ({"id", "prompt" or "messages", sampling fields, a constraint})
     into OUT.jsonl ({"id", "trace"} or {"id", "error"}), appending; a rerun resumes."""
