@@ -225,10 +225,9 @@ def to_trace(
     finish = "length" if last is not None and row.cut is None and row.text_before_eos is None else "stop"
     times = [s.time_ms for s in row.steps]
     decode_ms = sum(times[1:])
-    summary = lm.summary.to_dict()
     fields, choices = constrained.summaries(lm, ids, params, row.steps, text)
     return Trace(
-        model={"source": lm.source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]},
+        model=lm.record(),
         params={**params.to_dict(), "chat": chat, **({"compile": True} if compile else {}), **inside.params(lm, probe)},
         prompt={"text": prompt, "token_ids": ids, **_templated(lm, ids, chat), **inside.prompt_tokens(lm, probe, ids)},
         text=text,

@@ -10,7 +10,7 @@ import torch
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.arch import summarize
-from lmtrace.model.lm import model_name
+from lmtrace.model.lm import model_name, model_record
 
 # what transformers' generate uses when neither the call nor the model's generation_config sets a
 # value (GenerationConfig._get_default_generation_params in transformers 5)
@@ -86,7 +86,6 @@ def special_ids(tokenizer: Any, config: Any, model: Any) -> tuple[set[int], int 
 def model_header(model: Any, tokenizer: Any, dists: torch.Tensor) -> dict[str, Any]:
     """The trace's `model` dict: the full summary with the model, else what the output shows."""
     if model is not None:
-        summary = summarize(model.config, model).to_dict()
-        return {"source": model_name(model), "config": summary, "dtype": summary["dtype"], "device": summary["device"]}
+        return model_record(model_name(model), summarize(model.config, model).to_dict())
     source = model_name(tokenizer) if getattr(tokenizer, "name_or_path", "") else "model.generate"
     return {"source": source, "config": {}, "dtype": None, "device": str(dists.device)}

@@ -16,7 +16,7 @@ from lmtrace.external.from_generate import PADDED_VOCAB, records_of
 from lmtrace.external.generation_config import special_ids
 from lmtrace.logits.measure import recorded as measure
 from lmtrace.model.arch import summarize
-from lmtrace.model.lm import model_name
+from lmtrace.model.lm import model_name, model_record
 from lmtrace.records import Trace
 from lmtrace.versions import versions
 
@@ -136,12 +136,10 @@ def build(w: Any, tokenizer: Any, *, row: int = 0, tokens: Any = None, top_logpr
 
 def _trace(w: Any, tokenizer: Any, prompt: list[int], ids: list[int], steps: list, text: str, rounds: list[Any],
            top_logprobs: int, end: bool) -> Trace:  # fmt: skip
-    summary = summarize(w.model.config, w.model).to_dict()
     times = [r.time_ms for r in rounds]
     decode = sum(times[1:])
     return Trace(
-        model={"source": model_name(w.model), "config": summary, "dtype": summary["dtype"],
-               "device": summary["device"]},  # fmt: skip
+        model=model_record(model_name(w.model), summarize(w.model.config, w.model).to_dict()),
         params={"max_new_tokens": len(ids), "top_logprobs": top_logprobs, "settings": "unknown"},
         prompt={"text": tokenizer.decode(prompt), "token_ids": prompt},
         text=text,

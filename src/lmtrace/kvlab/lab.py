@@ -94,9 +94,8 @@ def _forced_trace(lm: LM, prompt: str, ids: list[int], text: str, tokens: list[i
                   params: dict[str, Any], elapsed_ms: float) -> Trace:  # fmt: skip
     from lmtrace.versions import versions
 
-    summary = lm.summary.to_dict()
     return Trace(
-        model={"source": lm.source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]},
+        model=lm.record(),
         params={**params, "teacher_forced": True},
         prompt={"text": prompt, "token_ids": ids},
         text=text, token_ids=tokens, finish_reason="length", stop_reason=None,

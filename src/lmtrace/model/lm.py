@@ -40,6 +40,15 @@ class LM:
         name = source if source is not None else model_name(model)
         return cls(model, tokenizer, name, summarize(model.config, model), eos_ids, int(pad))
 
+    def record(self) -> dict[str, Any]:
+        """The `model` entry of the records made with it (traces, scores): see `model_record`."""
+        return model_record(self.source, self.summary.to_dict())
+
+
+def model_record(source: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """A record's `model` entry: its source, the architecture summary, its dtype and device."""
+    return {"source": source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]}
+
 
 def model_name(model: Any) -> str:
     """A model's name for titles and headers: its `name_or_path`, except for lmtrace's converted

@@ -126,9 +126,8 @@ def _result(lm: LM, item: tuple, ids: list[int], first: int, numbers: measure.Fo
     scored = [t for t in tokens if t.logprob is not None]
     total = math.fsum(t.logprob for t in scored)
     nbytes = sum(len(t.bytes) for t in scored)
-    summary = lm.summary.to_dict()
     return ScoreResult(
-        model={"source": lm.source, "config": summary, "dtype": summary["dtype"], "device": summary["device"]},
+        model=lm.record(),
         text=text if text is not None else continuation,
         prompt=prompt,
         prompt_token_ids=ids[:first],
