@@ -33,8 +33,9 @@ import torch.nn.functional as F
 from lmtrace.errors import InvalidParameter
 
 MATMULS = ("default", "onednn")
-# the batch size oneDNN lays the weight out for; any batch runs on it (measured: batch 1 as fast as
-# with a batch-1 layout, batch 16 as fast as with a batch-16 one)
+# the batch size oneDNN lays the weight out for; any batch runs on it (measured on 60 cold 1536 x 576
+# weights: at 8 and 16 rows the fastest of the layouts for 1, 8, 16 and 32 rows; at 1 row 12% slower
+# than the layout for 1, and still as fast as torch's own kernel there)
 _LAYOUT_ROWS = 8
 
 
