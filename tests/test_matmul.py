@@ -162,3 +162,40 @@ def test_a_grouped_layer_edited_is_packed_again(own_tiny):
         after = [att.q_proj(x), att.k_proj(x), att.v_proj(x)]
     assert torch.equal(after[0], before[0]) and torch.equal(after[2], before[2])
     assert torch.allclose(after[1], 3 * before[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("extra", [{"draft": "layers:1", "draft_tokens": 2}, {"regex": "[a-c]{2,4}-[0-9]{1,3}"},
+                                   {"lens": True, "attention": True}, {"temperature": 0.8, "seed": 3}],
+                         ids=["draft", "regex", "lens+attention", "sampled"])  # fmt: skip
+def test_onednn_composes_with_each_option(own_tiny, extra):
+    """With a draft, a grammar, the lens and attention, or sampling: the same tokens as torch's
+    kernel with the same option, numbers within the batched-versus-alone bound."""
+    kw = {"max_new_tokens": 8, "temperature": 0, "top_logprobs": 3, **extra}
+    base = lmtrace.generate(own_tiny, "Once upon a time", **kw)
+    matmul.use(own_tiny.model, "onednn")
+    fast = lmtrace.generate(own_tiny, "Once upon a time", **kw)
+    assert fast.token_ids == base.token_ids
+    for a, b in zip(fast.steps, base.steps):
+        assert abs(a.logprob - b.logprob) < BOUND and abs(a.sampled_logprob - b.sampled_logprob) < BOUND
+        if extra.get("lens"):
+            assert [x["top"][0]["token_id"] for x in a.lens["layers"]] == [x["top"][0]["token_id"]
+                                                                          for x in b.lens["layers"]]  # fmt: skip
+            assert abs(a.lens["layers"][-1]["chosen_logprob"] - a.logprob) < 1e-6
+            assert a.attention is not None
+        if extra.get("regex"):
+            assert a.grammar == b.grammar or abs(a.grammar["removed_mass"] - b.grammar["removed_mass"]) < BOUND
+
+
+def test_onednn_in_the_continuous_batch(own_tiny):
+    """The server's continuous batch on a switched model: each row as torch's kernel gives it."""
+    from lmtrace.decode.continuous import RowSpec, generate_rows
+    from lmtrace.params import SamplingParams
+
+    prompts = ["Hello world", "很久很久以前，", "a"]
+    p = SamplingParams(max_new_tokens=6, temperature=0)
+    specs = lambda: [RowSpec(lmtrace.encode_prompt(own_tiny, t), p, t) for t in prompts]  # noqa: E731
+    base = generate_rows(own_tiny, specs())
+    matmul.use(own_tiny.model, "onednn")
+    for a, b in zip(generate_rows(own_tiny, specs()), base):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x.logprob - y.logprob) for x, y in zip(a.steps, b.steps)) < BOUND
