@@ -37,6 +37,9 @@ def test_a_request_joins_a_running_generation_and_leaves_first(slow_lm):
             answer = c2.post("/v1/completions", json=short).json()
         assert worker.peak_rows == 2  # decoded together
         assert worker.finished == 1 and reader.is_alive()  # done while the long one still runs
+        # the short one's prompt was prefilled in the long one's decode forward, not in one of its own
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert "lmtrace_decode_steps_with_prefill_total 1" in metrics
         reader.join(60)
     alone = lmtrace.generate(slow_lm, "Hi", max_new_tokens=5, temperature=0.8, top_k=20, seed=7, top_logprobs=3)
     assert answer["choices"][0]["text"] == alone.text

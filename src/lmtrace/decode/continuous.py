@@ -8,7 +8,9 @@ and seeded draws are the same as alone; logprobs differ from alone only by the f
 batched matrix products (the documented batched-versus-alone bound). A row may ask for the logit
 lens and the attention (decode/inside_rows.py: captured for it alone, the others' numbers
 untouched) and for a draft (decode/drafted.py: it decodes a speculative block per batch step
-with its own caches, exactly as alone).
+with its own caches, exactly as alone). Prompts that join while rows decode may be prefilled in
+the batch's decode forward (`step(joining)`: the step rides in their packed forward,
+decode/packed.Ride), so that a join costs no forward of its own.
 
     batch = ContinuousBatch(lm, max_batch=16)
     row = batch.join(RowSpec(ids, params, text))   # any time between steps (join_many: several)
@@ -19,7 +21,8 @@ with its own caches, exactly as alone).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +31,8 @@ from lmtrace.decode import engine, inside_rows
 from lmtrace.decode.drafted import DraftedRow, drafted
 from lmtrace.decode.loop import Watch, advance
 from lmtrace.decode.observers import inside_entry
-from lmtrace.decode.prefill import Prefilled, stack_left
+from lmtrace.decode.packed import Ride
+from lmtrace.decode.prefill import Prefilled, PromptRow, prefill_many, stack_left
 from lmtrace.decode.rows import Row, RowSpec, record
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.detokenize import TokenBytes
@@ -39,13 +43,18 @@ from lmtrace.logits import processors
 from lmtrace.model.lm import LM
 from lmtrace.records import Trace
 
-__all__ = ["ContinuousBatch", "Row", "RowSpec", "first_steps", "generate_rows"]
+__all__ = ["ContinuousBatch", "Joining", "Row", "RowSpec", "first_steps", "generate_rows"]
+
+# prompts joining at a step: given the batch's decode step to ride in their forward (None when no
+# row decodes, or one asks for the lens or the attention), prefills them (setting the ride's
+# results when it rode) and returns the rows to join with their prefills, or None
+Joining = Callable[[Ride | None], tuple[Sequence[RowSpec], Sequence[Prefilled]] | None]
 
 
 class ContinuousBatch:
     """The running batch: at most `max_batch` rows, one KV cache, one attention mask."""
 
-    def __init__(self, lm: LM, max_batch: int = 16):
+    def __init__(self, lm: LM, max_batch: int = 16, stats: Counter | None = None):
         if max_batch < 1:
             raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
         self.lm = lm
@@ -58,6 +67,8 @@ class ContinuousBatch:
         self.logits: torch.Tensor | None = None  # (batch, vocab): each row's next distribution
         self.tb = TokenBytes(lm.tokenizer)
         self._expected: dict[int, Any] = {}  # batch size -> the cache formula at that size
+        # "steps": decode forwards; "ridden": those that also prefilled joining prompts
+        self.stats = stats if stats is not None else Counter()
 
     @property
     def empty(self) -> bool:
@@ -128,37 +139,60 @@ class ContinuousBatch:
             self.rows, self.cache, self.mask, self.logits = rows, cache, own, logits
             return
         width, length = self.mask.shape[1], own.shape[1]
-        # left-pad whichever is shorter, so that every row's tokens end at the last column
-        ledger.pad_left(self.cache, length - width)
-        ledger.pad_left(cache, width - length)
-        self.mask = _pad_mask(self.mask, length - width)
-        own = _pad_mask(own, width - length)
-        ledger.append_rows(self.cache, cache)
-        self.mask = torch.cat([self.mask, own], dim=0)
+        # whichever is shorter is left-padded, so that every row's tokens end at the last column
+        ledger.join_rows(self.cache, cache)
+        self.mask = torch.cat([_pad_mask(self.mask, length - width), _pad_mask(own, width - length)], dim=0)
         self.logits = torch.cat([self.logits, logits], dim=0)
         self.rows += rows
 
-    def step(self) -> list[Row]:
+    def step(self, joining: Joining | None = None) -> list[Row]:
         """Decodes each drafted row's next block; then chooses every other row's next token,
         records it (calling the rows' `on_step`), takes the rows that finished out, and runs the
-        decode forward for the others. Returns the rows that left at this step (a trace each, or
-        `error` set when their `on_step` raised)."""
+        decode forward for the others: in the forward of the `joining` prompts when they take
+        the ride, whose rows then join. Returns the rows that left at this step (a trace each,
+        or `error` set when their `on_step` raised)."""
         gone = [d.row for d in self.drafted if d.block(self.tb)]
         self.drafted = [d for d in self.drafted if d.row not in gone]
-        if not self.rows:
-            return gone
-        started = time.perf_counter()
-        with torch.inference_mode():
-            tokens, bs = self._choose()
-        choose_ms = (time.perf_counter() - started) * 1000
-        left = [r for r in range(len(self.rows)) if self._record(r, bs, choose_ms)]
-        gone += [self.rows[r] for r in left]
-        if left:
-            self._remove(left)
-            tokens = tokens[[r for r in range(len(tokens)) if r not in set(left)]]
+        tokens = None
         if self.rows:
+            started = time.perf_counter()
+            with torch.inference_mode():
+                tokens, bs = self._choose()
+            choose_ms = (time.perf_counter() - started) * 1000
+            left = [r for r in range(len(self.rows)) if self._record(r, bs, choose_ms)]
+            gone += [self.rows[r] for r in left]
+            if left:
+                self._remove(left)
+                tokens = tokens[[r for r in range(len(tokens)) if r not in set(left)]]
+        ride = self._ride(tokens) if joining is not None and self.rows else None
+        started = time.perf_counter()
+        joined = joining(ride) if joining is not None else None
+        if ride is not None and ride.logits is not None:
+            self._took(ride, started)
+            self.stats["ridden"] += 1
+        elif self.rows:
             self._decode(tokens)
+        self.stats["steps"] += 1 if self.rows else 0
+        if joined:
+            self.join_prefilled(*joined)
         return gone
+
+    def _ride(self, tokens: torch.Tensor) -> Ride | None:
+        """The decode step as a ride (None where a row's lens or attention hooks the forward)."""
+        if any(inside_rows.wants(r.spec) for r in self.rows):
+            return None
+        positions = torch.tensor([r.position for r in self.rows], dtype=torch.long, device=self.mask.device)
+        return Ride(ledger.layers_of(self.cache), self.mask, tokens, positions)
+
+    def _took(self, ride: Ride, started: float) -> None:
+        """The decode step's results from the forward it rode in."""
+        with torch.inference_mode():
+            ledger.append_columns(self.cache, ride.new)
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=-1)
+        self.logits = ride.logits
+        for row in self.rows:
+            row.position += 1
+            row.step_ms = (time.perf_counter() - started) * 1000
 
     def _choose(self) -> tuple[torch.Tensor, BatchStep]:
         """Each row's token from its own processed distribution; the numbers of all rows."""
@@ -261,18 +295,37 @@ def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
 
 def generate_rows(lm: LM, specs: Sequence[RowSpec], max_batch: int = 16) -> list[Trace]:
     """Decodes every row, each with its own params, `max_batch` at a time: a row that finishes
-    makes room for the next one at once. One Trace per spec, in order; a row whose `on_step`
-    raised re-raises here."""
+    makes room for the next one at once (its prompt prefilled in the batch's next decode
+    forward). One Trace per spec, in order; a row whose `on_step` raised re-raises here."""
     batch = ContinuousBatch(lm, max_batch)
     waiting = list(enumerate(specs))
     out: list[Trace | None] = [None] * len(specs)
-    rows: dict[int, int] = {}
+    index: dict[int, list[int]] = {}  # id of a spec -> the places it has in `specs`
+    for i, spec in waiting:
+        index.setdefault(id(spec), []).append(i)
     while waiting or not batch.empty:
         arriving, waiting = waiting[: batch.free], waiting[batch.free :]
-        for (i, _), row in zip(arriving, batch.join_many([spec for _, spec in arriving])):
-            rows[id(row)] = i
-        for row in batch.step():
+        riding = [spec for _, spec in arriving if batch.rows and rides(spec)]
+        batch.join_many([spec for _, spec in arriving if not (batch.rows and rides(spec))])
+        for row in batch.step(prefilling(lm, riding) if riding else None):
             if row.error is not None:
                 raise row.error
-            out[rows[id(row)]] = row.trace
+            out[index[id(row.spec)].pop(0)] = row.trace
     return out  # type: ignore[return-value]
+
+
+def rides(spec: RowSpec) -> bool:
+    """Whether the row's prompt may be prefilled in a running batch's decode forward (not with
+    a draft's own caches, nor with the lens's or the attention's hooks on its prefill)."""
+    return not drafted(spec) and not inside_rows.wants(spec)
+
+
+def prefilling(lm: LM, specs: Sequence[RowSpec]) -> Joining:
+    """Prompts joining at a step, prefilled together in the batch's decode forward (each as if
+    alone: no prefix cache)."""
+
+    def prefill(ride: Ride | None) -> tuple[Sequence[RowSpec], list[Prefilled]]:
+        rows = [PromptRow(list(spec.ids), share=False) for spec in specs]
+        return specs, prefill_many(lm.model, rows, pad_id=lm.pad_token_id, keep_kv=True, ride=ride)
+
+    return prefill

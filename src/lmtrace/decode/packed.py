@@ -12,7 +12,11 @@ A 4D mask lets each new token attend its own context's columns up to its own pos
 position ids give each token its place in its own prompt, so every prompt's numbers are what
 its own forward would give (within float noise). A prompt whose beginning another prompt of the
 pack computes (its anchor) takes the anchor's numbers for the targets inside the shared part and
-measures the target where they part from the anchor's distribution at the last shared token."""
+measures the target where they part from the anchor's distribution at the last shared token.
+
+A running batch's next decode step may ride in a pack (Ride): its rows' caches go in as more
+columns, its new tokens as more queries (each attends its own row's columns), so that one forward
+reads the weights once for the batch's step and the prompts that join it."""
 
 from __future__ import annotations
 
@@ -47,10 +51,52 @@ class Packed:
     def __post_init__(self) -> None:
         self.past = self.reuse
 
-def plan(rows: list[Packed]) -> tuple[list[Hit], list[int], list[int]]:
+@dataclass
+class Ride:
+    """A running batch's next decode step, computed in a pack's forward. The batch's cache
+    (per layer (B, kv_heads, W, head_dim), left-padded) follows the pack's cache hits as B x W
+    columns, and its new tokens are the forward's first B queries, each attending its own row's
+    columns. After the forward: `logits` (B, vocab) float32, and `new` per layer the new tokens'
+    KV (B, kv_heads, 1, head_dim) for the batch to append."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    mask: torch.Tensor  # (B, W): 1 on each row's own columns
+    tokens: torch.Tensor  # (B,): each row's new token
+    positions: torch.Tensor  # (B,): its position in its own sequence
+    logits: torch.Tensor | None = None
+    new: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @property
+    def rows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def columns(self) -> int:
+        return int(self.mask.numel())
+
+    def allow(self, allowed: torch.Tensor, start: int, past: int) -> None:
+        """Row b's query (b) attends its own columns (from `start`) and its new token's column."""
+        b, w = self.mask.shape
+        own = allowed[:b, start : start + b * w].view(b, b, w)
+        own[torch.arange(b), torch.arange(b)] = self.mask.bool().cpu()
+        allowed[torch.arange(b), past + torch.arange(b)] = True
+
+    def took(self, logits: torch.Tensor, layers: list, past: int) -> None:
+        """The step's results from the forward: logits (B, vocab) and the new tokens' KV."""
+        b = self.rows
+
+        def new(t: torch.Tensor) -> torch.Tensor:  # (1, h, columns, d) -> (B, h, 1, d)
+            return t[0, :, past : past + b].transpose(0, 1).unsqueeze(2)
+
+        self.logits = logits.float()
+        self.new = [(new(k), new(v)) for k, v in layers]
+
+
+def plan(rows: list[Packed], before: int = 0) -> tuple[list[Hit], list[int], list[int]]:
     """Columns of every prompt: the cache hits whose KV goes first (one block per entry, as
     long as its longest reuse), and the packed row's new token ids and positions. An anchor
-    comes before the prompts that use it."""
+    comes before the prompts that use it. `before`: columns between the hits and the prompts'
+    new tokens (a riding batch's cache and new tokens)."""
     longest: dict[int, Hit] = {}  # id(entry) -> the hit reusing most of it
     for row in rows:
         if row.anchor is None and row.hit is not None:
@@ -72,56 +118,77 @@ def plan(rows: list[Packed]) -> tuple[list[Hit], list[int], list[int]]:
             row.columns = []
         row.new = len(row.columns)
         for p in range(row.new, len(row.ids)):
-            row.columns.append(width + len(ids))
+            row.columns.append(width + before + len(ids))
             ids.append(row.ids[p])
             positions.append(p)
     return list(longest.values()), ids, positions
 
 
-def _mask(rows: list[Packed], width: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-    """(1, 1, new tokens, width + new tokens): 0 where a token attends, the dtype's minimum elsewhere."""
-    allowed = torch.zeros((count, width + count), dtype=torch.bool)
+def _mask(rows: list[Packed], past: int, count: int, dtype: torch.dtype, ride: Ride | None, width: int) -> torch.Tensor:
+    """(1, 1, queries, past + queries): 0 where a query attends, the dtype's minimum elsewhere.
+    The first `past` columns are cached ones (hits, then a riding batch's from `width`)."""
+    allowed = torch.zeros((count, past + count), dtype=torch.bool)
+    if ride is not None:
+        ride.allow(allowed, width, past)
     for row in rows:
         cols = torch.tensor(row.columns, dtype=torch.long)
         for p in range(row.new, len(row.ids)):
-            allowed[cols[p] - width, cols[: p + 1]] = True
-    mask = torch.zeros((count, width + count), dtype=dtype)
+            allowed[cols[p] - past, cols[: p + 1]] = True
+    mask = torch.zeros((count, past + count), dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
 
 
-def forward(model, rows: list[Packed]) -> list[tuple[torch.Tensor, measure.Forced | None, list]]:
-    """Runs the pack; per prompt (its last distribution (vocab,) float32, its numbers for targets
-    1..n-1 or None, its KV per layer (1, kv_heads, n, head_dim))."""
-    blocks, ids, positions = plan(rows)
+Result = tuple[torch.Tensor, "measure.Forced | None", list]  # last distribution, numbers, KV
+
+
+def forward(model, rows: list[Packed], ride: Ride | None = None) -> list[Result]:
+    """Runs the pack (and the riding batch's step, its results set on `ride`); per prompt (its
+    last distribution (vocab,) float32, its numbers for targets 1..n-1 or None, its KV per layer
+    (1, kv_heads, n, head_dim))."""
+    riders = ride.rows if ride is not None else 0
+    blocks, ids, positions = plan(rows, ride.columns + riders if ride is not None else 0)
     width = sum(hit.reuse for hit in blocks)
+    past = width + (ride.columns if ride is not None else 0)  # columns before the first query
     device, dtype = model.device, next(model.parameters()).dtype
-    if blocks:
-        parts = [hit.kv() for hit in blocks]  # per block, per layer (1, kv_heads, reuse, head_dim)
-        layers = [(torch.cat([p[i][0] for p in parts], dim=2), torch.cat([p[i][1] for p in parts], dim=2))
-                  for i in range(len(parts[0]))]  # fmt: skip
-        cache = ledger.cache_of(model, layers)
-    else:
-        cache = ledger.new_cache(model)
-    mask = _mask(rows, width, len(ids), dtype).to(device)
+    parts = [hit.kv() for hit in blocks]  # per part, per layer (1, kv_heads, len, head_dim)
+    parts += [ride.layers] if ride is not None else []  # (B, kv_heads, W, head_dim): its rows one after another
+    count = len(ids) + riders
+    cache = ledger.cache_with_room(model, parts, count) if parts else ledger.new_cache(model)
+    if ride is not None:
+        ids, positions = ride.tokens.tolist() + ids, ride.positions.tolist() + positions
+    mask = _mask(rows, past, len(ids), dtype, ride, width).to(device)
+    keep, at = _kept(rows, past, riders, len(ids))
     out = model(
-        input_ids=torch.tensor([ids], device=device),  # (1, new tokens)
+        input_ids=torch.tensor([ids], device=device),  # (1, queries)
         attention_mask=mask,
         position_ids=torch.tensor([positions], device=device),
-        logits_to_keep=len(ids),
+        logits_to_keep=keep if isinstance(keep, int) else keep.to(device),
         **ledger.cache_kwargs(model, cache),
     )
-    logits = out.logits[0]  # (new tokens, vocab)
-    layers = ledger.layers_of(cache)  # (1, kv_heads, width + new tokens, head_dim)
-    results: list[tuple[torch.Tensor, measure.Forced | None, list]] = []
+    logits = out.logits[0]  # (kept queries, vocab)
+    layers = ledger.layers_of(cache)  # (1, kv_heads, past + queries, head_dim)
+    if ride is not None:
+        ride.took(logits[:riders], layers, past)
+    results: list[Result] = []
     for row in rows:
-        last = logits[row.columns[-1] - width].float().clone()
-        numbers = _numbers(row, rows, results, logits, width) if row.top_n is not None else None
+        last = logits[at(row.columns[-1] - past)].float().clone()
+        numbers = _numbers(row, rows, results, logits, past) if row.top_n is not None else None
         spans = runs(row.columns)  # a few contiguous runs: copies of slices, no gather over the columns
         kv = [(torch.cat([k[:, :, a:b] for a, b in spans], dim=2), torch.cat([v[:, :, a:b] for a, b in spans], dim=2))
               for k, v in layers]  # fmt: skip
         results.append((last, numbers, kv))
     return results
+
+
+def _kept(rows: list[Packed], past: int, riders: int, count: int):
+    """The queries whose logits the forward computes (all of them when a prompt is measured;
+    else the riders' and each prompt's last), and a query's row among them."""
+    if any(row.top_n is not None for row in rows):
+        return count, lambda q: q
+    wanted = sorted(set(range(riders)) | {row.columns[-1] - past for row in rows})
+    where = {q: i for i, q in enumerate(wanted)}
+    return torch.tensor(wanted, dtype=torch.long), where.__getitem__
 
 
 def runs(columns: Sequence[int]) -> list[tuple[int, int]]:
@@ -135,7 +202,7 @@ def runs(columns: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _numbers(row: Packed, rows: list[Packed], done: list, logits: torch.Tensor, width: int) -> measure.Forced:
+def _numbers(row: Packed, rows: list[Packed], done: list, logits: torch.Tensor, past: int) -> measure.Forced:
     """Targets 1..n-1: from the cache (up to its reuse), from the anchor (inside the shared
     part), the others measured from the packed row's logits at the position before each."""
     if row.anchor is not None:
@@ -150,7 +217,7 @@ def _numbers(row: Packed, rows: list[Packed], done: list, logits: torch.Tensor, 
     else:
         numbers, known = measure.Forced(), 0
     t = known + 1  # targets t.. are measured; position t - 1 predicts target t
-    for a, b in runs([c - width for c in row.columns[known : len(row.ids) - 1]]):  # slices of the logits
+    for a, b in runs([c - past for c in row.columns[known : len(row.ids) - 1]]):  # slices of the logits
         numbers.extend(measure.targets(logits[a:b], torch.tensor(row.ids[t : t + b - a]), row.top_n))
         t += b - a
     return numbers

@@ -10,7 +10,9 @@ right-aligned so that its last token sits in the last column:
 (a row alone is exactly engine.prefill's forward: no mask, positions 0..n-1, the same numbers
 to the bit). Rows that share the cache (lmtrace.kv.prefix) go in packed forwards
 (lmtrace.decode.packed): no padding, each prompt from its longest cached beginning or from the
-beginning another prompt of its pack computes, and kept in the cache afterwards."""
+beginning another prompt of its pack computes, and kept in the cache afterwards. A running
+batch's next decode step may ride in the first forward (`ride`, lmtrace.decode.packed.Ride): the
+prompts joining the batch then cost no forward of their own."""
 
 from __future__ import annotations
 
@@ -68,25 +70,52 @@ def prefill_many(
     keep_kv: bool = False,
     max_rows: int = ROWS,
     max_tokens: int = TOKENS,
+    ride: packed.Ride | None = None,
 ) -> list[Prefilled]:
     """Prefills every row, in order; with a `cache`, each row that shares reuses its longest
-    cached beginning and is kept in the cache afterwards. `keep_kv`: every result carries its KV."""
+    cached beginning and is kept in the cache afterwards. `keep_kv`: every result carries its KV.
+    `ride`: a batch's decode step computed in the first forward (its results set on it)."""
     if cache is not None:
         cache.check_weights(model)
     out: list[Prefilled | None] = [None] * len(rows)
     sharing = [i for i, r in enumerate(rows) if cache is not None and r.share]
     alone = [i for i, r in enumerate(rows) if cache is None or not r.share]
     with torch.inference_mode():
+        if ride is not None and alone:
+            alone = _ridden(model, rows, alone, ride, keep_kv, out)
+            ride = None
         sizes = {i: len(rows[i].ids) for i in alone}
         for group in groups(alone, sizes, [rows[i].top_n is not None for i in alone], max_rows, max_tokens):
             for i, p in zip(group, _forward(model, [rows[i] for i in group], pad_id, keep_kv)):
                 out[i] = p
         if sharing:
-            _shared(model, rows, sharing, cache, out, (pad_id, max_rows, min(max_tokens, PACK_TOKENS)))
+            _shared(model, rows, sharing, cache, out, (pad_id, max_rows, min(max_tokens, PACK_TOKENS)), ride)
     return out  # type: ignore[return-value]
 
 
-def _shared(model, rows: Sequence[PromptRow], indices: list[int], cache: PrefixCache, out: list, limits: tuple) -> None:
+def _ridden(model, rows: Sequence[PromptRow], indices: list[int], ride: packed.Ride, keep: bool, out: list) -> list:
+    """Rows that share nothing, in one packed forward with the riding batch's step (at most
+    PACK_TOKENS new tokens, at least one row); returns the rows left for padded forwards."""
+    taken, tokens = [], 0
+    for i in indices:
+        if taken and tokens + len(rows[i].ids) > PACK_TOKENS:
+            break
+        taken.append(i)
+        tokens += len(rows[i].ids)
+    started = time.perf_counter()
+    results = packed.forward(model, [packed.Packed(list(rows[i].ids), rows[i].top_n) for i in taken], ride)
+    ms = (time.perf_counter() - started) * 1000 / len(taken)
+    for i, (last, numbers, kv) in zip(taken, results):
+        if numbers is not None and rows[i].first > 1:
+            numbers = _after(numbers, rows[i].first)
+        out[i] = Prefilled(list(rows[i].ids), last, numbers, kv if keep else None, 0, ms)
+    return indices[len(taken) :]
+
+
+def _shared(
+    model, rows: Sequence[PromptRow], indices: list[int], cache: PrefixCache, out: list, limits: tuple,
+    ride: packed.Ride | None = None,
+) -> None:
     """Rows that share the cache, in packed forwards of at most `limits[2]` new tokens: each
     from its longest cached beginning, or from the beginning an earlier row of its pack computes."""
     budget = limits[2]
@@ -106,13 +135,17 @@ def _shared(model, rows: Sequence[PromptRow], indices: list[int], cache: PrefixC
         packs[-1].append((indices[k], lead, shared))
         tokens += new
     for pack in packs:
-        _run_pack(model, rows, pack, cache, out, limits)
+        if _run_pack(model, rows, pack, cache, out, limits, ride):
+            ride = None
 
 
-def _run_pack(model, rows: Sequence[PromptRow], pack: list, cache: PrefixCache, out: list, limits: tuple) -> None:
-    """One packed forward; each row kept in the cache after it (the next pack reuses them).
-    A pack in which nothing is shared goes in padded forwards instead (no attention across the
-    whole pack to pay for)."""
+def _run_pack(
+    model, rows: Sequence[PromptRow], pack: list, cache: PrefixCache, out: list, limits: tuple,
+    ride: packed.Ride | None = None,
+) -> bool:
+    """One packed forward (the riding step's too); each row kept in the cache after it (the
+    next pack reuses them). A pack in which nothing is shared goes in padded forwards instead
+    (no attention across the whole pack to pay for), unless a step rides. True when it rode."""
     started = time.perf_counter()
     members: list[packed.Packed] = []
     where: dict[int, int] = {}  # row index -> place in the pack
@@ -133,11 +166,11 @@ def _run_pack(model, rows: Sequence[PromptRow], pack: list, cache: PrefixCache, 
         where[i] = len(members)
         members.append(member)
     if not members:
-        return
-    if all(m.hit is None and m.anchor is None for m in members):
+        return False
+    if ride is None and all(m.hit is None and m.anchor is None for m in members):
         _unshared(model, rows, list(where), cache, out, limits)
-        return
-    results = packed.forward(model, members)
+        return False
+    results = packed.forward(model, members, ride)
     ms = (time.perf_counter() - started) * 1000 / len(members)
     for i, member, (last, numbers, kv) in zip(where, members, results):
         saved = member.shared if member.anchor is not None else member.reuse
@@ -147,6 +180,7 @@ def _run_pack(model, rows: Sequence[PromptRow], pack: list, cache: PrefixCache, 
         if numbers is not None and rows[i].first > 1:
             numbers = _after(numbers, rows[i].first)
         out[i] = Prefilled(member.ids, last, numbers, kv, saved, ms)
+    return ride is not None
 
 
 def _unshared(model, rows: Sequence[PromptRow], indices: list[int], cache: PrefixCache, out: list, limits) -> None:

@@ -8,12 +8,14 @@ the tensors themselves and checked against the formula of kvsize.py."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 FULL, SLIDING = "full_attention", "sliding_window"
 
@@ -255,8 +257,6 @@ def layer_shapes(cache: Any) -> list[list[int] | None]:
 def regroupable(cache: Any) -> bool:
     """Whether rows can join and leave this cache: only plain full-attention dynamic layers
     (a sliding layer's kept window depends on each row's own length)."""
-    from transformers.cache_utils import DynamicLayer
-
     return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
@@ -265,16 +265,6 @@ def select_rows(cache: Any, index: torch.Tensor) -> None:
     for layer in cache.layers:
         layer.keys = layer.keys.index_select(0, index)
         layer.values = layer.values.index_select(0, index)
-
-
-def pad_left(cache: Any, width: int) -> None:
-    """Adds `width` empty positions before every row (they are masked out), in place."""
-    if width <= 0:
-        return
-    for layer in cache.layers:
-        b, h, _, d = layer.keys.shape  # (batch, kv_heads, seq, head_dim) -> seq + width
-        layer.keys = torch.cat([layer.keys.new_zeros((b, h, width, d)), layer.keys], dim=-2)
-        layer.values = torch.cat([layer.values.new_zeros((b, h, width, d)), layer.values], dim=-2)
 
 
 def drop_left(cache: Any, width: int) -> None:
@@ -286,8 +276,69 @@ def drop_left(cache: Any, width: int) -> None:
         layer.values = layer.values[:, :, width:]
 
 
-def append_rows(cache: Any, other: Any) -> None:
-    """Appends the rows of `other` (the same width) after this cache's rows, in place."""
+def join_rows(cache: Any, other: Any) -> None:
+    """Appends the rows of `other` after this cache's rows, in place, each left-padded with empty
+    positions (masked out) to the longer of the two widths: one copy of each."""
     for layer, extra in zip(cache.layers, other.layers):
-        layer.keys = torch.cat([layer.keys, extra.keys], dim=0)
-        layer.values = torch.cat([layer.values, extra.values], dim=0)
+        layer.keys = _stacked(layer.keys, extra.keys)
+        layer.values = _stacked(layer.values, extra.values)
+
+
+def _stacked(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(rows a + rows b, kv_heads, width, head_dim), each right-aligned."""
+    width = max(a.shape[2], b.shape[2])
+    out = a.new_zeros((a.shape[0] + b.shape[0], a.shape[1], width, a.shape[3]))
+    out[: a.shape[0], :, width - a.shape[2] :] = a
+    out[a.shape[0] :, :, width - b.shape[2] :] = b
+    return out
+
+
+def append_columns(cache: Any, new: Any) -> None:
+    """Appends positions after every row's last, in place: per layer (keys, values) of shape
+    (batch, kv_heads, positions, head_dim)."""
+    for layer, (keys, values) in zip(cache.layers, new):
+        layer.keys = torch.cat([layer.keys, keys], dim=-2)
+        layer.values = torch.cat([layer.values, values], dim=-2)
+
+
+class _Room(DynamicLayer):
+    """A layer whose storage has room for the positions a forward adds: written in place (a
+    DynamicLayer copies everything it holds at each forward)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, used: int):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self._storage, self._used = (keys, values), used
+        self.keys, self.values = keys[:, :, :used], values[:, :, :used]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = self._storage
+        end = self._used + key_states.shape[-2]
+        keys[:, :, self._used : end] = key_states
+        values[:, :, self._used : end] = value_states
+        self._used = end
+        self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+        return self.keys, self.values
+
+
+def cache_with_room(model: Any, parts: Sequence[Any], room: int) -> DynamicCache:
+    """A one-row cache holding `parts` one after another, with room for `room` more positions
+    written in place. Each part: per layer (keys, values) of (1, kv_heads, len, head_dim), or of
+    (rows, kv_heads, len, head_dim): its rows one after another."""
+    cache = DynamicCache(config=model.config)
+    layers = []
+    for i in range(len(parts[0])):
+        k0 = parts[0][i][0]
+        used = sum(p[i][0].shape[0] * p[i][0].shape[2] for p in parts)
+        keys = k0.new_empty((1, k0.shape[1], used + room, k0.shape[3]))
+        values = k0.new_empty(keys.shape)
+        at = 0
+        for p in parts:
+            k, v = p[i]
+            rows, h, n, d = k.shape
+            keys[0, :, at : at + rows * n].view(h, rows, n, d).copy_(k.transpose(0, 1))
+            values[0, :, at : at + rows * n].view(h, rows, n, d).copy_(v.transpose(0, 1))
+            at += rows * n
+        layers.append(_Room(keys, values, used))
+    cache.layers = layers
+    return cache

@@ -18,7 +18,9 @@ import time
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
-from lmtrace.decode.continuous import ContinuousBatch, Row, RowSpec
+from lmtrace.decode.continuous import ContinuousBatch, Joining, Row, RowSpec
+from lmtrace.decode.packed import Ride
+from lmtrace.decode.prefill import Prefilled
 from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
 from lmtrace.server.lane import DEFAULT_PREFIX_CACHE_BYTES, Lane
@@ -70,6 +72,8 @@ class BatchingWorker(ModelWorker):
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.peak_rows = 0  # the most rows decoded together so far (for tests and the bench)
+        self._late: list[tuple[_Request, RowSpec]] = []  # rows whose prefill in a step failed
+        self.stats: Counter = Counter()  # the batch's decode steps, and those that prefilled joining rows
 
     def submit_job(self, job: Job) -> Handle:
         """Queues the request's rows (call from the event loop); raises Busy when full."""
@@ -101,7 +105,7 @@ class BatchingWorker(ModelWorker):
         self._release()
 
     def _loop(self) -> None:
-        batch = ContinuousBatch(self.lm, self.max_batch)
+        batch = ContinuousBatch(self.lm, self.max_batch, self.stats)
         while True:
             with self._wake:
                 while not (self._stopped or self._waiting or self._rows or self._exclusive or not batch.empty):
@@ -115,18 +119,22 @@ class BatchingWorker(ModelWorker):
             for handle, work in exclusive:
                 self._run_exclusive(handle, work)
             self._open(arrived)
-            self._join(batch)
+            riding = self._join(batch)
             if batch.empty:
                 continue
             try:
-                gone = batch.step()
+                gone = batch.step(self._joining(riding) if riding else None)
             except BaseException as e:  # the forward pass failed: every row in it fails
-                for row in batch.members:
-                    self._close(row.spec.tag[0], e)
-                batch = ContinuousBatch(self.lm, self.max_batch)
+                for req in [*(row.spec.tag[0] for row in batch.members), *(req for req, _ in riding)]:
+                    self._close(req, e)
+                batch = ContinuousBatch(self.lm, self.max_batch, self.stats)
                 continue
             for row in gone:
                 self._leave(row)
+            if self._late:  # their prefill in the step failed: one of them is at fault
+                late, self._late = self._late, []
+                self._join_rows(batch, late, retry=True)
+            self.peak_rows = max(self.peak_rows, len(batch.members))
         for req in [*self._waiting, *(r for r, _ in self._rows), *(row.spec.tag[0] for row in batch.members)]:
             self._close(req, Cancelled())
         for handle, work in list(self._exclusive):
@@ -195,16 +203,38 @@ class BatchingWorker(ModelWorker):
                 return
         self._rows.extend(self._specs(req))
 
-    def _join(self, batch: ContinuousBatch) -> None:
+    def _join(self, batch: ContinuousBatch) -> list[tuple[_Request, RowSpec]]:
+        """Admits waiting rows: those with a prefill of their own join now, and the others too
+        when no row decodes; the rest are returned, to be prefilled in the next step's forward."""
         if any(req.handle.cancelled for req, _ in self._rows):  # gone while waiting for room
             for req, _ in self._rows:
                 if req.handle.cancelled:
                     self._close(req, Cancelled())
             self._rows = deque(item for item in self._rows if not item[0].closed)
         arriving = self._admit_rows(batch) if batch.free else []
-        if arriving:
-            self._join_rows(batch, arriving, retry=True)
+        riding = [item for item in arriving if batch.rows and self.lane.reuse_kv and not _own_prefill(item[0].job)]
+        now = [item for item in arriving if not any(item is r for r in riding)]
+        if now:
+            self._join_rows(batch, now, retry=True)
         self.peak_rows = max(self.peak_rows, len(batch.members))
+        return riding
+
+    def _joining(self, riding: list[tuple[_Request, RowSpec]]) -> Joining:
+        """The rows' prompts prefilled in the batch's next step (lmtrace.decode.continuous):
+        when that fails they are kept for a join of their own after the step."""
+
+        def prefill(ride: Ride | None) -> tuple[list[RowSpec], list[Prefilled]] | None:
+            wanted = [(req, spec.tag[1] // req.job.n) for req, spec in riding]
+            try:
+                found = self.lane.prefill(wanted, keep_kv=True, ride=ride)
+                for req, i in wanted:
+                    self.lane.announce(req, i, found[(id(req.handle), i)])
+            except Exception:
+                self._late = list(riding)
+                return None
+            return [s for _, s in riding], [found[(id(r.handle), i)] for r, i in wanted]
+
+        return prefill
 
     def _admit_rows(self, batch: ContinuousBatch) -> list[tuple[_Request, RowSpec]]:
         """Admission: the waiting rows that join the batch now. Round-robin over the waiting

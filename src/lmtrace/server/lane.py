@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from lmtrace.decode.continuous import Row, RowSpec, first_steps
+from lmtrace.decode.packed import Ride
 from lmtrace.decode.prefill import Prefilled, PromptRow, prefill_many
 from lmtrace.kv import ledger
 from lmtrace.kv.prefix import PrefixCache
@@ -51,8 +52,9 @@ class Lane:
         """Whether the request is answered from its prefill alone (no decode step)."""
         return not job.generate or (self.reuse_kv and job.params.max_new_tokens == 1)
 
-    def prefill(self, wanted: Sequence[tuple[Any, int]], keep_kv: bool) -> dict[Key, Prefilled]:
+    def prefill(self, wanted: Sequence[tuple[Any, int]], keep_kv: bool, ride: Ride | None = None) -> dict:
         """[(request, prompt index)] prefilled together (each prompt once); {key: Prefilled}.
+        `ride`: the running batch's decode step, computed in the first forward.
         The prompts of a request with echo are measured with its number of alternatives and
         share the prefix cache; the others are computed as before any cache (a generation's
         numbers do not depend on what was asked before it)."""
@@ -67,7 +69,8 @@ class Lane:
             top_n = (job.top_n if job.logprobs else 0) if job.echo else None
             rows.append(PromptRow(job.prompts[i].ids, top_n, share=job.echo))
         done = prefill_many(
-            self.lm.model, rows, pad_id=self.lm.pad_token_id, cache=self.cache, keep_kv=keep_kv and self.reuse_kv
+            self.lm.model, rows, pad_id=self.lm.pad_token_id, cache=self.cache, keep_kv=keep_kv and self.reuse_kv,
+            ride=ride,
         )
         return dict(zip(keys, done))
 

@@ -1,7 +1,8 @@
 """GET /metrics: the server's counters in Prometheus' text format, as vLLM's /metrics (which
 names its own `vllm:prefix_cache_queries` and `vllm:prefix_cache_hits` in tokens): how many
 prompt tokens were looked up in the prefix cache and how many it served, its bytes against its
-bound, and the requests finished and cancelled."""
+bound, the requests finished and cancelled, and the batch's decode steps (those whose forward
+also prefilled the prompts joining the batch counted apart, as vLLM counts its mixed batches)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ async def metrics(request: Request) -> PlainTextResponse:
     counts = {"requests_finished": worker.finished, "requests_cancelled": worker.cancelled}
     for name, value in counts.items():
         lines += [f"# TYPE lmtrace_{name}_total counter", f"lmtrace_{name}_total {value}"]
+    if isinstance(worker, BatchingWorker):
+        steps = {"decode_steps": worker.stats["steps"], "decode_steps_with_prefill": worker.stats["ridden"]}
+        for name, value in steps.items():
+            lines += [f"# TYPE lmtrace_{name}_total counter", f"lmtrace_{name}_total {value}"]
     prefix = worker.lane.metrics() if isinstance(worker, BatchingWorker) else {"enabled": 0}
     for name, value in prefix.items():
         kind, text = HELP[name]
