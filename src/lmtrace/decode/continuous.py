@@ -45,6 +45,8 @@ from lmtrace.records import Trace
 
 __all__ = ["ContinuousBatch", "Joining", "Row", "RowSpec", "first_steps", "generate_rows"]
 
+ROOM = 32  # positions the batch's cache grows by at a time: a step writes its new one in place
+
 # prompts joining at a step: given the batch's decode step to ride in their forward (None when no
 # row decodes, or one asks for the lens or the attention), prefills them (setting the ride's
 # results when it rode) and returns the rows to join with their prefills, or None
@@ -136,7 +138,7 @@ class ContinuousBatch:
 
     def _merge(self, rows: list[Row], cache: Any, logits: torch.Tensor, own: torch.Tensor) -> None:
         if not self.rows:
-            self.rows, self.cache, self.mask, self.logits = rows, cache, own, logits
+            self.rows, self.cache, self.mask, self.logits = rows, ledger.with_room(cache, ROOM), own, logits
             return
         width, length = self.mask.shape[1], own.shape[1]
         # whichever is shorter is left-padded, so that every row's tokens end at the last column

@@ -263,8 +263,7 @@ def regroupable(cache: Any) -> bool:
 def select_rows(cache: Any, index: torch.Tensor) -> None:
     """Keeps the rows `index` (in that order), in place."""
     for layer in cache.layers:
-        layer.keys = layer.keys.index_select(0, index)
-        layer.values = layer.values.index_select(0, index)
+        _hold(layer, layer.keys.index_select(0, index), layer.values.index_select(0, index))
 
 
 def drop_left(cache: Any, width: int) -> None:
@@ -272,24 +271,42 @@ def drop_left(cache: Any, width: int) -> None:
     if width <= 0:
         return
     for layer in cache.layers:
-        layer.keys = layer.keys[:, :, width:]
-        layer.values = layer.values[:, :, width:]
+        if isinstance(layer, _Room):  # its storage from `width` on: the room after it is kept
+            keys, values = layer.storage
+            layer.hold(keys[:, :, width:], values[:, :, width:], layer.keys.shape[2] - width)
+        else:
+            layer.keys, layer.values = layer.keys[:, :, width:], layer.values[:, :, width:]
 
 
 def join_rows(cache: Any, other: Any) -> None:
     """Appends the rows of `other` after this cache's rows, in place, each left-padded with empty
     positions (masked out) to the longer of the two widths: one copy of each."""
     for layer, extra in zip(cache.layers, other.layers):
-        layer.keys = _stacked(layer.keys, extra.keys)
-        layer.values = _stacked(layer.values, extra.values)
+        spare = layer.spare if isinstance(layer, _Room) else 0
+        keys, values = _stacked(layer.keys, extra.keys, spare), _stacked(layer.values, extra.values, spare)
+        _hold(layer, keys, values, keys.shape[2] - spare)
 
 
-def _stacked(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """(rows a + rows b, kv_heads, width, head_dim), each right-aligned."""
+def with_room(cache: Any, spare: int) -> Any:
+    """The cache's layers, in place, as layers that grow `spare` positions at a time and write
+    each forward's new positions in place (no copy of what they hold at each step)."""
+    cache.layers = [_Room(layer.keys, layer.values, spare=spare) for layer in cache.layers]
+    return cache
+
+
+def _hold(layer: Any, keys: torch.Tensor, values: torch.Tensor, used: int | None = None) -> None:
+    if isinstance(layer, _Room):
+        layer.hold(keys, values, used)
+    else:
+        layer.keys, layer.values = keys, values
+
+
+def _stacked(a: torch.Tensor, b: torch.Tensor, spare: int = 0) -> torch.Tensor:
+    """(rows a + rows b, kv_heads, width + spare, head_dim), each right-aligned in the first width."""
     width = max(a.shape[2], b.shape[2])
-    out = a.new_zeros((a.shape[0] + b.shape[0], a.shape[1], width, a.shape[3]))
-    out[: a.shape[0], :, width - a.shape[2] :] = a
-    out[a.shape[0] :, :, width - b.shape[2] :] = b
+    out = a.new_zeros((a.shape[0] + b.shape[0], a.shape[1], width + spare, a.shape[3]))
+    out[: a.shape[0], :, width - a.shape[2] : width] = a
+    out[a.shape[0] :, :, width - b.shape[2] : width] = b
     return out
 
 
@@ -302,23 +319,38 @@ def append_columns(cache: Any, new: Any) -> None:
 
 
 class _Room(DynamicLayer):
-    """A layer whose storage has room for the positions a forward adds: written in place (a
-    DynamicLayer copies everything it holds at each forward)."""
+    """A layer whose storage has room after the positions it holds: a forward writes its new keys
+    and values in place (a DynamicLayer copies everything it holds at each forward). Out of
+    room, it takes a larger storage with `spare` positions more than it needs."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, used: int):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, used: int | None = None, spare: int = 0):
         super().__init__()
         self.lazy_initialization(keys, values)
-        self._storage, self._used = (keys, values), used
+        self.spare = spare
+        self.hold(keys, values, used)
+
+    def hold(self, keys: torch.Tensor, values: torch.Tensor, used: int | None = None) -> None:
+        """Takes these tensors as its storage, the first `used` positions (default all) held."""
+        self.storage = (keys, values)
+        used = keys.shape[2] if used is None else used
         self.keys, self.values = keys[:, :, :used], values[:, :, :used]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        keys, values = self._storage
-        end = self._used + key_states.shape[-2]
-        keys[:, :, self._used : end] = key_states
-        values[:, :, self._used : end] = value_states
-        self._used = end
-        self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+        keys, values = self.storage
+        used = self.keys.shape[2]
+        end = used + key_states.shape[-2]
+        if end > keys.shape[2]:
+            keys, values = _grown(self.keys, end + self.spare), _grown(self.values, end + self.spare)
+        keys[:, :, used:end] = key_states
+        values[:, :, used:end] = value_states
+        self.hold(keys, values, end)
         return self.keys, self.values
+
+
+def _grown(t: torch.Tensor, size: int) -> torch.Tensor:
+    out = t.new_empty((t.shape[0], t.shape[1], size, t.shape[3]))
+    out[:, :, : t.shape[2]] = t
+    return out
 
 
 def cache_with_room(model: Any, parts: Sequence[Any], room: int) -> DynamicCache:
@@ -339,6 +371,6 @@ def cache_with_room(model: Any, parts: Sequence[Any], room: int) -> DynamicCache
             keys[0, :, at : at + rows * n].view(h, rows, n, d).copy_(k.transpose(0, 1))
             values[0, :, at : at + rows * n].view(h, rows, n, d).copy_(v.transpose(0, 1))
             at += rows * n
-        layers.append(_Room(keys, values, used))
+        layers.append(_Room(keys, values, used=used))
     cache.layers = layers
     return cache
