@@ -44,7 +44,7 @@ def exact(lm, prompt: list[int], options: tuple[str, ...]) -> dict[str, tuple[fl
     """{option: (probability, tokenizations)} by brute force."""
     vocab, coded = vocabulary(lm), [o.encode() for o in options]
     eos = lm.eos_token_ids
-    out = {}
+    out, allowed = {}, {}  # allowed: bytes so far -> the tokens allowed after them (the same for every path)
     for option, raw in zip(options, coded):
         total, paths = 0.0, cuts(raw, vocab)
         for path in paths:
@@ -55,7 +55,9 @@ def exact(lm, prompt: list[int], options: tuple[str, ...]) -> dict[str, tuple[fl
             for i, token in enumerate([*path, eos[0]]):
                 row = logits[len(prompt) + i - 1]
                 keep = torch.full_like(row, float("-inf"))
-                index = torch.tensor(hand_allowed(done, coded, vocab, eos))
+                if done not in allowed:
+                    allowed[done] = torch.tensor(hand_allowed(done, coded, vocab, eos))
+                index = allowed[done]
                 keep[index] = row[index]
                 logp += float(torch.log_softmax(keep, -1)[token])
                 done += vocab.get(token, b"")

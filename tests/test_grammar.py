@@ -7,6 +7,7 @@ with transformers' own processors after the mask."""
 from __future__ import annotations
 
 import json
+import weakref
 
 import pytest
 import torch
@@ -45,10 +46,18 @@ def nonbyte_lm() -> LM:
     return LM.from_objects(tiny_model(tok), tok, source="plain")
 
 
+# tokenizer -> {(vocab size, stop ids): xgrammar's TokenizerInfo}: built once per tokenizer, as vLLM's
+# backend builds it once per engine (on the bundled tokenizer ~0.3 s each time)
+_INFOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def own_matcher(lm, params: SamplingParams) -> xgr.GrammarMatcher:
     """xgrammar's matcher built here, as vLLM's xgrammar backend builds it (not lmtrace's code)."""
-    info = xgr.TokenizerInfo.from_huggingface(lm.tokenizer, vocab_size=lm.model.config.vocab_size,
-                                              stop_token_ids=lm.eos_token_ids)  # fmt: skip
+    key = (lm.model.config.vocab_size, tuple(lm.eos_token_ids))
+    infos = _INFOS.setdefault(lm.tokenizer, {})
+    if key not in infos:
+        infos[key] = xgr.TokenizerInfo.from_huggingface(lm.tokenizer, vocab_size=key[0], stop_token_ids=list(key[1]))
+    info = infos[key]
     compiler = xgr.GrammarCompiler(info)
     if params.json_schema is not None:
         compiled = compiler.compile_json_schema(json.dumps(params.json_schema), any_whitespace=False,

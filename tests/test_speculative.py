@@ -262,21 +262,33 @@ def test_from_generate_on_assisted_generation(tiny_lm, other_lm):
     assert all("draft" not in s for s in d["steps"]) and lmtrace.Trace.from_dict(d).speculative == spec
 
 
+BUNDLED_PROMPT = "The three most important ideas in physics are"
+BUNDLED_KW = {"max_new_tokens": 24, "temperature": 0, "top_logprobs": 5, "stop_on_eos": False}
+
+
+@pytest.fixture(scope="module")
+def bundled_plain(bundled_lm):
+    """(plain decoding's trace, model.generate's new ids) of the bundled model on BUNDLED_PROMPT: the
+    same for every draft below, so computed once for the three of them."""
+    plain = lmtrace.generate(bundled_lm, BUNDLED_PROMPT, **BUNDLED_KW)
+    ids = torch.tensor([lmtrace.encode_prompt(bundled_lm, BUNDLED_PROMPT)])
+    n = BUNDLED_KW["max_new_tokens"]
+    out = bundled_lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                                    min_new_tokens=n, top_k=None, top_p=None,
+                                    pad_token_id=bundled_lm.pad_token_id)  # fmt: skip
+    return plain, out[0, ids.shape[1] :].tolist()
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("draft", ["packed", "layers:10", "bfloat16"])
-def test_bundled_greedy_is_plain_decoding(bundled_lm, draft):
+def test_bundled_greedy_is_plain_decoding(bundled_lm, bundled_plain, draft):
     """The bundled model with its packed 4-bit draft, its first 10 layers, and a second model (its
     bfloat16 copy): the tokens of plain decoding and of model.generate, logprobs within 1e-4."""
     if draft == "bfloat16":
         draft = lmtrace.load(dtype="bfloat16")
-    prompt, n = "The three most important ideas in physics are", 24
-    kw = {"max_new_tokens": n, "temperature": 0, "top_logprobs": 5, "stop_on_eos": False}
-    plain = lmtrace.generate(bundled_lm, prompt, **kw)
-    fast = lmtrace.generate(bundled_lm, prompt, **kw, draft=draft, draft_tokens=4)
-    ids = torch.tensor([lmtrace.encode_prompt(bundled_lm, prompt)])
-    out = bundled_lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                                    min_new_tokens=n, top_k=None, top_p=None, pad_token_id=bundled_lm.pad_token_id)
-    assert fast.token_ids == plain.token_ids == out[0, ids.shape[1] :].tolist()
+    plain, generated = bundled_plain
+    fast = lmtrace.generate(bundled_lm, BUNDLED_PROMPT, **BUNDLED_KW, draft=draft, draft_tokens=4)
+    assert fast.token_ids == plain.token_ids == generated
     diff = _max_diff(fast, plain)
     rates = fast.speculative["acceptance_by_position"]
     print(f"\n{fast.speculative['draft']}: max |Δlogprob| {diff:.2e}, acceptance by position {rates}")

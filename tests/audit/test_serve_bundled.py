@@ -17,7 +17,10 @@ pytestmark = pytest.mark.integration
 def test_lmtrace_serve_passes_every_probe(bundled_server, tmp_path, capsys):
     serve = bundled_server  # tests/conftest.py: the suite's one `lmtrace serve` of the bundled model
     report, page = tmp_path / "audit.json", tmp_path / "audit.html"
-    code = main(["audit", serve, "--json", str(report), "--html", str(page), "--no-color", "--timeout", "600"])
+    # 6 tokens per generation, not the default 12: every probe compares each token alike, and half
+    # the tokens halve the server's decoding, most of this test's time
+    code = main(["audit", serve, "--json", str(report), "--html", str(page), "--no-color", "--timeout", "600",
+                 "--max-tokens", "6"])  # fmt: skip
     d = json.loads(report.read_text(encoding="utf-8"))
     outcome = "\n".join(f"{p['status']} {p['name']}: {p['detail']}" for p in d["probes"])
     assert code == 0, outcome

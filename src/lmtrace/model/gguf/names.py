@@ -6,6 +6,10 @@ it gives the rows (Llama's q/k are un-permuted, Bloom's fused qkv regrouped by h
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,16 +45,37 @@ def processor_for(model: nn.Module, arch: str | None) -> Any:
     return hf.TENSOR_PROCESSORS.get(arch or "", hf.TensorProcessor)(config=config)
 
 
+_SWAP = threading.Lock()
+
+
+@contextlib.contextmanager
+def _name_maps_built_once() -> Iterator[None]:
+    """transformers' get_gguf_hf_weights_map recurses into every submodule and asks gguf for its
+    TensorNameMap again in each (397 times for SmolLM2-135M: ~5-9 s of a packed load, twice); it is
+    the same map for the same architecture and layer count. transformers imports the function from
+    gguf at each call, so gguf's is swapped, for this call, for one that builds each map once."""
+    import gguf
+
+    with _SWAP:
+        built = gguf.get_tensor_name_map
+        gguf.get_tensor_name_map = functools.cache(built)
+        try:
+            yield
+        finally:
+            gguf.get_tensor_name_map = built
+
+
 def weights_map(model: nn.Module, processor: Any, arch: str | None) -> dict[str, str]:
     """GGUF tensor name -> the model's parameter name, as transformers' loader maps them."""
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
-    try:
-        return get_gguf_hf_weights_map(model, processor)
-    except NotImplementedError:  # a model_type gguf does not know: the file's own architecture
-        if arch is None:
-            return {}
-        return get_gguf_hf_weights_map(model, processor, model_type=arch)
+    with _name_maps_built_once():
+        try:
+            return get_gguf_hf_weights_map(model, processor)
+        except NotImplementedError:  # a model_type gguf does not know: the file's own architecture
+            if arch is None:
+                return {}
+            return get_gguf_hf_weights_map(model, processor, model_type=arch)
 
 
 def _row_order(processor: Any, name: str, out_features: int, in_features: int) -> tuple[torch.Tensor | None, str]:
