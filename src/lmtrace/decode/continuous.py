@@ -161,7 +161,8 @@ class ContinuousBatch:
             with torch.inference_mode():
                 tokens, bs = self._choose()
             choose_ms = (time.perf_counter() - started) * 1000
-            left = [r for r in range(len(self.rows)) if self._record(r, bs, choose_ms)]
+            pads = (self.mask == 0).sum(dim=1).tolist()  # each row's left padding
+            left = [r for r in range(len(self.rows)) if self._record(r, bs, choose_ms, pads[r])]
             gone += [self.rows[r] for r in left]
             if left:
                 self._remove(left)
@@ -214,9 +215,8 @@ class ContinuousBatch:
         how.saw(tokens)
         return tokens, bs
 
-    def _record(self, r: int, bs: BatchStep, choose_ms: float) -> bool:
+    def _record(self, r: int, bs: BatchStep, choose_ms: float, pad: int) -> bool:
         """Row r's Step for this batch step; True when the row leaves the batch."""
-        pad = int((self.mask[r] == 0).sum())
         kv = kv_rows.own_part(bs.kv.to_dict(), pad, len(self.rows), self._formula(1))
         return record(self.lm, self.rows[r], bs, r, kv, choose_ms, self.tb)
 

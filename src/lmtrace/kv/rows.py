@@ -38,7 +38,13 @@ def own_part(kv: dict[str, Any], pad: int, rows: int, expected: Callable[[int], 
         return kv
     if not kv.get("layers"):  # bytes per row need each layer's shape (a sliding layer holds fewer)
         raise ValueError("own_part needs the per-layer detail of the cache record")
-    layers = [_layer_part(e, rows, own_seen) for e in kv["layers"]]
+    parts: dict[tuple, dict[str, Any]] = {}  # layers alike (every full layer of a model) computed once
+    layers = []
+    for e in kv["layers"]:
+        alike = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in e.items() if k != "layer")
+        if alike not in parts:
+            parts[alike] = _layer_part(e, rows, own_seen)
+        layers.append({**parts[alike], "layer": e["layer"]} if "layer" in e else dict(parts[alike]))
     out: dict[str, Any] = {"seq_len": own_seen, "bytes": sum(e["bytes"] for e in layers)}
     if expected is not None:
         out["expected_bytes"] = expected(own_seen)
