@@ -17,7 +17,7 @@ nobind): on a machine shared with other jobs, two OpenMP threads on two busy cor
 times slower than one.
 
 Usage: python bench/serve_concurrent.py [--servers lmtrace vllm lmtrace-b1] [--clients 1 8 16]
-       [--rounds 2] [--requests 2] [--max-tokens 32] [--threads 1]
+       [--rounds 2] [--requests 2] [--max-tokens 32] [--spread 0] [--threads 1]
        [--json bench/results/serve_concurrent.json]"""
 
 from __future__ import annotations
@@ -138,16 +138,19 @@ class Server:
         self.proc.wait()
 
 
-async def round_(url: str, clients: int, requests: int, max_tokens: int) -> dict:
-    """N clients, `requests` requests each one after another: wall time, tokens, each latency."""
+async def round_(url: str, clients: int, requests: int, max_tokens: int, spread: int = 0) -> dict:
+    """N clients, `requests` requests each one after another: wall time, tokens, each latency.
+    `spread`: prompt i asks for max_tokens + a length in [-spread, spread] of its own, so that rows
+    end at different steps and later requests join a running batch."""
     async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
         model = (await c.get("/v1/models")).json()["data"][0]["id"]
 
         async def client(k: int) -> list[tuple[float, int, str, list]]:
             out = []
             for j in range(requests):
-                prompt = PROMPTS[(k * requests + j) % len(PROMPTS)]
-                body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                i = (k * requests + j) % len(PROMPTS)
+                prompt, length = PROMPTS[i], max_tokens + (i * 5) % (2 * spread + 1) - spread
+                body = {"model": model, "prompt": prompt, "max_tokens": length, "temperature": 0,
                         "ignore_eos": True, "logprobs": 1}  # fmt: skip
                 started = time.perf_counter()
                 r = await c.post("/v1/completions", json=body)
@@ -200,7 +203,8 @@ def agreement(runs: dict, kind: str) -> str:
 
 
 def table(servers: list[Server], rows: list[dict], runs: dict, args: argparse.Namespace) -> str:
-    lines = [f"bundled model, greedy, {args.max_tokens} tokens per request (end token ignored), logprobs 1, "
+    length = f"{args.max_tokens}" + (f" ± {args.spread} (by prompt)" if args.spread else "")
+    lines = [f"bundled model, greedy, {length} tokens per request (end token ignored), logprobs 1, "
              f"{args.requests} requests per client, {args.threads} thread(s) a server, median of {args.rounds} rounds",
              "| server | clients | aggregate tok/s | p50 latency s | p95 latency s | ratio to lmtrace tok/s |",
              "|---|---|---|---|---|---|"]  # fmt: skip
@@ -247,7 +251,7 @@ def run(args: argparse.Namespace, servers: list[Server], runs: dict) -> None:
                 if s.failed:
                     continue
                 try:
-                    runs[s.kind][n].append(asyncio.run(round_(s.url, n, args.requests, args.max_tokens)))
+                    runs[s.kind][n].append(asyncio.run(round_(s.url, n, args.requests, args.max_tokens, args.spread)))
                     last = runs[s.kind][n][-1]
                     print(f"round {r + 1}: {s.name}, {n} clients: {last['tokens'] / last['wall_s']:.1f} tok/s, "
                           f"p95 {percentile(last['latencies_s'], 0.95):.2f} s", flush=True)  # fmt: skip
@@ -264,6 +268,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--requests", type=int, default=2, help="requests per client, one after another")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--spread", type=int, default=0,
+                    help="each prompt asks for max-tokens plus its own length in [-spread, spread]")
     ap.add_argument("--threads", type=int, default=1, help="compute threads of each server (OMP_NUM_THREADS)")
     ap.add_argument("--start-timeout", type=float, default=900)
     ap.add_argument("--json", type=Path, default=None)
