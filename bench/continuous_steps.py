@@ -31,6 +31,7 @@ from lmtrace import SamplingParams
 from lmtrace.decode import continuous, engine, tracing
 from lmtrace.decode.continuous import ContinuousBatch, RowSpec
 from lmtrace.decode.prefill import PromptRow, prefill_many
+from lmtrace.files import write_atomic
 from lmtrace.kv import ledger
 
 PROMPTS = ["The capital of France is", "Once upon a time", "Write a haiku about rain.", "My favourite animal is",
@@ -118,12 +119,9 @@ def room(lm, spare: int, rows: int = 8, width: int = 200, steps: int = 8) -> flo
 
 
 def write(path: Path | None, record: dict) -> None:
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(record, indent=1))
 
 
 def main() -> None:
