@@ -307,8 +307,9 @@ def generate_rows(lm: LM, specs: Sequence[RowSpec], max_batch: int = 16) -> list
         index.setdefault(id(spec), []).append(i)
     while waiting or not batch.empty:
         arriving, waiting = waiting[: batch.free], waiting[batch.free :]
-        riding = [spec for _, spec in arriving if batch.rows and rides(spec)]
-        batch.join_many([spec for _, spec in arriving if not (batch.rows and rides(spec))])
+        running = bool(batch.rows)  # then a prompt that can rides in the next decode forward
+        riding = [spec for _, spec in arriving if running and rides(spec)]
+        batch.join_many([spec for _, spec in arriving if not (running and rides(spec))])
         for row in batch.step(prefilling(lm, riding) if riding else None):
             if row.error is not None:
                 raise row.error
