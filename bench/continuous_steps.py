@@ -7,6 +7,9 @@ onednn`, one thread), each pair of arms interleaved round by round:
 - clients: 8 clients, each sending `--requests` requests one after another (24 to 40 tokens, so
   rows end at different steps and later requests join a running batch), with the joining prompts
   riding in the decode forward, and with a separate prefill for each join. Aggregate tokens/s.
+- layer: 8 rows decoding, steps alternating between each Llama decoder layer as one function over
+  the packed products (lmtrace.model.layer_path, `--matmul onednn`'s) and transformers' own layer
+  forward on the same kernels (the same numbers bit for bit). Medians over `--joins` steps of each.
 - room: 8 rows x 200 and x 1000 positions decoding 8 steps, the batch's cache with room for 32 positions
   (written in place) and as transformers' DynamicLayer (every step copies the whole cache).
   Milliseconds a step.
@@ -33,6 +36,7 @@ from lmtrace.decode.continuous import ContinuousBatch, RowSpec
 from lmtrace.decode.prefill import PromptRow, prefill_many
 from lmtrace.files import write_atomic
 from lmtrace.kv import ledger
+from lmtrace.model import layer_path
 
 PROMPTS = ["The capital of France is", "Once upon a time", "Write a haiku about rain.", "My favourite animal is",
            "In 1969, the first", "A good breakfast has", "The ocean is", "How do plants grow?"]  # fmt: skip
@@ -64,6 +68,22 @@ def join(lm, joins: int) -> dict[str, float]:
             started = time.perf_counter()
             run()
             times[name].append((time.perf_counter() - started) * 1000)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def layer(lm, steps: int) -> dict[str, float]:
+    batch = ContinuousBatch(lm, 16)
+    batch.join_many([spec(lm, i, 1000) for i in range(8)])
+    for _ in range(10):
+        batch.step()
+    times: dict[str, list[float]] = {"8-row step ms, layer function": [], "8-row step ms, transformers' layers": []}
+    for k in range(2 * steps):
+        ours = k % 4 in (0, 3)  # ABBA: each arm as often first as second
+        layer_path.install(lm.model) if ours else layer_path.remove(lm.model)
+        started = time.perf_counter()
+        batch.step()
+        times[list(times)[0 if ours else 1]].append((time.perf_counter() - started) * 1000)
+    layer_path.install(lm.model)
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -136,7 +156,7 @@ def main() -> None:
     record: dict = {"args": vars(args) | {"json": str(args.json)}, "threads": torch.get_num_threads(), "rounds": []}
     clients(lm, True, 1)  # warm-up
     for r in range(args.rounds):
-        got = {**join(lm, args.joins)}
+        got = {**join(lm, args.joins), **layer(lm, args.joins)}
         for ride in (True, False):
             got[f"8 clients tok/s, joins {'riding' if ride else 'separate'}"] = clients(lm, ride, args.requests)
         for width in (200, 1000):

@@ -26,7 +26,8 @@ class ArchSummary:
     weights: str | None = None
     # the layers that attend over a sliding window, where some do: "15 of 18 layers, window 512"
     sliding: str | None = None
-    # the kernel of the float32 linear layers where not torch's own: "onednn (211 linear layers, 60 groups)"
+    # the kernel of the float32 linear layers where not torch's own:
+    # "onednn (211 linear layers, 60 groups, 30 decoder layers in one function)"
     # (lmtrace.model.matmul); left out of the dict where None, so default traces keep their shape
     matmul: str | None = None
 

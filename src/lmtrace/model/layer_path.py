@@ -1,0 +1,175 @@
+"""A Llama decoder layer computed as one function over the packed products (`matmul="onednn"`).
+
+transformers' LlamaDecoderLayer reaches its arithmetic through nine modules (two RMSNorms, the
+attention with q/k/v/o, the MLP with gate/up/down), each call through `nn.Module`'s dispatch, the
+grouped products handed out part by part (copied to be contiguous), RMSNorm in five tensor ops and
+the rotary embedding applied to q and to k apart. At a decode step of a small model those costs are
+a large part of the step (the bundled model, 8 rows: 45% of the forward outside the products).
+
+`install` gives each such layer `forward` below: the same operations on the same numbers, in the
+same order, with less around them. RMSNorm is torch's own `rms_norm` (the module's arithmetic in one
+op), q/k/v and gate/up each one packed product whose parts are read in place, the rotary embedding
+applied to q and k in one pass (the same elementwise formula), the attention through transformers'
+own attention interface (so attention capture and the KV-cache lab still see it), the cache updated
+as the attention module would. A layer is switched only where its output equals transformers'
+forward bit for bit on a probe input; `tests/test_layer_path.py` checks whole decodes.
+
+A call falls back to transformers' forward wherever something watches or changes a part of the
+layer: a hook on any of its modules (or a global module hook), a module whose forward was replaced,
+a group no longer formed, gradients on (attribution), training mode, or an input that is not float32.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules import module as torch_module
+
+from lmtrace.model import matmul
+
+# the only decoder layers switched: these classes exactly (others pass more to the attention,
+# such as a sliding window, or have norms of their own)
+_CLASSES = {"LlamaDecoderLayer": ("LlamaAttention", "LlamaMLP", "LlamaRMSNorm")}
+
+
+def install(model: Any) -> int:
+    """Switches every Llama decoder layer whose products are grouped and whose output equals
+    transformers' forward bit for bit on a probe; returns how many it switched."""
+    remove(model)
+    rotary = _rotary(model)
+    switched = 0
+    for layer in model.modules():
+        if rotary is None or not _shaped(layer) or not _grouped(layer):
+            continue
+        layer._lmtrace_parts = _children(layer)
+        layer.forward = types.MethodType(forward, layer)
+        if _same_on_probe(layer, rotary):
+            switched += 1
+        else:
+            del layer.forward
+    return switched
+
+
+def remove(model: Any) -> None:
+    """Puts transformers' forward back on every switched layer."""
+    for layer in model.modules():
+        if switched(layer):
+            del layer.forward
+
+
+def switched(layer: Any) -> bool:
+    return "forward" in vars(layer) and getattr(layer.forward, "__func__", None) is forward
+
+
+def forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Any = None,
+    use_cache: bool | None = False,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """LlamaDecoderLayer.forward's arithmetic, bit for bit (see the module's docstring)."""
+    if not _plain(self, hidden_states, position_embeddings, kwargs):
+        return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                                  cache=cache, use_cache=use_cache, position_embeddings=position_embeddings,
+                                  **kwargs)  # fmt: skip
+    attn, mlp = self.self_attn, self.mlp
+    b, s, d = hidden_states.shape
+    heads, kv = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
+    x = _norm(self.input_layernorm, hidden_states)
+    qkv = matmul.together([attn.q_proj, attn.k_proj, attn.v_proj], x).view(b, s, heads + 2 * kv, attn.head_dim)
+    qk = _rotated(qkv[:, :, : heads + kv], *position_embeddings)  # type: ignore[misc]
+    q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)  # (b, heads, s, head_dim)
+    v = qkv[:, :, heads + kv :].transpose(1, 2)
+    passed = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what LlamaAttention passes on
+    if cache is not None:
+        k, v = cache.update(k, v, attn.layer_idx, kwargs=passed)
+    attention = _attention_function(attn.config._attn_implementation)
+    out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **passed)
+    h = hidden_states + matmul.linear(attn.o_proj, out.reshape(b, s, -1).contiguous())
+    x = _norm(self.post_attention_layernorm, h)
+    gate_up = matmul.together([mlp.gate_proj, mlp.up_proj], x)  # (rows, 2 * intermediate)
+    inter = mlp.gate_proj.out_features
+    return h + matmul.linear(mlp.down_proj, mlp.act_fn(gate_up[:, :inter]) * gate_up[:, inter:]).view(b, s, d)
+
+
+def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+
+
+def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb on (b, s, heads, head_dim): x*cos + rotate_half(x)*sin."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # (b, s, head_dim) -> (b, s, 1, head_dim)
+    half = x.shape[-1] // 2
+    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+
+
+def _attention_function(name: str) -> Any:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    return ALL_ATTENTION_FUNCTIONS.get_interface(name, eager_attention_forward)
+
+
+def _children(layer: Any) -> tuple[Any, ...]:
+    """The layer's modules and its attention's and MLP's, as they are now."""
+    attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
+    return (*layer._modules.values(), *attn._modules.values(), *mlp._modules.values())
+
+
+def _plain(layer: Any, x: torch.Tensor, position_embeddings: Any, kwargs: dict) -> bool:
+    """Nothing watches or changes the layer's parts, and the call is one the function computes."""
+    if torch.is_grad_enabled() or layer.training or x.dtype != torch.float32 or position_embeddings is None:
+        return False
+    if kwargs and (kwargs.get("output_attentions") or "past_key_values" in kwargs):
+        return False
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return False
+    parts = layer.__dict__.get("_lmtrace_parts")
+    if parts is None or parts != _children(layer):  # a module replaced since `install`
+        return False
+    for m in parts:
+        if m._forward_hooks or m._forward_pre_hooks:
+            return False
+        if not matmul.switched(m) if type(m) is torch.nn.Linear else "forward" in m.__dict__:
+            return False  # a forward replaced (the linear layers' must be the packed product's)
+    attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
+    return attn.q_proj._lmtrace_group is not None and mlp.gate_proj._lmtrace_group is not None
+
+
+def _shaped(layer: Any) -> bool:
+    kinds = _CLASSES.get(type(layer).__name__)
+    if kinds is None:
+        return False
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
+    return (type(attn).__name__, type(mlp).__name__) == kinds[:2] and all(type(n).__name__ == kinds[2] for n in norms)
+
+
+def _grouped(layer: Any) -> bool:
+    attn, mlp = layer.self_attn, layer.mlp
+    return (matmul.grouped([attn.q_proj, attn.k_proj, attn.v_proj]) and matmul.grouped([mlp.gate_proj, mlp.up_proj])
+            and matmul.switched(attn.o_proj) and matmul.switched(mlp.down_proj))  # fmt: skip
+
+
+def _rotary(model: Any) -> Any:
+    return next((m for m in model.modules() if type(m).__name__ == "LlamaRotaryEmbedding"), None)
+
+
+def _same_on_probe(layer: Any, rotary: Any) -> bool:
+    """The switched forward and transformers' on a probe of 5 positions (causal): equal bit for bit."""
+    d = layer.self_attn.q_proj.in_features
+    x = torch.randn(2, 5, d, generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(5).unsqueeze(0).expand(2, 5)
+    with torch.inference_mode():
+        emb = rotary(x, position_ids=positions)
+        ours = layer(x, position_ids=positions, position_embeddings=emb)
+        theirs = type(layer).forward(layer, x, position_ids=positions, position_embeddings=emb)
+    theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+    return isinstance(theirs, torch.Tensor) and torch.equal(ours, theirs)
