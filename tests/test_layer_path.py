@@ -66,7 +66,7 @@ def test_the_function_really_runs(own_tiny, monkeypatch):
 
 
 def test_a_layer_that_differs_on_the_probe_is_left_alone(own_tiny, monkeypatch):
-    monkeypatch.setattr(layer_path, "_rotated", lambda x, cos, sin: x * cos.unsqueeze(2))  # no rotate_half
+    monkeypatch.setattr(layer_path, "_rotated", lambda x, emb: x * emb[0].unsqueeze(2))  # no rotate_half
     matmul.use(own_tiny.model, "onednn")
     assert not any(layer_path.switched(x) for x in _layers(own_tiny))
     assert matmul.describe(own_tiny.model).endswith(", 0 decoder layers in one function)")

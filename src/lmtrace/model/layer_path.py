@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from lmtrace.model import matmul
 
@@ -44,7 +46,6 @@ def install(model: Any) -> int:
     for layer in model.modules():
         if rotary is None or not _shaped(layer) or not _grouped(layer):
             continue
-        layer._lmtrace_parts = _children(layer)
         layer.forward = types.MethodType(forward, layer)
         if _same_on_probe(layer, rotary):
             switched += 1
@@ -84,37 +85,44 @@ def forward(
     heads, kv = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
     x = _norm(self.input_layernorm, hidden_states)
     qkv = matmul.together([attn.q_proj, attn.k_proj, attn.v_proj], x).view(b, s, heads + 2 * kv, attn.head_dim)
-    qk = _rotated(qkv[:, :, : heads + kv], *position_embeddings)  # type: ignore[misc]
+    qk = _rotated(qkv[:, :, : heads + kv], position_embeddings)  # type: ignore[arg-type]
     q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)  # (b, heads, s, head_dim)
     v = qkv[:, :, heads + kv :].transpose(1, 2)
     passed = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what LlamaAttention passes on
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx, kwargs=passed)
-    attention = _attention_function(attn.config._attn_implementation)
+    attention = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, eager_attention_forward)
     out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **passed)
     h = hidden_states + matmul.linear(attn.o_proj, out.reshape(b, s, -1).contiguous())
     x = _norm(self.post_attention_layernorm, h)
     gate_up = matmul.together([mlp.gate_proj, mlp.up_proj], x)  # (rows, 2 * intermediate)
-    inter = mlp.gate_proj.out_features
-    return h + matmul.linear(mlp.down_proj, mlp.act_fn(gate_up[:, :inter]) * gate_up[:, inter:]).view(b, s, d)
+    inter, act = mlp.gate_proj.out_features, mlp.act_fn
+    act = F.silu if type(act).__name__ in _SILU else act  # the module's forward is F.silu
+    return h + matmul.linear(mlp.down_proj, act(gate_up[:, :inter]) * gate_up[:, inter:]).view(b, s, d)
 
 
 def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
 
-def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' apply_rotary_pos_emb on (b, s, heads, head_dim): x*cos + rotate_half(x)*sin."""
-    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # (b, s, head_dim) -> (b, s, 1, head_dim)
-    half = x.shape[-1] // 2
-    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+def _rotated(x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb on (b, s, heads, head_dim), x*cos + rotate_half(x)*sin, as
+    x*cos + roll(x)*signed_sin: rotate_half(x) is roll(x) with its first half negated, and the sign
+    moved onto sin gives the same products exactly. cos and signed sin are made once per forward
+    (every layer gets the same position embeddings)."""
+    global _EMBEDDINGS
+    made = _EMBEDDINGS
+    if made is None or made[0] is not position_embeddings[0] or made[1] is not position_embeddings[1]:
+        cos, sin = position_embeddings
+        half = sin.shape[-1] // 2
+        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        made = _EMBEDDINGS = (cos, sin, cos.unsqueeze(2), signed.unsqueeze(2))  # (b, s, 1, head_dim)
+    return (x * made[2]) + (x.roll(x.shape[-1] // 2, dims=-1) * made[3])
 
 
-def _attention_function(name: str) -> Any:
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.llama.modeling_llama import eager_attention_forward
-
-    return ALL_ATTENTION_FUNCTIONS.get_interface(name, eager_attention_forward)
+# the last forward's position embeddings and what _rotated made of them (held, so never a stale id)
+_EMBEDDINGS: tuple[torch.Tensor, ...] | None = None
+_SILU = ("SiLUActivation", "SiLU")
 
 
 def _children(layer: Any) -> tuple[Any, ...]:
@@ -129,12 +137,9 @@ def _plain(layer: Any, x: torch.Tensor, position_embeddings: Any, kwargs: dict) 
         return False
     if kwargs and (kwargs.get("output_attentions") or "past_key_values" in kwargs):
         return False
-    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks or not _shaped(layer):
         return False
-    parts = layer.__dict__.get("_lmtrace_parts")
-    if parts is None or parts != _children(layer):  # a module replaced since `install`
-        return False
-    for m in parts:
+    for m in _children(layer):
         if m._forward_hooks or m._forward_pre_hooks:
             return False
         if not matmul.switched(m) if type(m) is torch.nn.Linear else "forward" in m.__dict__:
