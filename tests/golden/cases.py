@@ -11,8 +11,11 @@ from typing import Any
 HERE = Path(__file__).parent / "recorded"
 # float32 kernels round differently on another CPU (other SIMD paths: up to 2e-5 measured between two
 # AMD EPYC generations): a CPU with a recording of its own (recorded/<cpu>/, made from the same
-# pinned code) is held to 1e-6; another is compared with the first recording at ACROSS_CPUS
+# pinned code) is held to 1e-6; another is compared with the first recording at ACROSS_CPUS, a KL
+# (it compares two distributions, so its rounding is up to both's: 6.9e-5 measured between an AMD
+# EPYC and an Intel Xeon, at the logit lens's middle layers) at twice that
 ACROSS_CPUS = 5e-5
+TWO_DISTRIBUTIONS = {"kl", "kl_to_final"}
 
 
 def cpu() -> str:
@@ -92,7 +95,7 @@ def differences(old: Any, new: Any, where: str = "$", tol: float = 1e-6) -> list
         changed = (set(old) - set(new)) | (set(new) - set(old) - ADDED)  # a recorded key missing, or a new one
         out = [f"{where}: keys {sorted(changed)}"] if changed else []
         for k in sorted(set(old) & set(new)):
-            out += differences(old[k], new[k], f"{where}.{k}", tol)
+            out += differences(old[k], new[k], f"{where}.{k}", tol * (2 if k in TWO_DISTRIBUTIONS else 1))
         return out
     if isinstance(old, list) and isinstance(new, list):
         if len(old) != len(new):

@@ -36,3 +36,12 @@ def test_only_the_named_additions_pass():
     added = {**normalize(golden), "value_weighted": 1}
     other = {**normalize(golden), "something_new": 1}
     assert not differences(golden, added) and differences(golden, other)
+
+
+def test_a_kl_is_held_to_twice_the_tolerance():
+    golden = load("generate_greedy_inside")
+    kl = golden["steps"][1]["lens"]["layers"][7]["kl_to_final"]
+    for factor, fails in ((1.5, False), (2.5, True)):
+        changed = normalize(golden)
+        changed["steps"][1]["lens"]["layers"][7]["kl_to_final"] = kl + factor * 5e-5 * max(1.0, kl)
+        assert bool(differences(golden, changed, tol=5e-5)) is fails
