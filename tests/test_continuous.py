@@ -3,6 +3,8 @@ while others are mid-flight and leave when done, and each row's trace is the one
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -32,10 +34,11 @@ def specs(lm) -> list[RowSpec]:
     ]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("max_batch", [6, 2, 1])
-def test_mixed_settings_rows_joining_mid_flight_get_their_alone_traces(tiny_lm, max_batch):
+def test_mixed_settings_rows_joining_mid_flight_get_their_alone_traces(tiny_lm, max_batch, overlap):
     # max_batch 2: rows join as others finish (different lengths), into caches of other widths
-    together = continuous.generate_rows(tiny_lm, specs(tiny_lm), max_batch=max_batch)
+    together = continuous.generate_rows(tiny_lm, specs(tiny_lm), max_batch=max_batch, overlap=overlap)
     for text, kw, trace in zip(PROMPTS, SETTINGS, together):
         alone = tracing.generate(tiny_lm, text, SamplingParams(**kw))
         assert trace.token_ids == alone.token_ids, text
@@ -63,14 +66,15 @@ def test_a_row_joins_a_running_batch_between_steps(tiny_lm):
         assert_same(done[id(row)].to_dict(), alone.to_dict(), tol=5e-5)
 
 
-def test_a_row_whose_consumer_fails_leaves_alone(tiny_lm):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_row_whose_consumer_fails_leaves_alone(tiny_lm, overlap):
     def stop(step):
         if step.index == 2:
             raise RuntimeError("client gone")
 
     rows = specs(tiny_lm)[:3]
     rows[1].on_step = stop
-    batch = ContinuousBatch(tiny_lm, max_batch=3)
+    batch = ContinuousBatch(tiny_lm, max_batch=3, overlap=overlap)
     joined = [batch.join(s) for s in rows]
     left = []
     while not batch.empty:
@@ -91,3 +95,61 @@ def test_the_cache_keeps_only_what_remaining_rows_need(tiny_lm):
     assert len(batch.rows) == 1 and bool((batch.mask == 1).all())
     assert batch.cache.layers[0].keys.shape[2] == batch.mask.shape[1] == len(short.ids) + 2
     assert torch.equal(batch.mask, torch.ones_like(batch.mask))
+
+
+def run_overlapped(lm, rows: list[RowSpec], max_batch: int) -> tuple[list, ContinuousBatch]:
+    """generate_rows's loop with overlap, the batch kept for its stats."""
+    batch = ContinuousBatch(lm, max_batch=max_batch, overlap=True)
+    waiting, out = list(enumerate(rows)), [None] * len(rows)
+    while waiting or not batch.empty:
+        arriving, waiting = waiting[: batch.free], waiting[batch.free :]
+        riding = [spec for _, spec in arriving if batch.rows]
+        batch.join_many([spec for _, spec in arriving if not batch.rows])
+        for row in batch.step(continuous.prefilling(lm, riding) if riding else None):
+            out[next(i for i, s in enumerate(rows) if s is row.spec)] = row.trace
+    return out, batch
+
+
+def test_a_step_measured_beside_the_next_forward_records_the_same_numbers_bit_for_bit(tiny_lm):
+    # overlap: the numbers come from the same logits on another thread while the next forward
+    # runs from the picked tokens; rows that end by length or end token leave before it, so the
+    # batch is the same at every step and so is every number
+    rows = [s for s in specs(tiny_lm) if not s.params.stop]
+    threads: set[str] = set()
+    for spec in rows:
+        spec.on_step = lambda step: threads.add(threading.current_thread().name)
+    together, batch = run_overlapped(tiny_lm, rows, max_batch=3)
+    serial = continuous.generate_rows(tiny_lm, [s for s in specs(tiny_lm) if not s.params.stop], max_batch=3)
+    assert batch.stats["overlapped"] >= batch.stats["steps"] > 0 and batch.stats["ridden"] > 0
+    assert [t.startswith("lmtrace-measure") for t in threads] == [True]  # on_step: on the measuring thread
+    for got, want in zip(together, serial):
+        assert got.token_ids == want.token_ids
+        assert_same(got.to_dict(), want.to_dict(), tol=0.0)
+
+
+def test_a_row_a_stop_string_ends_leaves_after_the_forward_with_its_alone_trace(tiny_lm):
+    # the stop string is found by the row's record, beside the forward the row is still in
+    free = tracing.generate(tiny_lm, PROMPTS[1], SamplingParams(temperature=0, max_new_tokens=8))
+    stop = tiny_lm.tokenizer.decode(free.token_ids[:3]).strip()[-1:]  # met before its length
+    kw = {"temperature": 0, "max_new_tokens": 8, "stop": [stop], "top_logprobs": 2}
+    alone = tracing.generate(tiny_lm, PROMPTS[1], SamplingParams(**kw))
+    assert alone.finish_reason == "stop" and len(alone.token_ids) < kw["max_new_tokens"]
+    rows = specs(tiny_lm)
+    rows[1] = RowSpec(tracing.encode_prompt(tiny_lm, PROMPTS[1]), SamplingParams(**kw), PROMPTS[1])
+    together, batch = run_overlapped(tiny_lm, rows, max_batch=6)
+    assert batch.stats["overlapped"] >= batch.stats["steps"] > len(alone.token_ids)
+    assert_same(together[1].to_dict(), alone.to_dict(), tol=5e-5)
+    for k in (0, 2, 3, 4):  # the others decode on after it left
+        alone = tracing.generate(tiny_lm, PROMPTS[k], SamplingParams(**SETTINGS[k]))
+        assert_same(together[k].to_dict(), alone.to_dict(), tol=5e-5)
+
+
+def test_rows_with_a_grammar_or_observers_are_measured_before_the_forward(tiny_lm):
+    spec = specs(tiny_lm)[0]
+    spec.params = SamplingParams(temperature=0, max_new_tokens=4, regex="[ab]{6}")  # no end before 4 tokens
+    plain = RowSpec(tracing.encode_prompt(tiny_lm, PROMPTS[1]), SamplingParams(temperature=0, max_new_tokens=4))
+    batch = ContinuousBatch(tiny_lm, max_batch=2, overlap=True)
+    batch.join_many([spec, plain])  # the grammar moves past each token before the next step
+    while not batch.empty:
+        batch.step()
+    assert batch.stats["steps"] > 0 and batch.stats["overlapped"] == 0

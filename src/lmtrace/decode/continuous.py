@@ -10,7 +10,11 @@ lens and the attention (decode/inside_rows.py: captured for it alone, the others
 untouched) and for a draft (decode/drafted.py: it decodes a speculative block per batch step
 with its own caches, exactly as alone). Prompts that join while rows decode may be prefilled in
 the batch's decode forward (`step(joining)`: the step rides in their packed forward,
-decode/packed.Ride), so that a join costs no forward of its own.
+decode/packed.Ride), so that a join costs no forward of its own. With `overlap` (the server's),
+a step's numbers are measured and its rows recorded on a thread beside the next forward, which
+starts as soon as the tokens are chosen (rows with a grammar, observers, the lens or the
+attention are measured first, as without it); the numbers are the same, computed from the same
+logits.
 
     batch = ContinuousBatch(lm, max_batch=16)
     row = batch.join(RowSpec(ids, params, text))   # any time between steps (join_many: several)
@@ -23,13 +27,15 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from lmtrace.decode import engine, inside_rows
+from lmtrace.decode import step as one_step
 from lmtrace.decode.drafted import DraftedRow, drafted
-from lmtrace.decode.loop import Watch, advance
+from lmtrace.decode.loop import Watch, advance, settle
 from lmtrace.decode.observers import inside_entry
 from lmtrace.decode.packed import Ride
 from lmtrace.decode.prefill import Prefilled, PromptRow, prefill_many, stack_left
@@ -56,7 +62,7 @@ Joining = Callable[[Ride | None], tuple[Sequence[RowSpec], Sequence[Prefilled]] 
 class ContinuousBatch:
     """The running batch: at most `max_batch` rows, one KV cache, one attention mask."""
 
-    def __init__(self, lm: LM, max_batch: int = 16, stats: Counter | None = None):
+    def __init__(self, lm: LM, max_batch: int = 16, stats: Counter | None = None, overlap: bool = False):
         if max_batch < 1:
             raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
         self.lm = lm
@@ -71,6 +77,10 @@ class ContinuousBatch:
         self._expected: dict[int, Any] = {}  # batch size -> the cache formula at that size
         # "steps": decode forwards; "ridden": those that also prefilled joining prompts
         self.stats = stats if stats is not None else Counter()
+        # measure and record a step beside the next forward (each row's on_step is then called
+        # on that thread): "overlapped" counts the steps measured so (the last of a batch has no forward)
+        self.overlap = overlap
+        self._beside: ThreadPoolExecutor | None = None  # the measuring thread, started at the first such step
 
     @property
     def empty(self) -> bool:
@@ -155,6 +165,8 @@ class ContinuousBatch:
         or `error` set when their `on_step` raised)."""
         gone = [d.row for d in self.drafted if d.block(self.tb)]
         self.drafted = [d for d in self.drafted if d.row not in gone]
+        if self.rows and self.overlap and all(_plain(r) for r in self.rows):
+            return gone + self._overlapped(joining)
         tokens = None
         if self.rows:
             started = time.perf_counter()
@@ -167,6 +179,12 @@ class ContinuousBatch:
             if left:
                 self._remove(left)
                 tokens = tokens[[r for r in range(len(tokens)) if r not in set(left)]]
+        self._forward(tokens, joining)
+        return gone
+
+    def _forward(self, tokens: torch.Tensor | None, joining: Joining | None) -> None:
+        """The step's forward: the rows' decode step (riding in the joining prompts' forward
+        when they take it), then the joined rows merged in."""
         ride = self._ride(tokens) if joining is not None and self.rows else None
         started = time.perf_counter()
         joined = joining(ride) if joining is not None else None
@@ -178,7 +196,6 @@ class ContinuousBatch:
         self.stats["steps"] += 1 if self.rows else 0
         if joined:
             self.join_prefilled(*joined)
-        return gone
 
     def _ride(self, tokens: torch.Tensor) -> Ride | None:
         """The decode step as a ride (None where a row's lens or attention hooks the forward)."""
@@ -197,12 +214,66 @@ class ContinuousBatch:
             row.position += 1
             row.step_ms = (time.perf_counter() - started) * 1000
 
+    def _how(self) -> Choosing:
+        rows = self.rows
+        grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
+        return Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows],
+                        grammars=grammars)  # fmt: skip
+
+    def _overlapped(self, joining: Joining | None) -> list[Row]:
+        """`step` with the numbers measured and the rows recorded beside the forward: the tokens
+        chosen, the rows that surely end here (their length, their end token) taken out, the
+        forward started; a row that a record ends otherwise (a stop string, its consumer gone)
+        leaves after the forward, its row of it unused."""
+        rows, started = list(self.rows), time.perf_counter()
+        with torch.inference_mode():
+            how = self._how()
+            picked = one_step.pick(self.logits, how, [True] * len(rows))
+            how.saw(picked.tokens)
+        state = ledger.state(self.cache, self._formula(len(rows)))
+        pads = (self.mask == 0).sum(dim=1).tolist()  # each row's left padding
+        # read before the measuring thread moves the rows on
+        sure = [r for r, token in enumerate(picked.tokens.tolist()) if _ends(rows[r], token, self.lm.eos_token_ids)]
+        mine = dict(rows=rows, logits=self.logits, picked=picked, how=how, state=state, pads=pads,
+                    forward_ms=[r.step_ms for r in rows], formula=self._formula(1),
+                    pick_ms=(time.perf_counter() - started) * 1000)  # fmt: skip
+        if self._beside is None:
+            self._beside = ThreadPoolExecutor(1, thread_name_prefix="lmtrace-measure")
+        beside = self._beside.submit(self._settled, **mine)  # torch's kernels let go of the interpreter
+        try:
+            tokens = picked.tokens
+            if sure:
+                self._remove(sure)
+                tokens = tokens[[r for r in range(len(rows)) if r not in set(sure)]]
+            self._forward(tokens, joining)
+        finally:
+            left = beside.result()
+        self.stats["overlapped"] += 1
+        late = {id(row) for row in left}
+        out = [r for r in range(len(self.rows)) if id(self.rows[r]) in late]
+        if out:  # ended by its record after the forward started: its row of that forward unused
+            self._remove(out, logits=True)
+        return left
+
+    def _settled(self, rows: list[Row], logits: torch.Tensor, picked: one_step.Picked, how: Choosing,
+                 state: ledger.KVState, pads: list[int], forward_ms: list[float], formula: Any,
+                 pick_ms: float) -> list[Row]:  # fmt: skip
+        """The measuring thread's part of an overlapped step: the BatchStep and each row's record;
+        returns the rows that leave."""
+        started = time.perf_counter()
+        watch = Watch(wanted=[r.spec.observers for r in rows], indices=[r.index for r in rows], failed={})
+        with torch.inference_mode():
+            bs = settle(0, logits, picked, how, [True] * len(rows), state, watch)
+        choose_ms = pick_ms + (time.perf_counter() - started) * 1000
+        kv = bs.kv.to_dict()
+        return [row for r, row in enumerate(rows)
+                if record(self.lm, row, bs, r, kv_rows.own_part(kv, pads[r], len(rows), formula), choose_ms, self.tb,
+                          forward_ms=forward_ms[r])]  # fmt: skip
+
     def _choose(self) -> tuple[torch.Tensor, BatchStep]:
         """Each row's token from its own processed distribution; the numbers of all rows."""
         rows = self.rows
-        grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
-        how = Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows],
-                                grammars=grammars)  # fmt: skip
+        how = self._how()
         state = ledger.state(self.cache, self._formula(len(rows)))
         failed: dict[int, Exception] = {}  # a row whose grammar allowed nothing: that row alone fails
         watch = Watch(wanted=[r.spec.observers for r in rows], indices=[r.index for r in rows], failed=failed)
@@ -225,7 +296,8 @@ class ContinuousBatch:
             self._expected[batch] = engine.expected_bytes(self.lm.model, batch)
         return self._expected[batch]
 
-    def _remove(self, left: Sequence[int]) -> None:
+    def _remove(self, left: Sequence[int], logits: bool = False) -> None:
+        """Takes rows out of the batch (with `logits`, out of the next step's logits too)."""
         keep = [r for r in range(len(self.rows)) if r not in set(left)]
         self.rows = [self.rows[r] for r in keep]
         if not self.rows:
@@ -234,6 +306,8 @@ class ContinuousBatch:
         index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
         ledger.select_rows(self.cache, index)
         self.mask = self.mask.index_select(0, index)
+        if logits:
+            self.logits = self.logits.index_select(0, index)
         # columns that are padding in every remaining row are dropped: the cache stays as short
         # as the longest row needs
         unused = int((self.mask == 0).sum(dim=1).min())
@@ -253,6 +327,17 @@ class ContinuousBatch:
         for row in self.rows:
             row.position += 1
             row.step_ms = (time.perf_counter() - started) * 1000
+
+
+def _ends(row: Row, token: int, eos: Sequence[int]) -> bool:
+    """Whether the row ends with this token whatever its record finds: its length, its end token."""
+    return row.index == row.params.max_new_tokens - 1 or (row.params.stop_on_eos and token in eos)
+
+
+def _plain(row: Row) -> bool:
+    """A row whose step can be measured beside the next forward: no grammar to move past its token,
+    no observers or lens or attention reading the forward."""
+    return row.grammar is None and not row.spec.observers and not inside_rows.wants(row.spec)
 
 
 def _seen(model, row: Row, ids: Sequence[int]) -> torch.Tensor | None:
@@ -295,11 +380,12 @@ def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([mask.new_zeros((mask.shape[0], width)), mask], dim=-1)
 
 
-def generate_rows(lm: LM, specs: Sequence[RowSpec], max_batch: int = 16) -> list[Trace]:
+def generate_rows(lm: LM, specs: Sequence[RowSpec], max_batch: int = 16, overlap: bool = False) -> list[Trace]:
     """Decodes every row, each with its own params, `max_batch` at a time: a row that finishes
     makes room for the next one at once (its prompt prefilled in the batch's next decode
-    forward). One Trace per spec, in order; a row whose `on_step` raised re-raises here."""
-    batch = ContinuousBatch(lm, max_batch)
+    forward). One Trace per spec, in order; a row whose `on_step` raised re-raises here. With
+    `overlap`, each step is measured beside the next forward (ContinuousBatch's `overlap`)."""
+    batch = ContinuousBatch(lm, max_batch, overlap=overlap)
     waiting = list(enumerate(specs))
     out: list[Trace | None] = [None] * len(specs)
     index: dict[int, list[int]] = {}  # id of a spec -> the places it has in `specs`

@@ -280,12 +280,13 @@ def seeded(params: SamplingParams) -> SamplingParams:
 
 def record(
     lm: LM, row: Row, bs: BatchStep, r: int, kv: dict[str, Any], choose_ms: float, tb: TokenBytes,
-    hit: bool | None = None,
+    hit: bool | None = None, forward_ms: float | None = None,
 ) -> bool:  # fmt: skip
     """Row `row`'s Step from row `r` of the batch step, with `kv` its own part of the cache;
     calls its `on_step`. True when the row leaves: it finished (its trace is set) or its
     consumer raised (its `error` is set). `hit`: the loop already fed the token to the row's
-    record (its hook), and whether it completed a stop string."""
+    record (its hook), and whether it completed a stop string. `forward_ms`: the time of the
+    forward that made this step's logits, where `row.step_ms` has moved on to the next one."""
     if row.error is not None:  # its grammar allowed nothing: it leaves without this step
         return True
     token, p = bs.token_ids[r], row.params
@@ -295,7 +296,7 @@ def record(
     finish = finish_reason(is_eos, hit, row.index == p.max_new_tokens - 1)
     piece = row.record.closing(finish, token)
     bs.index = row.index
-    bs.time_ms = row.step_ms + choose_ms
+    bs.time_ms = (row.step_ms if forward_ms is None else forward_ms) + choose_ms
     step = step_record(lm, bs, r, piece, tb)
     step.kv = kv
     if row.index == 0 and row.cached:

@@ -1,10 +1,13 @@
 """The one decoding step: from a batch's raw logits and how each row chooses, the chosen tokens
-with their measured numbers. Every loop reaches it through decode/loop.py's `advance` (the step
-with the observers and the finish reasons), the only caller of `take`; speculative decoding and
-grammar masks change the step here and nowhere else.
+with their measured numbers. It comes in two halves, `pick` (the choice) and `measured` (its numbers), so
+that a loop can start the next forward from the picked tokens while the step is measured. Every
+loop reaches them through decode/loop.py's `advance` (the step with the observers and the finish
+reasons) or its second half `settle`, their only callers; speculative decoding and grammar masks
+change the step here and nowhere else.
 
     how = Choosing([params], rng, seen, grammars=rows)   # one params for all rows, or one per row
-    tokens, step = take(index, logits, how, active, kv)  # logits (batch, vocab) float32 raw
+    picked = pick(logits, how, active)                  # logits (batch, vocab) float32 raw
+    step = measured(index, logits, picked, how, active, kv)  # picked.tokens (batch,)
 
 A constrained row's grammar mask is the first stage, as vLLM applies it: the processors work on
 the masked logits, so `sampled_logprob` is under the distribution the token was drawn from."""
@@ -163,6 +166,8 @@ class Choosing:
             return self.draft.judge(processed, self.params[0].greedy, self._rng(0))
         if self.shared:
             return sampling.choose(processed, self.params[0], self.rng)
+        if all(p.greedy for p in self.params):  # each row's argmax, taken together
+            return sampling.choose(processed, self.params[0], None)
         rows = [sampling.choose(processed[r : r + 1], p, self._rng(r)) for r, p in enumerate(self.params)]
         return torch.cat(rows)
 
@@ -188,16 +193,32 @@ def user_only(logits: torch.Tensor, user: Sequence[processors.UserProcessor], hi
     return logits
 
 
-def take(
-    index: int, logits: torch.Tensor, how: Choosing, active: Sequence[bool], kv: ledger.KVState
-) -> tuple[torch.Tensor, BatchStep]:
-    """Chooses every row's token from its processed distribution and measures it under the raw
-    `logits` (batch, vocab) and the processed one; returns the tokens (batch,) and the BatchStep
-    (finish reasons not yet set: see `finish`). With one params per row each row keeps its own
-    number of alternatives. A constrained row's grammar moves past its token here."""
+@dataclass
+class Picked:
+    """A step's choice before it is measured: the tokens (batch,), the processed distributions
+    they were chosen from (batch, vocab) and the grammar's mask (None without grammars)."""
+
+    tokens: torch.Tensor
+    processed: torch.Tensor
+    allowed: torch.Tensor | None
+
+
+def pick(logits: torch.Tensor, how: Choosing, active: Sequence[bool]) -> Picked:
+    """Chooses every row's token from its processed distribution (the grammar's mask first, then
+    the processors); nothing measured yet: the next forward can start from these tokens while
+    `measured` runs beside it."""
     allowed = how.allowed(logits.shape[-1], active)  # (batch, vocab) bool or None
     processed = how.process(logits, allowed)
-    tokens = how.choose(processed)  # (batch,)
+    return Picked(how.choose(processed), processed, allowed)  # tokens (batch,)
+
+
+def measured(
+    index: int, logits: torch.Tensor, picked: Picked, how: Choosing, active: Sequence[bool], kv: ledger.KVState
+) -> BatchStep:
+    """The picked tokens' numbers under the raw `logits` (batch, vocab) and the processed ones, as
+    a BatchStep (finish reasons not yet set: see `finish`). With one params per row each row
+    keeps its own number of alternatives. A constrained row's grammar moves past its token here."""
+    tokens, processed, allowed = picked.tokens, picked.processed, picked.allowed
     floats, ints = measure.chosen(logits, processed, tokens, how.top_n)
     step = assemble(index, floats, ints, list(active), how.top_n, kv)
     if allowed is not None and how.grammars is not None:
@@ -212,7 +233,7 @@ def take(
             n = p.top_logprobs
             step.top_ids[r], step.top_logprobs[r] = step.top_ids[r][:n], step.top_logprobs[r][:n]
             step.top_sampled_logprobs[r] = step.top_sampled_logprobs[r][:n]
-    return tokens, step
+    return step
 
 
 def assemble(index: int, floats: list, ints: list, active: list[bool], n: int, kv: ledger.KVState) -> BatchStep:

@@ -105,7 +105,7 @@ class BatchingWorker(ModelWorker):
         self._release()
 
     def _loop(self) -> None:
-        batch = ContinuousBatch(self.lm, self.max_batch, self.stats)
+        batch = ContinuousBatch(self.lm, self.max_batch, self.stats, overlap=True)
         while True:
             with self._wake:
                 while not (self._stopped or self._waiting or self._rows or self._exclusive or not batch.empty):
@@ -127,7 +127,7 @@ class BatchingWorker(ModelWorker):
             except BaseException as e:  # the forward pass failed: every row in it fails
                 for req in [*(row.spec.tag[0] for row in batch.members), *(req for req, _ in riding)]:
                     self._close(req, e)
-                batch = ContinuousBatch(self.lm, self.max_batch, self.stats)
+                batch = ContinuousBatch(self.lm, self.max_batch, self.stats, overlap=True)
                 continue
             for row in gone:
                 self._leave(row)
