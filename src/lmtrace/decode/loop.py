@@ -1,10 +1,10 @@
 """What every decoding loop does at each step, written once: the step itself (decode/step.py
-`pick` and `measured`: the grammar mask, the processors, the choice, the numbers), a constrained row whose grammar
+`take`: the grammar mask, the processors, the choice, the numbers), a constrained row whose grammar
 allowed nothing, the observers (decode/observers.py) on the rows that asked for them, and the finish
 reasons. The static batch (engine.py), continuous batching (continuous.py), speculative blocks
 (speculative.py), branches (branch.py, branch_draft.py) differ only in what they feed the model
 between steps; each calls `advance` (continuous batching may call its two halves, `one_step.pick` and
-`settle`, to measure a step while the next forward runs), and nothing else calls `pick`.
+`settle`, to measure a step while the next forward runs), and nothing else calls `take`.
 
     watch = Watch(observers, finish=Finish(eos_token_ids, params, on_token))
     tokens, step = advance(index, logits, how, active, kv, watch)
@@ -55,18 +55,24 @@ def advance(
 ) -> tuple[torch.Tensor, BatchStep]:
     """One step of every row: the tokens (batch,) and the BatchStep with the observers' entries
     and (with a finish rule) the finish reasons."""
-    picked = one_step.pick(logits, how, active)
-    return picked.tokens, settle(index, logits, picked, how, active, kv, watch)
+    tokens, step = one_step.take(index, logits, how, active, kv)
+    _watched(step, logits, tokens, how, watch)
+    return tokens, step
 
 
 def settle(
     index: int, logits: torch.Tensor, picked: one_step.Picked, how: Choosing, active: Sequence[bool],
     kv: ledger.KVState, watch: Watch,
 ) -> BatchStep:  # fmt: skip
-    """`advance` after the choice (`one_step.pick`): the BatchStep of the picked tokens. A loop
+    """`advance` after its choice (`one_step.pick`): the BatchStep of the picked tokens. A loop
     that starts the next forward from the picked tokens runs this beside it."""
-    tokens = picked.tokens
     step = one_step.measured(index, logits, picked, how, active, kv)
+    _watched(step, logits, picked.tokens, how, watch)
+    return step
+
+
+def _watched(step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing, watch: Watch) -> None:
+    """A grammar that allowed nothing, the observers' entries, the finish reasons."""
     failed = one_step.nothing_allowed(step, how, watch.indices)
     if watch.failed is None:
         for error in failed.values():
@@ -83,7 +89,6 @@ def settle(
     if watch.finish is not None:
         f = watch.finish
         one_step.finish(step, f.eos_token_ids, f.params, f.on_token)
-    return step
 
 
 def _observe_rows(step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing,

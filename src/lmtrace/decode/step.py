@@ -1,13 +1,14 @@
 """The one decoding step: from a batch's raw logits and how each row chooses, the chosen tokens
-with their measured numbers. It comes in two halves, `pick` (the choice) and `measured` (its numbers), so
-that a loop can start the next forward from the picked tokens while the step is measured. Every
-loop reaches them through decode/loop.py's `advance` (the step with the observers and the finish
-reasons) or its second half `settle`, their only callers; speculative decoding and grammar masks
-change the step here and nowhere else.
+with their measured numbers: `take`, in two halves, `pick` (the choice) and `measured` (its
+numbers), so that a loop can start the next forward from the picked tokens while the step is
+measured. Every loop reaches it through decode/loop.py's `advance` (the step with the observers
+and the finish reasons; `settle` is its second half), the only caller of `take`; speculative
+decoding and grammar masks change the step here and nowhere else.
 
     how = Choosing([params], rng, seen, grammars=rows)   # one params for all rows, or one per row
-    picked = pick(logits, how, active)                  # logits (batch, vocab) float32 raw
-    step = measured(index, logits, picked, how, active, kv)  # picked.tokens (batch,)
+    tokens, step = take(index, logits, how, active, kv)  # logits (batch, vocab) float32 raw
+    picked = pick(logits, how, active)                  # or in two halves: the tokens first,
+    step = measured(index, logits, picked, how, active, kv)  # the numbers beside the next forward
 
 A constrained row's grammar mask is the first stage, as vLLM applies it: the processors work on
 the masked logits, so `sampled_logprob` is under the distribution the token was drawn from."""
@@ -191,6 +192,15 @@ def user_only(logits: torch.Tensor, user: Sequence[processors.UserProcessor], hi
     for u in user:
         logits = u(logits, history or [[]] * logits.shape[0])
     return logits
+
+
+def take(
+    index: int, logits: torch.Tensor, how: Choosing, active: Sequence[bool], kv: ledger.KVState
+) -> tuple[torch.Tensor, BatchStep]:
+    """Chooses every row's token and measures it: `pick`, then `measured`. Returns the tokens
+    (batch,) and the BatchStep (finish reasons not yet set: see `finish`)."""
+    picked = pick(logits, how, active)
+    return picked.tokens, measured(index, logits, picked, how, active, kv)
 
 
 @dataclass
