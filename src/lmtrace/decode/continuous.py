@@ -234,12 +234,12 @@ class ContinuousBatch:
         pads = (self.mask == 0).sum(dim=1).tolist()  # each row's left padding
         # read before the measuring thread moves the rows on
         sure = [r for r, token in enumerate(picked.tokens.tolist()) if _ends(rows[r], token, self.lm.eos_token_ids)]
-        mine = dict(rows=rows, logits=self.logits, picked=picked, how=how, state=state, pads=pads,
-                    forward_ms=[r.step_ms for r in rows], formula=self._formula(1),
-                    pick_ms=(time.perf_counter() - started) * 1000)  # fmt: skip
         if self._beside is None:
             self._beside = ThreadPoolExecutor(1, thread_name_prefix="lmtrace-measure")
-        beside = self._beside.submit(self._settled, **mine)  # torch's kernels let go of the interpreter
+        # torch's kernels let go of the interpreter: the two threads run together
+        pick_ms = (time.perf_counter() - started) * 1000
+        beside = self._beside.submit(self._settled, rows, self.logits, picked, how, state, pads,
+                                     [r.step_ms for r in rows], self._formula(1), pick_ms)  # fmt: skip
         try:
             tokens = picked.tokens
             if sure:
