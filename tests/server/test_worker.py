@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from lmtrace.server import create_app
-from lmtrace.server.worker import Busy, ModelWorker
+from lmtrace.server.worker import END, Busy, Handle, ModelWorker
 from tests.server.conftest import RunningServer
 
 
@@ -39,6 +39,30 @@ def test_worker_admits_up_to_its_limit_then_frees_the_slot():
         worker.shutdown()
 
     asyncio.run(main())
+
+
+def test_the_slot_is_free_before_the_answer_ends(monkeypatch):
+    """The end of an answer is sent only after its slot is freed: a client that sends its next
+    request the moment it has the answer is never told 429 (the other order raced)."""
+    worker = ModelWorker(limit=1)
+    admitted_at_end: list[int] = []
+    emit = Handle.emit
+
+    def recording(handle, event):
+        if event is END:
+            admitted_at_end.append(worker.admitted)
+        emit(handle, event)
+
+    monkeypatch.setattr(Handle, "emit", recording)
+
+    async def main():
+        for i in range(20):  # each request sent as soon as the one before has ended
+            handle = worker.submit(lambda emit, check, i=i: emit(("step", i)))
+            assert [e async for e in handle.events()] == [("step", i)]
+        worker.shutdown()
+
+    asyncio.run(main())
+    assert admitted_at_end == [0] * 20
 
 
 def test_a_cancelled_work_stops_and_the_next_runs():
@@ -130,3 +154,29 @@ def test_a_slot_frees_even_when_the_requests_event_loop_is_gone(tiny_lm):
             assert r.status_code == 200, (max_batch, i, r.text)
         worker = client.app.state.lmtrace.worker
         wait_until(lambda w=worker: w.admitted == 0)
+
+
+def test_back_to_back_requests_on_one_slot_are_never_busy(tiny_lm, monkeypatch):
+    """Through the server's batching worker (a decoded request, and a whole work of another route):
+    with one slot, each request sent as soon as the last has ended is answered, because the slot
+    is freed before the answer's end is sent."""
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(tiny_lm, name="tiny", max_concurrency=1, max_batch=2))
+    worker = client.app.state.lmtrace.worker
+    admitted_at_end: list[int] = []
+    emit = Handle.emit
+
+    def recording(handle, event):
+        if event is END:
+            admitted_at_end.append(worker.admitted)
+        emit(handle, event)
+
+    monkeypatch.setattr(Handle, "emit", recording)
+    with client:
+        for i in range(6):
+            r = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
+            assert r.status_code == 200, (i, r.text)
+            r = client.post("/tokenize", json={"prompt": "Hello"})
+            assert r.status_code == 200, (i, r.text)
+    assert 0 < len(admitted_at_end) and set(admitted_at_end) == {0}

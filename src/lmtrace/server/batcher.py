@@ -24,7 +24,7 @@ from lmtrace.decode.prefill import Prefilled
 from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
 from lmtrace.server.lane import DEFAULT_PREFIX_CACHE_BYTES, Lane
-from lmtrace.server.worker import END, Cancelled, Handle, ModelWorker, ShuttingDown, Work
+from lmtrace.server.worker import Cancelled, Handle, ModelWorker, ShuttingDown, Work
 
 if TYPE_CHECKING:
     from lmtrace.server.prepare import Job
@@ -97,12 +97,9 @@ class BatchingWorker(ModelWorker):
 
     def _run_exclusive(self, handle: Handle, work: Work, run: bool = True) -> None:
         if run:
-            self._run(handle, work)  # emits the work's events and its end
+            self._run(handle, work)  # emits the work's events, frees its slot, then its end
         else:  # dropped at shutdown before it ran
-            handle.emit(END)
-        with self._lock:
-            self._live.discard(handle)
-        self._release()
+            self.end(handle)
 
     def _loop(self) -> None:
         batch = ContinuousBatch(self.lm, self.max_batch, self.stats, overlap=True)
@@ -315,10 +312,7 @@ class BatchingWorker(ModelWorker):
         else:
             self.finished += 1
         self._durations.append(time.perf_counter() - req.started)
-        handle.emit(END)
-        with self._lock:
-            self._live.discard(handle)
-        self._release()
+        self.end(handle)
 
     def shutdown(self) -> None:
         """Stops the model thread at its next step; what was still running is cancelled."""

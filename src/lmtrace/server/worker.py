@@ -114,7 +114,7 @@ class ModelWorker:
         """Queues the work (call from the event loop); raises Busy when every slot is taken."""
         handle = self._admit()
         future = self._pool.submit(self._run, handle, work)
-        future.add_done_callback(lambda f: self._done(handle.loop, handle, f))
+        future.add_done_callback(lambda f: self._dropped(handle, f))
         return handle
 
     def _admit(self) -> Handle:
@@ -127,19 +127,22 @@ class ModelWorker:
             self._live.add(handle)
         return handle
 
-    def _done(self, loop: asyncio.AbstractEventLoop, handle: Handle, future: Future) -> None:
-        # the slot frees when the model thread is done with the work, not when the client leaves
+    def _dropped(self, handle: Handle, future: Future) -> None:
+        """Ends a work dropped at shutdown before it ran (one that ran ended itself in `_run`)."""
+        if future.cancelled():
+            self.end(handle)
+
+    def end(self, handle: Handle) -> None:
+        """Frees the request's slot, then tells the request its answer is complete, in that
+        order: a client that sends its next request as soon as it has the answer finds the slot
+        free (the other order answered it 429 now and then). The slot frees when the model
+        thread is done with the work, not when the client leaves; directly, not through the
+        request's event loop, which may be gone by then (a test client's loop lives only as long
+        as its request)."""
         with self._lock:
             self._live.discard(handle)
-        if future.cancelled():  # dropped at shutdown before it ran
-            handle.emit(END)
-        self._release()
-
-    def _release(self) -> None:
-        """Frees a slot, from the model thread: directly, not through the request's event loop,
-        which may be gone by then (a test client's loop lives only as long as its request)."""
-        with self._lock:
             self.admitted -= 1
+        handle.emit(END)
 
     def _run(self, handle: Handle, work: Work) -> None:
         started = time.perf_counter()
@@ -155,7 +158,7 @@ class ModelWorker:
             handle.emit(("error", e))
         finally:
             self._durations.append(time.perf_counter() - started)
-            handle.emit(END)
+            self.end(handle)
 
     def retry_after(self) -> int:
         """Seconds until a slot is likely free: the typical request time times the line ahead."""
