@@ -73,8 +73,9 @@ class _Forced:
         """(len(ids), vocab) float32 logits: row k is the distribution after ids[k]."""
         if not ids:
             return torch.empty(0)
-        out = self.model(input_ids=torch.tensor([ids], device=self.model.device),
-                         **ledger.cache_kwargs(self.model, self.cache))  # fmt: skip
+        out = self.model(
+            input_ids=torch.tensor([ids], device=self.model.device), **ledger.cache_kwargs(self.model, self.cache)
+        )
         return out.logits[0].float()
 
     def held(self) -> int:
@@ -84,8 +85,14 @@ class _Forced:
         ledger.crop(self.cache, length)
 
 
-def _own_run(forced: _Forced, row: torch.Tensor, ids: list[int], engine: Sequence[float],
-             params: SamplingParams, tolerance: float) -> tuple[int, list[float], torch.Tensor | None]:  # fmt: skip
+def _own_run(
+    forced: _Forced,
+    row: torch.Tensor,
+    ids: list[int],
+    engine: Sequence[float],
+    params: SamplingParams,
+    tolerance: float,
+) -> tuple[int, list[float], torch.Tensor | None]:
     """The record's own `ids` from here, as far as each fits the engine within `tolerance`:
     (how many fit, their gaps, the distribution after them; None at the end)."""
     base = forced.held()
@@ -96,8 +103,7 @@ def _own_run(forced: _Forced, row: torch.Tensor, ids: list[int], engine: Sequenc
     return fitting, gaps[:fitting], rows[fitting] if fitting < len(ids) else None
 
 
-def engine_split(lm: LM, rollout: Rollout, params: SamplingParams, spell: Spellings,
-                 budget: float) -> list[int] | None:  # fmt: skip
+def engine_split(lm: LM, rollout: Rollout, params: SamplingParams, spell: Spellings, budget: float) -> list[int] | None:
     """The split of the completion's text whose logprobs follow the engine's; None when no split
     of the same number of ids spells the text, or when the gaps of the path taken add up past
     `budget` (the fit the verdict needs times the tokens: it cannot pass). Where the text is
@@ -133,8 +139,13 @@ def engine_split(lm: LM, rollout: Rollout, params: SamplingParams, spell: Spelli
     return chosen if not rest and spent <= budget else None
 
 
-def retokenized(lm: LM, rollouts: Sequence[Rollout], todo: Sequence[int], params: Sequence[SamplingParams],
-                aligned: dict[int, float]) -> dict[int, dict[str, Any]]:  # fmt: skip
+def retokenized(
+    lm: LM,
+    rollouts: Sequence[Rollout],
+    todo: Sequence[int],
+    params: Sequence[SamplingParams],
+    aligned: dict[int, float],
+) -> dict[int, dict[str, Any]]:
     """i -> a `retokenized` cause (detail: the completion's changed positions) for the rollouts
     whose engine logprobs fit another split of their completion's text."""
     if not todo:
@@ -161,7 +172,12 @@ def retokenized(lm: LM, rollouts: Sequence[Rollout], todo: Sequence[int], params
 def _cause(record: list[int], engine: list[int], aligned: float, got: float) -> dict[str, Any]:
     changed = [k for k, (a, b) in enumerate(zip(record, engine)) if a != b]
     shown = ", ".join(str(k) for k in changed[:SHOWN]) + (", ..." if len(changed) > SHOWN else "")
-    evidence = {"aligned_fit": aligned, "retokenized_fit": got, "positions": changed,
-                "record_ids": [record[k] for k in changed], "engine_ids": [engine[k] for k in changed],
-                "ids_matching": 1 - len(changed) / len(record)}  # fmt: skip
+    evidence = {
+        "aligned_fit": aligned,
+        "retokenized_fit": got,
+        "positions": changed,
+        "record_ids": [record[k] for k in changed],
+        "engine_ids": [engine[k] for k in changed],
+        "ids_matching": 1 - len(changed) / len(record),
+    }
     return causes.cause("retokenized", f"completion: positions {shown}", evidence)
