@@ -84,7 +84,8 @@ def test_a_failed_kv_self_check_exits_1(tiny_dir, tmp_path, capsys, monkeypatch)
     args = ["generate", "Hello", "--model", str(tiny_dir), "--max-new-tokens", "2", "--temperature", "0"]
     assert main([*args, "--no-color", "--json", str(path)]) == 1
     out, err = capsys.readouterr()
-    assert err.strip().splitlines()[-1].startswith("lmtrace: error: measured KV bytes differ from the formula at steps [0, 1]")
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("lmtrace: error: measured KV bytes differ from the formula at steps [0, 1]")
     assert "error:" not in out and path.exists()
     assert main(["render", str(path), "--no-color"]) == 0
     out, err = capsys.readouterr()
