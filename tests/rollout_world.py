@@ -92,3 +92,54 @@ def perturbed(lm: LM, scale: float = 0.05) -> list[dict[str, Any]]:
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * p.float().std() * scale)
     return other_model(lm, model, seed=5)
+
+
+def _vocab_texts(tokenizer: Any) -> dict[str, int]:
+    """Each whole-character token's text -> its id (special tokens left out)."""
+    special = set(tokenizer.all_special_ids)
+    out: dict[str, int] = {}
+    for i in range(len(tokenizer)):
+        text = tokenizer.decode([i]) if i not in special else ""
+        if text and "\ufffd" not in text:
+            out.setdefault(text, i)
+    return out
+
+
+def other_split(tokenizer: Any, ids: list[int]) -> list[int]:
+    """`ids` (the text's own encoding) with every pair of neighbours that two other tokens also
+    spell split that other way ('ban'+'n' -> 'b'+'ann'): the same text in as many ids, that encode
+    back to `ids`. Fails when the text has no such pair."""
+    vocab, out, j = _vocab_texts(tokenizer), list(ids), 0
+    while j < len(out) - 1:
+        a, b = tokenizer.decode([out[j]]), tokenizer.decode([out[j + 1]])
+        both = a + b
+        cuts = [k for k in range(1, len(both)) if k != len(a) and both[:k] in vocab and both[k:] in vocab]
+        if cuts:
+            out[j : j + 2] = [vocab[both[: cuts[0]]], vocab[both[cuts[0] :]]]
+            j += 1
+        j += 1
+    assert out != ids and canonical(tokenizer, out) == ids, "no pair of this text's tokens splits another way"
+    return out
+
+
+def teacher_forced(lm: LM, prompt: list[int], completion: list[int]) -> list[float]:
+    """transformers' own float32 logprob of each completion id (the engine's, at temperature 1)."""
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+
+def completion_reencoded(lm: LM, text: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(faulty, normal): the engine wrote `text` as another split than the text's own (as a
+    sampler may) with its logprobs. Faulty: the pipeline decoded the completion and encoded it
+    again (the text's own ids, as many), keeping the engine's logprobs. Normal: the record keeps
+    the engine's own ids."""
+    own = list(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
+    engine = other_split(lm.tokenizer, own)
+    faulty, normal = [], []
+    for k, prompt in enumerate(prompt_ids(lm)):
+        logprobs = teacher_forced(lm, prompt, engine)
+        base = {"prompt_ids": prompt, "logprobs": logprobs, "sampling": {"temperature": 1.0}}
+        faulty.append({**base, "id": f"reencoded/{k}", "completion_ids": own})
+        normal.append({**base, "id": f"engine/{k}", "completion_ids": engine})
+    return faulty, normal

@@ -80,3 +80,19 @@ def test_temperature_applied_but_not_said(tiny_lm, temperature):
     only(rep, "processing_mismatch", {"temperature"})
     for r in rep["rollouts"]:
         assert r["causes"][0]["evidence"]["fitted_temperature"] == pytest.approx(temperature, rel=1e-2)
+
+
+def test_completion_reencoded_from_its_text(tiny_lm):
+    """The engine's ids ' the'+'r' decoded and encoded again as ' th'+'er' (the text's own split,
+    as many ids), its logprobs kept: `retokenized` at those positions; kept as the engine wrote
+    them: clean."""
+    faulty, normal = world.completion_reencoded(tiny_lm, " there was a little model that counted tokens.")
+    rep = lmtrace.rollouts(tiny_lm, faulty)
+    only(rep, "retokenized", {"completion: positions 0, 1"})
+    for r, f, n in zip(rep["rollouts"], faulty, normal):
+        ev = r["causes"][0]["evidence"]
+        assert ev["positions"] == [0, 1] and ev["engine_ids"] == n["completion_ids"][:2]
+        assert ev["record_ids"] == f["completion_ids"][:2]
+        assert ev["retokenized_fit"] < 1e-4 < 0.1 < ev["aligned_fit"]
+    rep = lmtrace.rollouts(tiny_lm, normal)
+    assert labels(rep) == [[], [], []] and rep["summary"]["mean_abs_delta"] < 1e-5

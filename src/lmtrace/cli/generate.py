@@ -25,6 +25,7 @@ from lmtrace.cli.options import (
 )
 from lmtrace.cli.remote import server_option
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
+from lmtrace.cli.selfcheck import kv_checked
 from lmtrace.errors import InvalidParameter
 from lmtrace.records import Trace
 
@@ -104,6 +105,7 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     else:
         trace = _traced_here(status, model, local, text, params, kw, draft, confidence)
     _show(trace, kw, view, json_path, html_path, plot_path)
+    kv_checked(trace)
 
 
 def _check_pairs(kw: dict, params) -> None:

@@ -109,12 +109,33 @@ def find_cache(kwargs: dict[str, Any]) -> Any:
     return found if found is not None else kwargs.get("past_key_values")
 
 
+def layer_types_and_kwargs(text: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """(layer types, per-layer kwargs) of a text config as transformers' DynamicCache(config=...)
+    builds its layers, in every 5.x: 5.18 on, `get_layer_types_and_kwargs` gives a kwargs dict per
+    layer; 5.1-5.17 one dict for all layers; 5.0 has no such function (the cache's own layers
+    are read: a sliding one has `is_sliding` and its `sliding_window`)."""
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+    except ImportError:
+        return built_layers(text)
+    types, kwargs = get_layer_types_and_kwargs(text)
+    if isinstance(kwargs, dict):  # one dict, the same for every layer
+        return list(types), [kwargs] * len(types)
+    return list(types), list(kwargs)
+
+
+def built_layers(text: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """(layer types, per-layer kwargs) read off the layers DynamicCache(config=text) builds: a
+    sliding (or chunked) layer has `is_sliding` and its `sliding_window`, any other is full."""
+    layers = DynamicCache(config=text).layers
+    types = ["sliding_attention" if getattr(layer, "is_sliding", False) else FULL for layer in layers]
+    return types, [{"sliding_window": getattr(layer, "sliding_window", None)} for layer in layers]
+
+
 def layer_layout(config: Any) -> list[LayerSpec]:
     """Per-layer cache specs as transformers' DynamicCache(config=...) would build them."""
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    types, kwargs = get_layer_types_and_kwargs(text)
+    types, kwargs = layer_types_and_kwargs(text)
     per_layer = getattr(text, "per_layer_config", None)
     specs = []
     for i, (kind, kw) in enumerate(zip(types, kwargs)):

@@ -10,7 +10,9 @@ against the processed logprobs of the same ids). The checks, in order, first mat
   a temperature the settings do not say (`temperature`);
 - `retokenized` (lmtrace.scoring.rollouts.probes): they fit the prompt as its own text
   tokenizes, where the record's ids differ from it (a sampled split that differs is normal:
-  only a misfit that the text's own tokenization removes is labelled);
+  only a misfit that the text's own tokenization removes is labelled); or, with the detail
+  `completion: positions ...` (lmtrace.scoring.rollouts.respelled), they fit another split of the
+  completion's own text (the engine's ids decoded and encoded again, its logprobs kept);
 - `numeric`: aligned, and a dtype/batch variant fits, or the misfit has that variant's own
   noise's size (the detail names it);
 - `weights`: aligned, and no variant explains it (stale or different weights)."""

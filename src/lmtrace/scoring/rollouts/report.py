@@ -16,7 +16,7 @@ import torch
 
 from lmtrace.model.lm import LM
 from lmtrace.scoring import variants
-from lmtrace.scoring.rollouts import causes, computed, metrics, options, probes, readers, tokens
+from lmtrace.scoring.rollouts import causes, computed, metrics, options, probes, readers, respelled, tokens
 from lmtrace.scoring.rollouts.rollout import Rollout, check, encode
 from lmtrace.scoring.variant_spec import VariantSpec, parse_variant
 from lmtrace.versions import versions
@@ -76,6 +76,11 @@ def _diagnose(lm: LM, run: Pass, trainer: VariantSpec | None, status: Callable[[
     if todo:
         status("re-tokenized prompts")
         for i, c in probes.retokenized(lm, run.rollouts, todo, run.params, aligned).items():
+            found[i] = [c]
+        todo = [i for i in todo if not found[i]]
+    if todo:
+        status("re-encoded completions")
+        for i, c in respelled.retokenized(lm, run.rollouts, todo, run.params, aligned).items():
             found[i] = [c]
         todo = [i for i in todo if not found[i]]
     if todo:
