@@ -56,7 +56,8 @@ def test_stream_compiled_stops_where_the_default_path_stops(tiny_lm):
 def test_a_grammar_keeps_the_compiled_forward_and_says_so(tiny_lm):
     """What needs the host at every step runs the step eagerly beside the compiled forward."""
     kw = {"temperature": 0, "max_new_tokens": 6, "regex": "[a-c]{2,4}"}
-    plain, compiled = lmtrace.generate(tiny_lm, PROMPTS[0], **kw), lmtrace.generate(tiny_lm, PROMPTS[0], compile=True, **kw)
+    plain = lmtrace.generate(tiny_lm, PROMPTS[0], **kw)
+    compiled = lmtrace.generate(tiny_lm, PROMPTS[0], compile=True, **kw)
     assert compiled.token_ids == plain.token_ids and compiled.text == plain.text
     assert compiled.model["config"]["compile"] == static.described(static.FORWARD, "cpu")
 
