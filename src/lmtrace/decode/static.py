@@ -13,7 +13,8 @@ one-token step is its compiled forward (DRAFT). The trace's `model.config.compil
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ def check(model: Any, option: str = "compile") -> None:
     matmul = getattr(model, "lmtrace_matmul", None)
     if matmul is not None:
         raise InvalidParameter(f"{option}: compile cannot be combined with matmul {matmul.split()[0]}; "
-                               "load without matmul to compile")  # fmt: skip
+                               "load without matmul to compile")
 
 
 def whole_step(constrained: bool, user: Any, observers: Any) -> bool:
@@ -71,11 +72,17 @@ class Out:
     ints: torch.Tensor
 
 
-def _forward(model: Any, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-             cache: Any) -> torch.Tensor:  # fmt: skip
-    out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, logits_to_keep=1,
-                **ledger.cache_kwargs(model, cache))  # (batch,) -> (batch, 1): one new token a row  # fmt: skip
-    return out.logits[:, -1, :].float()  # (batch, 1, vocab) -> (batch, vocab)
+def forward_of(model: Any) -> Callable[..., torch.Tensor]:
+    """The one-token forward over the cache, (batch,) tokens -> (batch, vocab) float32 logits; the
+    cache's keyword is read here, outside any compiled region (ledger.cache_kwargs is cached)."""
+    name = next(iter(ledger.cache_kwargs(model, None)))
+
+    def forward(tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any) -> torch.Tensor:
+        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, logits_to_keep=1,
+                    use_cache=True, **{name: cache})  # (batch,) -> (batch, 1): one new token a row
+        return out.logits[:, -1, :].float()  # (batch, 1, vocab) -> (batch, vocab)
+
+    return forward
 
 
 class StaticStep:
@@ -84,17 +91,17 @@ class StaticStep:
 
     def __init__(self, model: Any, params: SamplingParams, top_n: int):
         self.model, self.params, self.top_n = model, params, top_n
-        how = mode(model.device)
+        how, forward = mode(model.device), forward_of(model)
 
         def greedy(tokens, positions, mask, cache, seen):
-            logits = _forward(model, tokens, positions, mask, cache)
+            logits = forward(tokens, positions, mask, cache)
             processed = sampling.process_logits(logits, params, seen)
             chosen = processed.max(dim=-1).indices  # argmax's first of the largest, as sampling.choose
             floats, ints = measure.chosen_tensors(logits, processed, chosen, top_n)
             return chosen, floats, ints
 
         def processed(tokens, positions, mask, cache, seen):
-            logits = _forward(model, tokens, positions, mask, cache)
+            logits = forward(tokens, positions, mask, cache)
             return logits, sampling.process_logits(logits, params, seen)
 
         def numbers(logits, processed, chosen):
@@ -106,7 +113,7 @@ class StaticStep:
         self.graphs = how == "reduce-overhead"
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any,
-                 seen: torch.Tensor | None, rng: sampling.Rng) -> Out:  # fmt: skip
+                 seen: torch.Tensor | None, rng: sampling.Rng) -> Out:
         """One step from the fed tokens (batch,) at `positions` (batch, 1): the next tokens and
         their numbers, all on the device."""
         if self.graphs:  # a new iteration: the graphs may overwrite the last step's outputs
@@ -118,6 +125,22 @@ class StaticStep:
         chosen = sampling.choose(processed, self.params, rng)  # the row's generator: outside the graph
         floats, ints = self._numbers(logits, processed, chosen)
         return Out(chosen.clone(), floats.clone(), ints.clone())
+
+
+@contextlib.contextmanager
+def held_cache(model: Any, batch: int, length: int) -> Iterator[Any]:
+    """A StaticCache of `length` positions for `batch` rows, kept on the model between generations
+    and reset before each (as transformers' generate keeps its own): its tensors keep their
+    addresses, so CUDA graphs recorded over them replay without recording again. One generation
+    holds it at a time; another at once gets a cache of its own."""
+    pool = model.__dict__.setdefault("_lmtrace_static_caches", {})
+    free = pool.setdefault((id(model), batch, length, next(model.parameters()).dtype), [])
+    cache = free.pop() if free else ledger.new_cache(model, length)
+    cache.reset()
+    try:
+        yield cache
+    finally:
+        free.append(cache)
 
 
 def step_for(model: Any, params: SamplingParams, top_n: int) -> StaticStep:
@@ -135,14 +158,14 @@ def compiled_forward(model: Any) -> Callable[..., torch.Tensor]:
     engine.decode_step's arguments and result (batch, vocab) float32."""
     owner, forward = model.__dict__.get("_lmtrace_compiled_forward", (None, None))
     if owner != id(model):
-        forward = torch.compile(_forward, mode=mode(model.device), dynamic=False)
+        forward = torch.compile(forward_of(model), mode=mode(model.device), dynamic=False)
         model.__dict__["_lmtrace_compiled_forward"] = (id(model), forward)
     graphs = mode(model.device) == "reduce-overhead"
 
     def decode(model: Any, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any,
-               cache: Any) -> torch.Tensor:  # fmt: skip
+               cache: Any) -> torch.Tensor:
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        return forward(model, token_ids, position_ids, attention_mask, cache).clone()
+        return forward(token_ids, position_ids, attention_mask, cache).clone()
 
     return decode

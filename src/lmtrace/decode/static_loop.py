@@ -60,7 +60,6 @@ def generate_steps(
     seen = processors.seen_mask(params, prompt_ids, model.config.vocab_size, model.device)  # (batch, vocab)
     how = Choosing([params], rng, seen)
     length = static.capacity(width + params.max_new_tokens)
-    cache = ledger.new_cache(model, length)
     full = torch.cat([mask, mask.new_ones((batch, length - width))], dim=-1) if padded else None  # (batch, length)
     compiled = static.step_for(model, params, params.top_logprobs)
     expected = engine.expected_bytes(model, batch)
@@ -68,7 +67,7 @@ def generate_steps(
     watch = Watch(finish=Finish(setup.eos_token_ids, params, setup.on_token))
     active = [True] * batch
     started = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), static.held_cache(model, batch, length) as cache:
         logits = engine.prefill(model, input_ids, mask if padded else None, cache)  # (batch, vocab)
         tokens, step = advance(0, logits, how, active, ledger.state(cache, expected, seen=width), watch)
         done = _ended(tokens, eos, torch.zeros(batch, dtype=torch.bool, device=model.device))

@@ -63,7 +63,7 @@ def _iter_rows(
 
 
 def compiled(lm: LM, compile: bool, params: SamplingParams, user: Sequence[Any], watchers: Sequence[Observer],
-             draft: drafts.Draft | None = None) -> str | None:  # fmt: skip
+             draft: drafts.Draft | None = None) -> str | None:
     """What `compile` compiles for this generation (the trace's `model.config.compile`; None
     without it); a model torch.compile cannot trace is refused in one line (static.check)."""
     if not compile:
