@@ -16,7 +16,9 @@ A contender is a small function (Bench, batch) -> Contender | str (a reason to s
 to CONTENDERS to time something new.
 --model FILE runs another GGUF file (e.g. a Q4_K_M one) in place of the bundled model.
 Usage: python bench/decode.py [--model FILE] [--rounds 3] [--tokens 64] [--batch-sizes 1,16] [--no-compile]
-       [--inside]"""
+       [--inside]
+With --device (cuda, or cpu to check the script), random-weight models of DeepSeek-R1-Distill-Qwen's
+shapes instead, batch 1: bench/decode_shapes.py (--shapes 1.5b,7b --tokens 128 --bandwidth 4.8e12)."""
 
 from __future__ import annotations
 
@@ -361,6 +363,11 @@ def load_all(args) -> Bench:
 
 
 def main() -> None:
+    if any(a == "--device" or a.startswith("--device=") for a in sys.argv[1:]):  # random-weight shapes on a device
+        import decode_shapes
+
+        decode_shapes.main(sys.argv[1:])
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=64)

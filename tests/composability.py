@@ -51,6 +51,7 @@ FEATURES: dict[str, dict[str, Any]] = {
     "processor": {"logits_processors": [no_top_token]},
     "uncertainty": {"uncertainty": True},
     "attribution": {"attribution": True},
+    "compile": {"compile": True},
 }
 GRAMMARS = ("regex", "json_schema", "choice")
 DRAFTS = ("draft:packed", "draft:layers")
@@ -242,15 +243,21 @@ ALONE_TOL, BATCHED_TOL = 1e-6, 5e-5
 OBSERVERS = {"uncertainty", "attribution"}  # this round's observers
 REFUSES = {
     "stream": {"echo"},  # a stream has no trace for the prompt's logprobs
-    "branch": {"echo", "waterfall", "processor", *GRAMMARS, *OBSERVERS},
-    "batch local": {"echo", "waterfall", "processor", "attribution"},
-    "kv-lab reference": {"lens", "attention", "echo", "waterfall", "processor", *GRAMMARS, *DRAFTS, *OBSERVERS},
-    "server /v1/traces": {"echo", "waterfall", "processor", "attribution"},
-    "server completions": {"lens", "attention", "waterfall", "processor", *OBSERVERS},
-    "server chat": {"lens", "attention", "echo", "waterfall", "processor", *OBSERVERS},
+    "branch": {"echo", "waterfall", "processor", "compile", *GRAMMARS, *OBSERVERS},
+    "batch local": {"echo", "waterfall", "processor", "attribution", "compile"},
+    "kv-lab reference": {"lens", "attention", "echo", "waterfall", "processor", "compile", *GRAMMARS, *DRAFTS,
+                         *OBSERVERS},
+    "server /v1/traces": {"echo", "waterfall", "processor", "attribution", "compile"},
+    "server completions": {"lens", "attention", "waterfall", "processor", "compile", *OBSERVERS},
+    "server chat": {"lens", "attention", "echo", "waterfall", "processor", "compile", *OBSERVERS},
 }
-# generate itself: a draft with hooks that expect one position a forward
-GENERATE_REFUSES = [({"lens", "attention", "attribution"}, set(DRAFTS))]
+# generate itself: a draft with hooks that expect one position a forward; the compiled step with
+# hooks inside the forward (lens, attention, attribution)
+GENERATE_REFUSES = [({"lens", "attention", "attribution"}, set(DRAFTS)),
+                    ({"lens", "attention", "attribution"}, {"compile"})]
+# --compile is an opt-in kernel path: within 5e-5 of the default path (its reference), its static
+# cache's allocation and the names of what ran compiled aside
+COMPILE_TOL = 5e-5
 
 
 # sampled, a batched generate draws its rows from one generator, as model.generate does (so that
@@ -274,6 +281,17 @@ def option_names(feature: str) -> list[str]:
     return [k for k in FEATURES[feature] if k not in BASE and k not in ("draft_tokens", "max_new_tokens", "seed")]
 
 
+def uncompiled(record: dict) -> dict:
+    """A compiled record without what names the compile (model.config.compile, params.compile)
+    and the KV record (a static cache's allocation: tests/test_static_step.py checks it)."""
+    record = {k: v for k, v in copy.deepcopy(record).items() if k != "kv_anatomy"}
+    record.get("model", {}).get("config", {}).pop("compile", None)
+    record.get("params", {}).pop("compile", None)
+    for step in record.get("steps", []):
+        step.pop("kv", None)
+    return record
+
+
 def outcome(lm, entry: str, features: tuple[str, ...], reference: dict, tol: float) -> str:
     """"ok", "refused: <the line>" or "WRONG: <how>" for one cell."""
     reference = copy.deepcopy(reference)
@@ -291,6 +309,8 @@ def outcome(lm, entry: str, features: tuple[str, ...], reference: dict, tol: flo
     if entry in ("server completions", "server chat"):
         reference = openai_view(reference)
     skip = BATCHED.get(entry, ())
+    if "compile" in features:
+        tol, got, reference = max(tol, COMPILE_TOL), uncompiled(got), uncompiled(reference)
     got, reference = ({k: v for k, v in d.items() if k not in skip} for d in (got, reference))
     for d in (got, reference):
         for step in d.get("steps", []):

@@ -22,6 +22,11 @@ WITH_DRAFT = [(f, d) for f in world.FEATURES if f not in world.DRAFTS for d in w
 WITH_GRAMMAR = [(f, g) for f in world.FEATURES if f not in world.GRAMMARS for g in world.GRAMMARS]
 
 
+def compiled_slow(cells: list[tuple[str, ...]]) -> list:
+    """`compile` paired with a draft or a grammar compiles again (minutes on a CPU): slow."""
+    return [pytest.param(c, marks=pytest.mark.slow) if "compile" in c else c for c in cells]
+
+
 @pytest.fixture(scope="module")
 def gguf_lm(tmp_path_factory, tiny_tok):
     """The tiny model as a GGUF file loaded in float32: every feature works on it (`packed` too)."""
@@ -32,9 +37,10 @@ def gguf_lm(tmp_path_factory, tiny_tok):
 
 
 def reference(lm, features: tuple[str, ...]) -> dict | str:
-    """generate's own record of the cell, or its refusal."""
+    """generate's own record of the cell, or its refusal; with `compile`, the default path's
+    (the compiled one is held to it)."""
     try:
-        return world.via_generate(lm, world.merged(*features))
+        return world.via_generate(lm, world.merged(*(f for f in features if f != "compile")))
     except lmtrace.InvalidParameter as e:
         return f"refused: {e}"
 
@@ -68,7 +74,7 @@ def test_every_feature_in_every_entry_point(gguf_lm, features):
     check_row(gguf_lm, features)
 
 
-@pytest.mark.parametrize("features", WITH_DRAFT, ids="+".join)
+@pytest.mark.parametrize("features", compiled_slow(WITH_DRAFT), ids="+".join)
 def test_every_feature_with_a_draft(gguf_lm, features):
     """Besides the entry points: the feature with a draft gives what it gives without one (ids
     identical, numbers within the speculative bound: the verify forward runs K + 1 positions)."""
@@ -80,10 +86,12 @@ def test_every_feature_with_a_draft(gguf_lm, features):
         alone = world.via_generate(gguf_lm, world.merged(features[0]))
         assert drafted["token_ids"] == alone["token_ids"]
         assert drafted["speculative"]["blocks"] >= 1
+        if "compile" in features:
+            drafted, alone = (world.uncompiled(d) for d in (drafted, alone))
         assert not world.differences(world.comparable(drafted), world.comparable(alone), 1e-4)
 
 
-@pytest.mark.parametrize("features", WITH_GRAMMAR, ids="+".join)
+@pytest.mark.parametrize("features", compiled_slow(WITH_GRAMMAR), ids="+".join)
 def test_every_feature_with_a_grammar(gguf_lm, features):
     table = check_row(gguf_lm, features)
     if table["generate"] == "ok":

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lmtrace.decode import static
 from lmtrace.decode.loop import Finish, Watch, advance
 from lmtrace.decode.observers import Observer, attached
 from lmtrace.decode.step import BatchStep, Choosing, TokenHook
@@ -121,10 +122,11 @@ def generate_steps(
     history = [[] for _ in prompt_ids] if setup.user else None
     how = Choosing([params], rng, seen, grammars=setup.grammars, user=setup.user, history=history)
     next_pos = positions(mask)[:, -1:] + 1  # (batch, 1)
-    cache = ledger.new_cache(model, input_ids.shape[1] + params.max_new_tokens if setup.compile else None)
-    decode = compiled_decode(model) if setup.compile else decode_step
-    if setup.compile and padded:  # one mask of the final length keeps the compiled graph's shapes fixed
-        mask = torch.cat([mask, mask.new_ones((batch, params.max_new_tokens))], dim=-1)
+    length = static.capacity(input_ids.shape[1] + params.max_new_tokens)  # with compile: whole buckets
+    cache = ledger.new_cache(model, length if setup.compile else None)
+    decode = static.compiled_forward(model) if setup.compile else decode_step
+    if setup.compile and padded:  # one mask of the cache's length keeps the compiled graph's shapes fixed
+        mask = torch.cat([mask, mask.new_ones((batch, length - input_ids.shape[1]))], dim=-1)
     expected = expected_bytes(model, batch)
     eos = torch.tensor(sorted(set(setup.eos_token_ids)), dtype=torch.long, device=model.device)
     active = [True] * batch
@@ -156,23 +158,6 @@ def prefill_observed(model, input_ids, prompt_mask, padded: bool, cache, observe
     for observer in observers:
         observer.prefill(logits, input_ids, prompt_mask)
     return logits[:, -1, :] if all_positions else logits  # (batch, len, vocab) -> (batch, vocab)
-
-
-def compiled_decode(model) -> Callable[..., torch.Tensor]:
-    """decode_step over a torch.compile'd forward, compiled once per model and kept on it (with
-    the model's id: a shallow copy, such as a `layers:N` draft, carries the attribute but is
-    another model and compiles its own)."""
-    owner, forward = getattr(model, "_lmtrace_compiled_forward", (None, None))
-    if owner != id(model):
-        forward = torch.compile(model.forward, dynamic=False)
-        model._lmtrace_compiled_forward = (id(model), forward)
-
-    def decode(model, token_ids, position_ids, attention_mask, cache) -> torch.Tensor:
-        out = forward(input_ids=token_ids[:, None], attention_mask=attention_mask, position_ids=position_ids,
-                      logits_to_keep=1, **ledger.cache_kwargs(model, cache))  # fmt: skip
-        return out.logits[:, -1, :].float()
-
-    return decode
 
 
 def expected_bytes(model, batch: int) -> Callable[[int], int] | None:

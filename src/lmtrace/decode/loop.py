@@ -4,7 +4,8 @@ allowed nothing, the observers (decode/observers.py) on the rows that asked for 
 reasons. The static batch (engine.py), continuous batching (continuous.py), speculative blocks
 (speculative.py), branches (branch.py, branch_draft.py) differ only in what they feed the model
 between steps; each calls `advance` (continuous batching may call its two halves, `one_step.pick` and
-`settle`, to measure a step while the next forward runs), and nothing else calls `take`.
+`settle`, to measure a step while the next forward runs), and nothing else calls `take`; the
+compiled step (static_loop.py) measures in its graph and records through `recorded`.
 
     watch = Watch(observers, finish=Finish(eos_token_ids, params, on_token))
     tokens, step = advance(index, logits, how, active, kv, watch)
@@ -68,6 +69,17 @@ def settle(
     that starts the next forward from the picked tokens runs this beside it."""
     step = one_step.measured(index, logits, picked, how, active, kv)
     _watched(step, logits, picked.tokens, how, watch)
+    return step
+
+
+def recorded(
+    index: int, floats: list, ints: list, how: Choosing, active: Sequence[bool], kv: ledger.KVState, watch: Watch
+) -> BatchStep:
+    """The BatchStep of numbers measured elsewhere (the compiled step, decode/static.py, with
+    lmtrace.logits.measure's rule: `floats`, `ints` as measure.chosen's rows), with the finish
+    reasons. The compiled step has no grammar, observers or per-row params (static.whole_step)."""
+    step = one_step.assemble(index, floats, ints, list(active), how.top_n, kv)
+    _watched(step, torch.empty(0), torch.tensor(step.token_ids), how, watch)
     return step
 
 

@@ -210,7 +210,7 @@ def to_trace(
     params: SamplingParams,
     row: RowRecord,
     chat: bool,
-    compile: bool = False,
+    compile: str | None = None,
     probe: inside.Probe | None = None,
     watchers: Sequence[observers.Observer] = (),
 ) -> Trace:
@@ -226,8 +226,11 @@ def to_trace(
     times = [s.time_ms for s in row.steps]
     decode_ms = sum(times[1:])
     fields, choices = constrained.summaries(lm, ids, params, row.steps, text)
+    model = lm.record()
+    if compile:  # what ran compiled (lmtrace.decode.static), as a kernel path is named
+        model["config"] = {**model["config"], "compile": compile}
     return Trace(
-        model=lm.record(),
+        model=model,
         params={**params.to_dict(), "chat": chat, **({"compile": True} if compile else {}), **inside.params(lm, probe)},
         prompt={"text": prompt, "token_ids": ids, **_templated(lm, ids, chat), **inside.prompt_tokens(lm, probe, ids)},
         text=text,

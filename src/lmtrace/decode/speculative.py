@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lmtrace.decode import constrained, engine
+from lmtrace.decode import constrained, engine, static
 from lmtrace.decode.loop import Finish, Watch, advance
 from lmtrace.decode.observers import attached
 from lmtrace.decode.rows import RowRecord, generator, records
@@ -77,11 +77,6 @@ def _leading(verdicts: list[bool]) -> int:
     return next((i for i, v in enumerate(verdicts) if not v), len(verdicts))
 
 
-# a compiled draft's static cache holds a multiple of this many positions: one graph serves
-# every prompt up to that length (a graph is compiled for one cache length)
-STATIC_BUCKET = 256
-
-
 class Side:
     """One model of the pair: its cache (croppable) and its forward passes. `static_len`: a
     StaticCache of that many positions and a torch.compile'd one-token step (a draft's `compile`)."""
@@ -89,7 +84,7 @@ class Side:
     def __init__(self, model: Any, static_len: int | None = None):
         self.model = model
         self.cache = ledger.new_cache(model, static_len, croppable=True)
-        self.step = engine.compiled_decode(model) if static_len is not None else None
+        self.step = static.compiled_forward(model) if static_len is not None else None
         self.forwards = 0
 
     @property
@@ -176,10 +171,10 @@ class Speculation:
         engine.check_context(model, [prompt_ids], params)
         self.model, self.params, self.rng, self.setup, self.k, self.tally = model, params, rng, setup, k, tally
         self.prompt_len, self.seq = len(prompt_ids), list(prompt_ids)
-        static = None
+        length = None
         if compile:  # room for the prompt, the tokens and a block past them, in whole buckets
-            static = -(-(len(self.seq) + params.max_new_tokens + k + 1) // STATIC_BUCKET) * STATIC_BUCKET
-        self.target, self.proposer = Side(model), Side(draft, static)
+            length = static.capacity(len(self.seq) + params.max_new_tokens + k + 1)
+        self.target, self.proposer = Side(model), Side(draft, length)
         self.seen = processors.seen_mask(params, [self.seq], model.config.vocab_size, model.device)
         self.loop = _Loop(self.target, self.proposer, params, rng, setup, tally, engine.expected_bytes(model, 1),
                           [[]] if setup.user else None)  # fmt: skip

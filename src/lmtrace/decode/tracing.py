@@ -8,7 +8,7 @@ from typing import Any
 
 from lmtrace import arguments
 from lmtrace.decode import attribution as attributing
-from lmtrace.decode import constrained, engine, speculative
+from lmtrace.decode import constrained, engine, speculative, static, static_loop
 from lmtrace.decode.observers import Observer, build, checked
 from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
 from lmtrace.decode.step import BatchStep
@@ -57,7 +57,23 @@ def _iter_rows(
     rng = rng if rng is not None else generator(lm, params)
     grammars = constrained.matchers(lm, [params] * len(prompts))
     setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, compile, list(watchers), grammars, user)
-    yield from records(lm, prompts, engine.generate_steps(lm.model, prompts, params, rng, setup), rows)
+    whole = compile and static.whole_step(params.constraint is not None, user, watchers)
+    loop = static_loop.generate_steps if whole else engine.generate_steps
+    yield from records(lm, prompts, loop(lm.model, prompts, params, rng, setup), rows)
+
+
+def compiled(lm: LM, compile: bool, params: SamplingParams, user: Sequence[Any], watchers: Sequence[Observer],
+             draft: drafts.Draft | None = None) -> str | None:
+    """What `compile` compiles for this generation (the trace's `model.config.compile`; None
+    without it); a model torch.compile cannot trace is refused in one line (static.check)."""
+    if not compile:
+        return None
+    static.check(lm.model)
+    if draft is not None:
+        static.check(draft.model, "draft")
+        return static.described(static.DRAFT, lm.model.device)
+    whole = static.whole_step(params.constraint is not None, user, watchers)
+    return static.described(static.STEP if whole else static.FORWARD, lm.model.device)
 
 
 def generate(
@@ -90,7 +106,9 @@ def generate(
     `draft` and the trace `speculative` (with a draft, prompts decode one after another). `echo` also
     records the prompt's own tokens (`trace.prompt_logprobs`, from the prefill pass);
     `waterfall` (a step index or "all") records the distribution after each sampling stage;
-    `compile` uses a static cache and a torch.compile'd decode step (a one-off compile);
+    `compile` decodes with the static, compiled step (decode/static.py: a preallocated cache, the
+    forward and the step's numbers in one torch.compile'd function, CUDA graphs on a GPU; a one-off
+    compile), named in the trace's `model.config.compile`;
     `lens` records every layer's prediction at each step (the logit lens) and `attention` what
     each step's token attended to in the cache, the mean over heads (True) and also each head
     ("heads") (lmtrace.inside.lens, lmtrace.inside.attention). `observers`: your own
@@ -114,6 +132,7 @@ def generate(
     user = processors.user_processors(logits_processors)
     watchers = build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens,
                                top_n=p.top_logprobs) + own  # fmt: skip
+    kind = compiled(lm, compile, p, user, watchers, chosen)
     rows = [RowRecord(lm, p.stop) for _ in ids]
     tallies: dict[int, speculative.Tally] = {}
     if chosen is not None:
@@ -125,7 +144,7 @@ def generate(
             tallies[r] = tally
         if on_step is not None:
             on_step(r, step)
-    traces = [to_trace(lm, text, i, p, row, chat, compile, probe, own) for text, i, row in zip(prompts, ids, rows)]
+    traces = [to_trace(lm, text, i, p, row, chat, kind, probe, own) for text, i, row in zip(prompts, ids, rows)]
     _name_processors(traces, user)
     for r, tally in tallies.items():  # a row's speculative summary: its draft, acceptance, forwards
         traces[r].speculative = tally.to_dict()
@@ -200,25 +219,28 @@ def stream(
     uncertainty: bool | Uncertainty = False,
     attribution: bool = False,
     against: str | int | None = None,
+    compile: bool = False,
     **kwargs: Any,
 ) -> Iterator[Step]:
     """Steps with text and timing, as they are produced (`lens`, `attention`, `draft`, `observers`,
-    `logits_processors`, `uncertainty`, `attribution` as in generate; a stream has no trace, so
-    each observer's step entries come, its trace-level summary does not)."""
+    `logits_processors`, `uncertainty`, `attribution`, `compile` as in generate; a stream has no
+    trace, so each observer's step entries come, its trace-level summary does not)."""
     p = seeded(make_params(params, "stream", **kwargs))
+    inside.check(compile, lens, attention)
     chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
     ids = encode_prompt(lm, prompt, chat)
     probe = inside.Probe([ids], p.top_logprobs, lens, attention)
     watchers = build(probe, waterfall=waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
     watchers += checked([*observers, *observer_for(uncertainty, lm.model.config.vocab_size)])
-    watchers += attributing.wanted(lm, attribution, against, draft=draft)
+    watchers += attributing.wanted(lm, attribution, against, draft=draft, compile=compile)
     user = processors.user_processors(logits_processors)
+    compiled(lm, compile, p, user, watchers, chosen)
     if chosen is not None:
         for _, step, _tally in speculative.iter_rows(lm, chosen, [ids], p, [RowRecord(lm, p.stop)], draft_tokens,
-                                                     watchers, user=user):  # fmt: skip
+                                                     watchers, compile, user=user):  # fmt: skip
             yield step
         return
-    for _, step in _iter_rows(lm, [ids], p, [RowRecord(lm, p.stop)], watchers, user=user):
+    for _, step in _iter_rows(lm, [ids], p, [RowRecord(lm, p.stop)], watchers, compile, user=user):
         yield step
 
 

@@ -180,10 +180,10 @@ def _shape(t: Any) -> list[int] | None:
     return list(t.shape) if isinstance(t, torch.Tensor) and t.numel() else None
 
 
-def _layer_entry(index: int, layer: Any) -> dict[str, Any]:
+def _layer_entry(index: int, layer: Any, seen: int | None = None) -> dict[str, Any]:
     keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
     held = keys.shape[-2] if isinstance(keys, torch.Tensor) and keys.dim() == 4 else 0
-    filled = min(int(layer.get_seq_length()), held) if held else 0
+    filled = min(int(layer.get_seq_length()) if seen is None else seen, held) if held else 0
     allocated = _nbytes(keys) + _nbytes(values)
     qkeys, qvalues = quantized_storage(layer)
     quantized = _nbytes(qkeys) + _nbytes(qvalues)
@@ -218,11 +218,13 @@ def seq_length(cache: Any) -> int:
     return int(cache.get_seq_length())
 
 
-def state(cache: Any, expected: Any = None, layers: bool = True) -> KVState:
-    """Measures the cache; `expected(seq_len) -> bytes` is the formula to check against."""
-    entries = [_layer_entry(i, layer) for i, layer in enumerate(cache.layers)]
+def state(cache: Any, expected: Any = None, layers: bool = True, seen: int | None = None) -> KVState:
+    """Measures the cache; `expected(seq_len) -> bytes` is the formula to check against. `seen`:
+    the positions the caller knows the cache holds (a static cache's full-attention layers, whose
+    counter lives on the device: reading it would wait for the step in flight)."""
+    entries = [_layer_entry(i, layer, seen) for i, layer in enumerate(cache.layers)]
     total = sum(e["bytes"] for e in entries)
-    seen = seq_length(cache)
+    seen = seq_length(cache) if seen is None else seen
     return KVState(
         seq_len=seen,
         bytes=total,

@@ -42,6 +42,15 @@ def chosen(logits: torch.Tensor, processed: torch.Tensor, tokens: torch.Tensor, 
     """A decoding step's numbers per row: floats [logprob, sampled_logprob, entropy,
     sampled_entropy, top logprobs..., top sampled logprobs...] and ints [token, rank, top ids...]
     for `tokens` (batch,) under the raw `logits` and the `processed` ones (batch, vocab)."""
+    floats, ints = chosen_tensors(logits, processed, tokens, top_n)
+    return floats.tolist(), ints.tolist()
+
+
+def chosen_tensors(
+    logits: torch.Tensor, processed: torch.Tensor, tokens: torch.Tensor, top_n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`chosen`'s rows as tensors still on the device, (batch, 4 + 2 top_n) float32 and (batch,
+    2 + top_n) int64: no host synchronisation (the compiled step, lmtrace.decode.static)."""
     raw = torch.log_softmax(logits, dim=-1)  # (batch, vocab)
     same = processed is logits  # greedy without penalty: one distribution, computed once
     used = raw if same else torch.log_softmax(processed, dim=-1)
@@ -50,12 +59,12 @@ def chosen(logits: torch.Tensor, processed: torch.Tensor, tokens: torch.Tensor, 
     raw_entropy = entropy(raw)[:, None]
     used_entropy = raw_entropy if same else entropy(used)[:, None]
     floats = [lp, lp if same else used.gather(-1, ids), raw_entropy, used_entropy]
-    ints = [ids, rank(raw, lp)[:, None]]
+    ints = [ids, rank(raw, lp)[:, None].long()]
     if top_n:
         top_lp, top_ids = top(raw, top_n)  # (batch, top_n)
         floats += [top_lp, used.gather(-1, top_ids)]
         ints.append(top_ids)
-    return torch.cat(floats, -1).tolist(), torch.cat(ints, -1).tolist()
+    return torch.cat(floats, -1), torch.cat(ints, -1)
 
 
 @dataclass

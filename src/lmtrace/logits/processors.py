@@ -43,13 +43,20 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature in (0.0, 1.0):
         return logits
     out = logits / temperature
-    if (torch.isposinf(out) | torch.isnan(out)).any():
-        # a temperature so small that logits overflow float32 (or that is 0 in float32): the
-        # same distribution from logits shifted to a maximum of 0 (a softmax ignores a shift),
-        # divided in float64; what stays below the maximum goes to -inf, as in the limit
-        shifted = logits.double() - logits.amax(dim=-1, keepdim=True).double()
-        out = (shifted / temperature).to(logits.dtype)
+    bad = torch.isposinf(out) | torch.isnan(out)
+    if torch.compiler.is_compiling():  # no host sync in a compiled step: both ways, chosen per row
+        return torch.where(bad.any(-1, keepdim=True), _shifted(logits, temperature), out)
+    if bad.any():
+        out = _shifted(logits, temperature)
     return out
+
+
+def _shifted(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """A temperature so small that logits overflow float32 (or that is 0 in float32): the same
+    distribution from logits shifted to a maximum of 0 (a softmax ignores a shift), divided in
+    float64; what stays below the maximum goes to -inf, as in the limit."""
+    shifted = logits.double() - logits.amax(dim=-1, keepdim=True).double()
+    return (shifted / temperature).to(logits.dtype)
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:

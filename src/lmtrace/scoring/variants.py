@@ -113,17 +113,18 @@ class SettingWorld(World):
 class CompiledWorld(World):
     """torch.compile: lmtrace's compiled decode step (a static cache, generate(compile=True)).
     Teacher forcing feeds the reference's tokens through that same compiled step after the
-    prefill, one at a time: the numbers compile's decoding computes, and one compile serves both
-    (the static cache has the same length when the reference ran its full max_new_tokens)."""
+    prefill, one at a time through the compiled forward on a static cache of the same bucketed
+    length (decode/static.py): the numbers compile's decoding computes."""
 
     about = "torch.compile: lmtrace's compiled decode step over a static cache (forcing and decoding)"
 
     def forced(self, ids: Sequence[int], first: int) -> torch.Tensor:
-        from lmtrace.decode.engine import compiled_decode, prefill
+        from lmtrace.decode.engine import prefill
+        from lmtrace.decode.static import capacity, compiled_forward
         from lmtrace.kv import ledger
 
         model, ids = self.lm.model, list(ids)
-        decode, cache = compiled_decode(model), ledger.new_cache(model, len(ids))
+        decode, cache = compiled_forward(model), ledger.new_cache(model, capacity(len(ids)))
         device = model.device
         with torch.inference_mode():
             rows = [prefill(model, torch.tensor([ids[:first]], device=device), None, cache)]  # (1, vocab)

@@ -36,6 +36,8 @@ class PackedEmbedding(nn.Module):
         w = dequantize(np.asarray(self.raw[ids.numpy()]), self.tensor_type)
         return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32).reshape(len(ids), self.embedding_dim))
 
+    # rows come from numpy on the host: torch.compile runs this lookup eagerly, between its graphs
+    @torch.compiler.disable
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         ids = input_ids.detach().cpu().long()
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):

@@ -1,0 +1,171 @@
+"""`compile=True` (`--compile`): the static, compiled decode step, as gpt-fast and transformers'
+static-cache generate run it. A preallocated StaticCache of a fixed length (a multiple of
+BUCKET: one graph serves every prompt up to it), and one function compiled with torch.compile
+(`mode="reduce-overhead"` on CUDA: CUDA graphs; the default mode elsewhere) that runs the whole
+step with no host synchronisation: the forward, the float32 logits, the processors, the greedy
+choice and the chosen token's numbers (lmtrace.logits.measure's one rule). A sampled row draws
+with its own torch.Generator outside the graph (the default path's draw, bit for bit), then a
+second compiled function measures it. The numbers reach the host a step behind (engine.py).
+
+What needs the host at every step (a grammar's mask, the user's Python processors, observers)
+keeps the compiled forward on the static cache and runs the step eagerly (FORWARD); a draft's
+one-token step is its compiled forward (DRAFT). The trace's `model.config.compile` says which ran."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lmtrace.errors import InvalidParameter
+from lmtrace.kv import ledger
+from lmtrace.logits import measure, processors, sampling
+from lmtrace.params import SamplingParams
+
+# a static cache holds a multiple of this many positions: one graph per bucket, not per length
+BUCKET = 256
+
+STEP = "static cache, compiled step (forward, processors, choice, numbers)"
+FORWARD = "static cache, compiled forward (the step eager: grammar, logits processors or observers)"
+DRAFT = "the draft's one-token step compiled on a static cache (the target's verify forward eager)"
+
+
+def capacity(positions: int) -> int:
+    """The static cache's length for `positions`: whole buckets."""
+    return -(-positions // BUCKET) * BUCKET
+
+
+def mode(device: torch.device | str) -> str:
+    """torch.compile's mode: CUDA graphs on a GPU (launches dominate a batch-1 step there)."""
+    return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+
+
+def described(kind: str, device: torch.device | str) -> str:
+    """The trace's `model.config.compile`: what ran compiled, and the mode."""
+    return f"{kind}; torch.compile mode {mode(device)}"
+
+
+def check(model: Any, option: str = "compile") -> None:
+    """Refuses, in one line, a model whose kernels torch.compile cannot trace: the oneDNN
+    linear layers (`matmul="onednn"`: Inductor cannot lower mkldnn's fused linear)."""
+    matmul = getattr(model, "lmtrace_matmul", None)
+    if matmul is not None:
+        raise InvalidParameter(f"{option}: compile cannot be combined with matmul {matmul.split()[0]}; "
+                               "load without matmul to compile")
+
+
+def whole_step(constrained: bool, user: Any, observers: Any) -> bool:
+    """Whether the whole step can be compiled: nothing in it needs the host at every step."""
+    return not constrained and not user and not observers
+
+
+@dataclass
+class Out:
+    """One compiled step's tensors, still on the device: the tokens (batch,) and measure.chosen's
+    floats (batch, 4 + 2n) and ints (batch, 2 + n)."""
+
+    tokens: torch.Tensor
+    floats: torch.Tensor
+    ints: torch.Tensor
+
+
+def forward_of(model: Any) -> Callable[..., torch.Tensor]:
+    """The one-token forward over the cache, (batch,) tokens -> (batch, vocab) float32 logits; the
+    cache's keyword is read here, outside any compiled region (ledger.cache_kwargs is cached)."""
+    name = next(iter(ledger.cache_kwargs(model, None)))
+
+    def forward(tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any) -> torch.Tensor:
+        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, logits_to_keep=1,
+                    use_cache=True, **{name: cache})  # (batch,) -> (batch, 1): one new token a row
+        return out.logits[:, -1, :].float()  # (batch, 1, vocab) -> (batch, vocab)
+
+    return forward
+
+
+class StaticStep:
+    """The compiled step of one model for one way of choosing (params, top_n): `greedy(...)` ->
+    Out, or `logits(...)` then a draw then `measured(...)` for a sampled batch."""
+
+    def __init__(self, model: Any, params: SamplingParams, top_n: int):
+        self.model, self.params, self.top_n = model, params, top_n
+        how, forward = mode(model.device), forward_of(model)
+
+        def greedy(tokens, positions, mask, cache, seen):
+            logits = forward(tokens, positions, mask, cache)
+            processed = sampling.process_logits(logits, params, seen)
+            chosen = processed.max(dim=-1).indices  # argmax's first of the largest, as sampling.choose
+            floats, ints = measure.chosen_tensors(logits, processed, chosen, top_n)
+            return chosen, floats, ints
+
+        def processed(tokens, positions, mask, cache, seen):
+            logits = forward(tokens, positions, mask, cache)
+            return logits, sampling.process_logits(logits, params, seen)
+
+        def numbers(logits, processed, chosen):
+            return measure.chosen_tensors(logits, processed, chosen, top_n)
+
+        self._greedy = torch.compile(greedy, mode=how, dynamic=False)
+        self._processed = torch.compile(processed, mode=how, dynamic=False)
+        self._numbers = torch.compile(numbers, mode=how, dynamic=False)
+        self.graphs = how == "reduce-overhead"
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any,
+                 seen: torch.Tensor | None, rng: sampling.Rng) -> Out:
+        """One step from the fed tokens (batch,) at `positions` (batch, 1): the next tokens and
+        their numbers, all on the device."""
+        if self.graphs:  # a new iteration: the graphs may overwrite the last step's outputs
+            torch.compiler.cudagraph_mark_step_begin()
+        if self.params.greedy:
+            chosen, floats, ints = self._greedy(tokens, positions, mask, cache, seen)
+            return Out(chosen.clone(), floats.clone(), ints.clone())
+        logits, processed = self._processed(tokens, positions, mask, cache, seen)
+        chosen = sampling.choose(processed, self.params, rng)  # the row's generator: outside the graph
+        floats, ints = self._numbers(logits, processed, chosen)
+        return Out(chosen.clone(), floats.clone(), ints.clone())
+
+
+@contextlib.contextmanager
+def held_cache(model: Any, batch: int, length: int) -> Iterator[Any]:
+    """A StaticCache of `length` positions for `batch` rows, kept on the model between generations
+    and reset before each (as transformers' generate keeps its own): its tensors keep their
+    addresses, so CUDA graphs recorded over them replay without recording again. One generation
+    holds it at a time; another at once gets a cache of its own."""
+    pool = model.__dict__.setdefault("_lmtrace_static_caches", {})
+    free = pool.setdefault((id(model), batch, length, next(model.parameters()).dtype), [])
+    cache = free.pop() if free else ledger.new_cache(model, length)
+    cache.reset()
+    try:
+        yield cache
+    finally:
+        free.append(cache)
+
+
+def step_for(model: Any, params: SamplingParams, top_n: int) -> StaticStep:
+    """The model's compiled step for these params, made once and kept on the model (keyed by the
+    model's id: a shallow copy, a `layers:N` draft, compiles its own)."""
+    key = (id(model), top_n, params.greedy, *(getattr(params, name) for name in processors.ORDER))
+    steps = model.__dict__.setdefault("_lmtrace_static_steps", {})
+    if key not in steps:
+        steps[key] = StaticStep(model, params, top_n)
+    return steps[key]
+
+
+def compiled_forward(model: Any) -> Callable[..., torch.Tensor]:
+    """The forward alone compiled (FORWARD, DRAFT), once per model: a function with
+    engine.decode_step's arguments and result (batch, vocab) float32."""
+    owner, forward = model.__dict__.get("_lmtrace_compiled_forward", (None, None))
+    if owner != id(model):
+        forward = torch.compile(forward_of(model), mode=mode(model.device), dynamic=False)
+        model.__dict__["_lmtrace_compiled_forward"] = (id(model), forward)
+    graphs = mode(model.device) == "reduce-overhead"
+
+    def decode(model: Any, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any,
+               cache: Any) -> torch.Tensor:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        return forward(token_ids, position_ids, attention_mask, cache).clone()
+
+    return decode

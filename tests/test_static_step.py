@@ -1,0 +1,73 @@
+"""--compile (issue 54): the static, compiled decode step (decode/static.py) gives the default
+path's ids and its numbers within 5e-5 in float32 (the opt-in kernel rule), greedy and seeded
+sampling, alone and in a padded batch; the trace's model.config names what ran compiled; what
+cannot be compiled is refused in one line naming both options. One compile per case, on the
+tiny model (torch.compile on a CPU takes tens of seconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+import lmtrace
+from lmtrace.decode import static
+
+TOL = 5e-5
+PROMPTS = ["Once upon a time", "Hello world, the quick"]
+
+
+def assert_close(plain, compiled) -> None:
+    assert compiled.token_ids == plain.token_ids
+    for a, b in zip(plain.steps, compiled.steps):
+        assert b.rank == a.rank and [t.token_id for t in b.top] == [t.token_id for t in a.top]
+        for x, y in [(a.logprob, b.logprob), (a.entropy, b.entropy), (a.sampled_logprob, b.sampled_logprob),
+                     (a.sampled_entropy, b.sampled_entropy)] + [(s.logprob, t.logprob) for s, t in zip(a.top, b.top)]:
+            assert abs(x - y) <= TOL, (x, y)
+        # the KV record is the static cache's own: positions and bytes in use exact, its allocation larger
+        assert b.kv["seq_len"] == a.kv["seq_len"] and b.kv.get("bytes_used") == a.kv["bytes"]
+        assert b.kv["bytes"] == a.kv["bytes"] * static.capacity(a.kv["seq_len"]) // a.kv["seq_len"]
+
+
+@pytest.mark.parametrize("kw", [{"temperature": 0, "top_logprobs": 3},
+                                {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "seed": 3, "top_logprobs": 2}],
+                         ids=["greedy", "seeded"])
+def test_compiled_step_equals_the_default_path_in_a_batch(tiny_lm, kw):
+    plain = lmtrace.generate(tiny_lm, PROMPTS, max_new_tokens=8, stop_on_eos=False, **kw)
+    compiled = lmtrace.generate(tiny_lm, PROMPTS, max_new_tokens=8, stop_on_eos=False, compile=True, **kw)
+    for a, b in zip(plain, compiled):
+        assert_close(a, b)
+        assert b.params["compile"] is True and b.kv_anatomy["mismatches"] == []
+        assert b.model["config"]["compile"] == static.described(static.STEP, "cpu")
+        assert "compile" not in a.model["config"]
+
+
+def test_stream_compiled_stops_where_the_default_path_stops(tiny_lm):
+    """stream takes compile; a stop string ends the row at the step the default path ends it
+    (the step already in flight beyond it is dropped)."""
+    kw = {"temperature": 0, "max_new_tokens": 8, "top_logprobs": 3}
+    plain = list(lmtrace.stream(tiny_lm, PROMPTS[0], **kw))
+    stop = {"stop": [plain[3].text]} if plain[3].text.strip() else {}
+    plain = list(lmtrace.stream(tiny_lm, PROMPTS[0], **kw, **stop))
+    compiled = list(lmtrace.stream(tiny_lm, PROMPTS[0], compile=True, **kw, **stop))
+    assert [s.token_id for s in compiled] == [s.token_id for s in plain]
+    assert [s.text for s in compiled] == [s.text for s in plain]
+    assert all(abs(a.logprob - b.logprob) <= TOL for a, b in zip(plain, compiled))
+
+
+def test_a_grammar_keeps_the_compiled_forward_and_says_so(tiny_lm):
+    """What needs the host at every step runs the step eagerly beside the compiled forward."""
+    kw = {"temperature": 0, "max_new_tokens": 6, "regex": "[a-c]{2,4}"}
+    plain = lmtrace.generate(tiny_lm, PROMPTS[0], **kw)
+    compiled = lmtrace.generate(tiny_lm, PROMPTS[0], compile=True, **kw)
+    assert compiled.token_ids == plain.token_ids and compiled.text == plain.text
+    assert compiled.model["config"]["compile"] == static.described(static.FORWARD, "cpu")
+
+
+def test_compile_with_onednn_matmul_is_refused_in_one_line(tiny_dir):
+    lm = lmtrace.load(str(tiny_dir), device="cpu", dtype="float32", matmul="onednn")
+    for kw in ({}, {"draft": "layers:1"}):
+        with pytest.raises(lmtrace.InvalidParameter, match=r"^compile: compile cannot be combined with matmul onednn"):
+            lmtrace.generate(lm, "Hi", max_new_tokens=2, temperature=0, compile=True, **kw)
+
+
+def test_capacity_is_whole_buckets():
+    assert [static.capacity(n) for n in (1, 256, 257)] == [256, 256, 512]
