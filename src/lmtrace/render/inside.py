@@ -135,9 +135,11 @@ def lens_heatmap(steps: list[dict[str, Any]], view: int = 0) -> Markup | None:
     out = [f'<svg class="heatmap" viewBox="0 0 {width:.0f} {height:.0f}" style="max-width: {1.6 * width:.0f}px" '
            f'role="img" aria-label="chosen token probability per layer and step">']  # fmt: skip
     out += _axes(n_layers, ch, height, bottom)
-    if n > CELLS_UP_TO:  # the page finds the cell under the pointer from these (report.js)
-        out[0] = out[0][:-1] + (f' data-v="{view}" data-x0="{LEFT}" data-y0="{TOP}" data-cw="{cw:.1f}" '
-                                f'data-ch="{ch:.1f}" data-steps="{n}" data-layers="{n_layers}">')  # fmt: skip
+    if n > CELLS_UP_TO:  # drawn at its own size (the figure scrolls); the page finds the cell under the pointer
+        out[0] = (f'<svg class="heatmap painted" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
+                  f'height="{height:.0f}" role="img" aria-label="chosen token probability per layer and step" '
+                  f'data-v="{view}" data-x0="{LEFT}" data-y0="{TOP}" data-cw="{cw:.1f}" data-ch="{ch:.1f}" '
+                  f'data-steps="{n}" data-layers="{n_layers}">')  # fmt: skip
         out += _painted(steps, n_layers, cw, ch)
     for i, s in enumerate(steps):
         x = LEFT + cw * i
