@@ -3,15 +3,12 @@ and the intervene page; model text escaped."""
 
 from __future__ import annotations
 
-import json
-import re
-
 import pytest
 from rich.console import Console
 
 import lmtrace
 from lmtrace.render.attribution_terminal import attribution_table, parts_table, ranked
-from lmtrace.render.html import render_html
+from lmtrace.render.html import page_data, render_html
 from lmtrace.render.intervene_html import render_intervene_html
 from lmtrace.render.intervene_terminal import print_arms
 
@@ -22,7 +19,7 @@ def traced(tiny_lm):
 
 
 def _data(html: str) -> dict:
-    return json.loads(re.search(r'<script type="application/json" id="lmtrace-data">(.*?)</script>', html, re.S)[1])
+    return page_data(html)
 
 
 def test_report_has_the_heatmap_and_the_panel_data(traced, tiny_lm):

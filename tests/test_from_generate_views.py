@@ -5,12 +5,12 @@ distribution missing nothing shows "nan" or crashes."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
 import lmtrace
 from lmtrace.cli import main
+from lmtrace.render.html import page_data
 
 FLAGS = {
     "both": {"output_scores": True, "output_logits": True},
@@ -39,7 +39,7 @@ def test_render_cli_terminal_html_plot(tiny_lm, tmp_path, capsys, which):
     words = {"both": "raw and processed", "raw": "raw only", "processed": "processed only"}[which]
     assert words in page and "nan" not in page.lower() and "None" not in page
     assert "By layer, when model.generate returned (the whole batch)" in page  # the final ledger, not per step
-    data = json.loads(re.search(r'id="lmtrace-data">(.*?)</script>', page, re.S).group(1))
+    data = page_data(page)
     colours = [s["r"] for s in data["views"][0]["steps"]]
     assert all(c >= 0 for c in colours)  # every token coloured, by what the trace holds
     assert main(["render", str(src), "--no-color"]) == 0

@@ -61,8 +61,13 @@ class Page(HTMLParser):
             self.tokens[-1] += data
 
     def data(self) -> dict:
+        """The embedded data, each view's steps read from their own lines (parsed by the page one by one)."""
         (text,) = [body for a, body in self.scripts if a.get("type") == "application/json"]
-        return json.loads(text)
+        data = json.loads(text)
+        lines = [body for a, body in self.scripts if a.get("type") == "application/x-ndjson"]
+        for view, body in zip(data["views"], lines):
+            view["steps"] = [json.loads(line) for line in body.split("\n")]
+        return data
 
 
 def assert_self_contained(html: str, page: Page) -> None:
@@ -80,7 +85,8 @@ def test_trace_report_is_self_contained_and_escapes_model_text():
     assert_self_contained(html, page)
     assert PAYLOAD not in html  # nowhere raw: not in the markup, not in the embedded data
     assert "\u2028" not in html.split('id="lmtrace-data">')[1].split("</script>")[0]
-    assert [t for t, _ in page.tags].count("script") == 2
+    assert "\u2028" not in html.split('id="lmtrace-steps-0">')[1].split("</script>")[0]
+    assert [t for t, _ in page.tags].count("script") == 3  # the data, the steps' lines, the code
     # the code that runs is exactly the inline script the policy names by its hash
     csp = next(a["content"] for t, a in page.tags if t == "meta" and a.get("http-equiv") == "Content-Security-Policy")
     (code,) = [body for a, body in page.scripts if "type" not in a]
@@ -106,7 +112,8 @@ def test_trace_report_shows_the_data():
         assert view["p"] == pytest.approx(math.exp(step["logprob"]), rel=1e-5)
         assert view["rank"] == step["rank"] and view["H"] == pytest.approx(step["entropy"])
         assert [a["id"] for a in view["top"]] == [a["token_id"] for a in step["top"]]
-        assert view["kv"]["layers"] == step["kv"]["layers"] and view["waterfall"] == step["waterfall"]
+        kv = [dict(zip(view["kv"]["cols"], row)) for row in view["kv"]["rows"]]  # the layers as a table
+        assert kv == step["kv"]["layers"] and view["waterfall"] == step["waterfall"]
     # byte pieces, whitespace and newlines made visible
     assert page.tokens[4:7] == ["<0xE7>", "<0xBE>", "美"]
     assert steps[4]["kind"] == "byte" and steps[6]["kind"] == "completes" and steps[6]["own"] == "<0x8E>"
@@ -226,7 +233,7 @@ def test_render_reads_records_only():
 
     import lmtrace.render
 
-    allowed = {"lmtrace.errors", "lmtrace.files", "lmtrace.records"}
+    allowed = {"lmtrace.errors", "lmtrace.files", "lmtrace.records", "lmtrace.trace_file"}  # a record and its files
     for path in Path(lmtrace.render.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []

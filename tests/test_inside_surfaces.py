@@ -25,7 +25,7 @@ def test_generate_cli_records_and_shows_both(capsys, tiny_dir, tmp_path):
     html = tmp_path / "r.html"
     args = ["generate", "Hello world", "--model", str(tiny_dir), *TINY, "--lens", "--attention"]
     assert main([*args, "--json", str(out), "--html", str(html)]) == 0
-    d = json.loads(out.read_text())
+    d = lmtrace.Trace.from_json(out.read_text()).to_dict()  # the file's packed lens and attention expanded
     for step in d["steps"]:
         _has_both(step)
         assert len(step["lens"]["layers"]) == 3  # embeddings + 2 decoder layers
@@ -37,7 +37,7 @@ def test_generate_cli_attention_heads(tiny_dir, tmp_path):
     out = tmp_path / "t.json"
     args = ["generate", "Hello world", "--model", str(tiny_dir), *TINY, "--attention-heads", "--json", str(out)]
     assert main(args) == 0
-    step = json.loads(out.read_text())["steps"][1]
+    step = lmtrace.Trace.from_json(out.read_text()).to_dict()["steps"][1]
     heads = step["attention"]["layers"][0]["heads"]
     assert [h["head"] for h in heads] == list(range(len(heads))) and len(heads) > 1
     assert set(heads[0]) == {"head", "top", "sink_mass", "recent_mass", "entropy"}

@@ -6,7 +6,6 @@ data and in headless Chromium; a right greedy loop equals lmtrace.generate."""
 from __future__ import annotations
 
 import io
-import json
 import re
 import warnings
 
@@ -17,7 +16,7 @@ from rich.console import Console
 import lmtrace
 from lmtrace.kv import ledger as kv
 from lmtrace.records import Trace
-from lmtrace.render.html import render_html, write_html
+from lmtrace.render.html import page_data, render_html, write_html
 from lmtrace.render.plots import plot_png
 from lmtrace.render.terminal import print_trace
 from tests.server.cdp import find_browser
@@ -88,7 +87,7 @@ def test_choices_are_read_from_the_next_round_without_tokens(tiny_lm):
 def test_report_data_shows_the_problem_where_it_starts(refeed):
     trace, n = refeed
     page = render_html(trace)
-    data = json.loads(re.search(r'id="lmtrace-data">(.*?)</script>', page, re.S).group(1))
+    data = page_data(page)
     steps = data["views"][0]["steps"]
     assert [s["rank"] for s in steps] == [2] * 5
     assert [s["kv"]["seq_len"] for s in steps] == [n, 2 * n + 1, 3 * n + 3, 4 * n + 6, 5 * n + 10]

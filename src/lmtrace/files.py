@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 
 def _mode(target: Path) -> int:
@@ -37,3 +40,22 @@ def write_atomic_bytes(path: str | Path, data: bytes) -> None:
 
 def write_atomic(path: str | Path, text: str) -> None:
     write_atomic_bytes(path, text.encode("utf-8"))
+
+
+@contextmanager
+def atomic_text(path: str | Path) -> Iterator[IO[str]]:
+    """A UTF-8 text file written piece by piece under a temporary name in the same folder and
+    renamed over `path` when the block ends; an exception leaves no file under `path`."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+            if hasattr(os, "fchmod"):  # not on Windows before Python 3.13
+                os.fchmod(f.fileno(), _mode(target))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

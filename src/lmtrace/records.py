@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -157,6 +157,10 @@ _OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention", "g
              "speculative")
 
 
+# the keys to_dict() writes after the steps (as it always has): the steps come before them
+_AFTER_STEPS = ("prompt_logprobs", "fields", "choices", "speculative")
+
+
 # keys that records written around a trace add to its dict (a branch's column label): not entries
 _NOT_ENTRIES = ("label",)
 
@@ -257,8 +261,15 @@ class Trace(WithEntries):
     entries: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        head = self.head_dict()
+        d = {k: v for k, v in head.items() if k not in _AFTER_STEPS}
+        d["steps"] = list(self.step_dicts())
+        d.update((k, v) for k, v in head.items() if k in _AFTER_STEPS)
+        return d
+
+    def head_dict(self) -> dict[str, Any]:
+        """`to_dict()` without the steps: what a file writes around them (lmtrace.trace_file)."""
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("steps", "entries", *_OPTIONAL)}
-        d["steps"] = [s.to_dict() for s in self.steps]
         if self.prompt_logprobs is not None:
             d["prompt_logprobs"] = [t.to_dict() for t in self.prompt_logprobs]
         if self.fields is not None:
@@ -267,11 +278,17 @@ class Trace(WithEntries):
             d["choices"] = [{**c, "logprob": _num(c["logprob"])} for c in self.choices]
         if self.speculative is not None:
             d["speculative"] = self.speculative
-            if self.speculative.get("proposals_recorded", True):  # from_generate's assisted runs hold none
-                for out in d["steps"]:
-                    out.setdefault("draft", None)  # null: a bonus token
         d.update(self.entries)
         return d
+
+    def step_dicts(self) -> Iterator[dict[str, Any]]:
+        """Each step's dict as `to_dict()` holds it, one at a time (a file is written step by step)."""
+        bonus = self.speculative is not None and self.speculative.get("proposals_recorded", True)
+        for s in self.steps:
+            out = s.to_dict()
+            if bonus:  # from_generate's assisted runs hold no proposals
+                out.setdefault("draft", None)  # null: a bonus token
+            yield out
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False, indent=indent, allow_nan=False)
@@ -279,6 +296,10 @@ class Trace(WithEntries):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trace:
         version = d.get("schema_version")
+        if d.get("packed") is not None:  # a file's lens and attention in their packed form
+            from lmtrace.trace_file import unpacked
+
+            d = unpacked(d)
         if version != SCHEMA_VERSION:
             raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {version!r}")
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k not in ("steps", "entries", *_OPTIONAL) and k in d}
@@ -296,7 +317,10 @@ class Trace(WithEntries):
 
     @classmethod
     def from_json(cls, s: str) -> Trace:
-        return cls.from_dict(json.loads(s))
+        """A trace from its JSON (`to_json()`, a `--json` file) or its JSON Lines (`--jsonl`)."""
+        from lmtrace.trace_file import loads
+
+        return cls.from_dict(loads(s))
 
     def to_openai(self, sampled: bool = False) -> dict[str, Any]:
         """OpenAI chat `choices[].logprobs` shape: {"content": [{token, logprob, bytes,

@@ -16,13 +16,14 @@ from tests.golden.cases import CLI_CASES, HERE, TRACES_REQUEST, cpu, normalize  
 
 def run_cli(args: list[str]) -> dict:
     from lmtrace.cli import main
+    from lmtrace.trace_file import loads
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         code = main([a.replace("{out}", str(out)) for a in args])
         if code != 0:
             raise SystemExit(f"{args[0]} exited {code}")
-        return json.loads(out.read_text(encoding="utf-8"))
+        return loads(out.read_text(encoding="utf-8"))  # a trace's packed lens and attention expanded
 
 
 def traces_answer(lm) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from lmtrace.cli.common import cli, consoles, load_model, write_json
-from lmtrace.cli.options import json_option, model_options
+from lmtrace.cli.options import json_indent, json_option, model_options
 from lmtrace.cli.reports import check_report_paths
 from lmtrace.comparison.audit.connect import (
     DEFAULT_TOLERANCE,
@@ -60,7 +60,7 @@ def audit(url, model, device, dtype, allow_pickle, trust_remote_code, served_mod
 
     with status.status("Auditing…"):
         report = run(lm, server, probes=names, tolerance=tolerance, max_tokens=max_tokens, on_probe=show)
-    write_json(json_path, report.to_json())
+    write_json(json_path, report.to_json(indent=json_indent()))
     if html_path is not None:
         from lmtrace.render.audit_html import write_audit_html
 

@@ -11,6 +11,7 @@ from lmtrace.cli.options import (
     draft_from,
     draft_options,
     inside_options,
+    json_indent,
     json_option,
     model_options,
     params_from,
@@ -73,7 +74,7 @@ def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plo
                          draft_tokens=draft_tokens)  # fmt: skip
     from lmtrace.render.branch import print_branches
 
-    write_json(json_path, result.to_json(indent=2))
+    write_json(json_path, result.to_json(indent=json_indent()))
     print_branches(result, view)
     write_reports(result, html_path, plot_path, view)
     if json_path and json_path != "-":

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from lmtrace.cli.common import announce, cli, consoles, load_model, read_prompt, write_json
 from lmtrace.cli.generate import progress_bar, traced_remotely
-from lmtrace.cli.options import json_option, model_options, params_from, sampling_options
+from lmtrace.cli.options import json_indent, json_option, model_options, params_from, sampling_options
 from lmtrace.cli.remote import server_option
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
@@ -65,7 +65,7 @@ def _demo(lm, text: str, chat: bool, rounds: int, json_path: str | None, view, s
 
     with status.status("Running both loops…"):
         result = compare(lm, encode_prompt(lm, text, chat), rounds)
-    write_json(json_path, json.dumps(result, indent=2))
+    write_json(json_path, json.dumps(result, indent=json_indent()))
     view.print(misuse_view(result))
 
 
@@ -75,7 +75,8 @@ def _show(trace, json_path: str | None, view) -> None:
     from lmtrace.render.terminal import coloured_text
 
     ledger = [s.kv for s in trace.steps]
-    write_json(json_path, json.dumps({"model": trace.model, "anatomy": trace.kv_anatomy, "steps": ledger}, indent=2))
+    record = {"model": trace.model, "anatomy": trace.kv_anatomy, "steps": ledger}
+    write_json(json_path, json.dumps(record, indent=json_indent()))
     an = trace.kv_anatomy or {}
     if "unsupported" in an:
         view.print(Text(an["unsupported"], style="yellow"))
@@ -124,7 +125,7 @@ def kv_size(model_or_config, context, batch, dtype, trust_remote_code, json_path
         "anatomy": an.to_dict(),
         "table": [{"context": r["context"], "bytes": r["bytes"] // batch} for r in context_table(an, max_context)],
     }
-    write_json(json_path, json.dumps(result, indent=2))
+    write_json(json_path, json.dumps(result, indent=json_indent()))
     view, _ = consoles(json_path, no_color)
     view.print(anatomy_view(an.to_dict(), result["model"], context))
     view.print(size_view(result))

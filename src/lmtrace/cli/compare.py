@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lmtrace.cli.common import cli, consoles, load_model, write_json
-from lmtrace.cli.options import json_option, model_options
+from lmtrace.cli.options import json_indent, json_option, model_options
 from lmtrace.errors import InvalidParameter
 from lmtrace.render.tokens import escape
 
@@ -55,7 +55,7 @@ def compare(response_file, model, device, dtype, allow_pickle, trust_remote_code
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
     with status.status("Rescoring teacher-forced…"):
         result = run(lm, rep, temperature=temperature, top_k=top_k, top_p=top_p, threshold=threshold)
-    write_json(json_path, json.dumps(result.to_dict(), indent=2))
+    write_json(json_path, json.dumps(result.to_dict(), indent=json_indent()))
     if html_path is not None:
         from lmtrace.render.compare_html import write_compare_html
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from contextlib import ExitStack
+
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from lmtrace.arguments import step_selector
 from lmtrace.cli import remote
-from lmtrace.cli.common import announce, cli, consoles, load_draft, load_model, read_prompt, write_json
+from lmtrace.cli.common import announce, cli, consoles, load_draft, load_model, read_prompt
 from lmtrace.cli.confidence import confidence_options, settings_from
 from lmtrace.cli.options import (
     attribution_options,
@@ -16,6 +20,7 @@ from lmtrace.cli.options import (
     draft_from,
     draft_options,
     inside_options,
+    json_indent,
     json_option,
     matmul_option,
     model_options,
@@ -24,7 +29,7 @@ from lmtrace.cli.options import (
     weights_option,
 )
 from lmtrace.cli.remote import server_option
-from lmtrace.cli.reports import check_report_paths, report_options, write_reports
+from lmtrace.cli.reports import check_folder, check_report_paths, report_options, write_reports
 from lmtrace.cli.selfcheck import kv_checked
 from lmtrace.errors import InvalidParameter
 from lmtrace.records import Trace
@@ -53,8 +58,15 @@ def print_extras(trace, waterfall: str | None, view) -> None:
         view.print(waterfall_view(step))
 
 
+class RateColumn(ProgressColumn):
+    """Tokens per second over the last steps (rich's own estimate of the task's speed)."""
+
+    def render(self, task) -> Text:
+        return Text("" if task.speed is None else f"{task.speed:.1f} tok/s", style="progress.data.speed")
+
+
 def progress_bar(console, total: int) -> Progress:
-    columns = [TextColumn("Generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    columns = [TextColumn("Generating"), BarColumn(), MofNCompleteColumn(), RateColumn(), TimeElapsedColumn()]
     # off where stderr is not a terminal: rich would leave an empty line there
     return Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
 
@@ -67,6 +79,10 @@ def progress_bar(console, total: int) -> Progress:
 @sampling_options
 @constraint_options
 @json_option("the trace")
+@click.option("--jsonl", "jsonl_path", default=None, metavar="FILE",
+              help="Write the trace as JSON Lines: a header line, one line per step as it comes, a closing line.")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token (to "
+              "--max-new-tokens).")
 @report_options
 @weights_option
 @matmul_option
@@ -93,6 +109,7 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     draft = draft_from(kw)
     confidence = settings_from(kw)
     _check_pairs(kw, params)
+    _check_files(json_path, kw["jsonl_path"])
     text = read_prompt(prompt, prompt_file, kw["chat"])
     view, status = consoles(json_path, no_color)
     local = {"device": device, "dtype": dtype, "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code,
@@ -102,6 +119,8 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     inside = {"lens": kw["lens"], "attention": kw["attention"]}
     if kw["server"]:
         trace = traced_remotely(kw["server"], model, local, text, params, kw["chat"], inside, status)
+        if kw["jsonl_path"] is not None:
+            save_lines(kw["jsonl_path"], trace)
     else:
         trace = _traced_here(status, model, local, text, params, kw, draft, confidence)
     _show(trace, kw, view, json_path, html_path, plot_path)
@@ -126,6 +145,17 @@ def _check_pairs(kw: dict, params) -> None:
         raise InvalidParameter("server: --attribution runs in this process only; drop --server or --attribution")
 
 
+def _check_files(json_path: str | None, jsonl_path: str | None) -> None:
+    """--jsonl names a file of its own; --json-indent indents the --json output (never a JSON Lines file)."""
+    if jsonl_path == "-" or (jsonl_path is not None and jsonl_path == json_path):
+        raise InvalidParameter(f"jsonl: a file of its own (not stdout, not the --json file), got {jsonl_path!r}")
+    if jsonl_path is not None:
+        check_folder("jsonl", jsonl_path)
+    if json_indent() is not None and json_path is None:
+        raise InvalidParameter(f"json-indent: indents the --json output; give --json FILE (got --json-indent "
+                               f"{json_indent()} without it; JSON Lines are one line each)")  # fmt: skip
+
+
 def _traced_here(status, model, local: dict, text: str, params, kw: dict, draft: tuple, confidence: dict) -> Trace:
     """The trace made in this process, with a progress bar."""
     announce(status, model)  # the first line on screen, before the imports
@@ -140,20 +170,35 @@ def _traced_here(status, model, local: dict, text: str, params, kw: dict, draft:
         from lmtrace.decode.uncertainty import Uncertainty
 
         uncertainty = Uncertainty(**confidence, vocab=lm.model.config.vocab_size)
-    with progress_bar(status, params.max_new_tokens) as progress:
+    with ExitStack() as stack:
+        lines = None
+        if kw["jsonl_path"] is not None:  # each step's line written as the step comes
+            from lmtrace.decode.tracing import encode_prompt
+            from lmtrace.trace_file import TraceLines
+
+            lines = stack.enter_context(TraceLines(kw["jsonl_path"], encode_prompt(lm, text, kw["chat"])))
+        progress = stack.enter_context(progress_bar(status, params.max_new_tokens))
         task = progress.add_task("generate", total=params.max_new_tokens)
-        advance = lambda row, step: progress.advance(task)  # noqa: E731
-        return run(lm, text, params, chat=kw["chat"], on_step=advance, echo=kw["echo"], waterfall=kw["waterfall"],
-                   compile=kw["compile_"], draft=chosen, draft_tokens=draft_tokens, uncertainty=uncertainty,
-                   lens=kw["lens"], attention=kw["attention"], attribution=kw["attribution"],
-                   against=kw["against"])  # fmt: skip
+
+        def on_step(row: int, step) -> None:
+            progress.advance(task)
+            if lines is not None:
+                lines.step(step)
+
+        trace = run(lm, text, params, chat=kw["chat"], on_step=on_step, echo=kw["echo"], waterfall=kw["waterfall"],
+                    compile=kw["compile_"], draft=chosen, draft_tokens=draft_tokens, uncertainty=uncertainty,
+                    lens=kw["lens"], attention=kw["attention"], attribution=kw["attribution"],
+                    against=kw["against"])  # fmt: skip
+        if lines is not None:
+            lines.close(trace)
+    return trace
 
 
 def _show(trace: Trace, kw: dict, view, json_path, html_path, plot_path) -> None:
     """The trace on screen, in the JSON file and the reports asked for."""
     from lmtrace.render.terminal import print_trace
 
-    write_json(json_path, trace.to_json(indent=2))
+    save_trace(json_path, trace)
     print_trace(trace, view, kw["show_prompt"])
     print_extras(trace, kw["waterfall"], view)
     if "uncertainty" in trace.entries:
@@ -170,7 +215,28 @@ def _show(trace: Trace, kw: dict, view, json_path, html_path, plot_path) -> None
         view.print(attribution_table(trace, view.width))
     if json_path and json_path != "-":
         view.print(f"[dim]trace written to {json_path}[/dim]")
+    if kw["jsonl_path"]:
+        view.print(f"[dim]trace written to {kw['jsonl_path']} (JSON Lines)[/dim]")
     write_reports(trace, html_path, plot_path, view)
+
+
+def save_trace(json_path: str | None, trace: Trace) -> None:
+    """--json: the trace written step by step, compact unless --json-indent (atomically; '-': stdout)."""
+    from lmtrace.trace_file import save_json, write_json
+
+    if json_path == "-":
+        write_json(sys.stdout, trace, json_indent())
+    elif json_path is not None:
+        save_json(json_path, trace, json_indent())
+
+
+def save_lines(jsonl_path: str, trace: Trace) -> None:
+    """--jsonl for a trace made elsewhere (a server's): its lines written from the trace, atomically."""
+    from lmtrace.files import atomic_text
+    from lmtrace.trace_file import write_lines
+
+    with atomic_text(jsonl_path) as out:
+        write_lines(out, trace)
 
 
 def traced_remotely(server: str, model: str | None, local: dict, text: str, params, chat: bool, inside: dict,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
-from lmtrace.cli.options import json_option, model_options, sampling_options
+from lmtrace.cli.options import json_indent, json_option, model_options, sampling_options
 from lmtrace.cli.reports import check_report_paths, write_reports
 from lmtrace.errors import InvalidParameter
 
@@ -52,7 +52,7 @@ def intervene(prompt, prompt_file, ablate, steer, patch, no_free, json_path, htm
     from lmtrace.render.intervene_terminal import print_arms
 
     result = run(lm, text, ablate, steer, patch, chat=chat, free=not no_free, params=params)
-    write_json(json_path, result.to_json(indent=2))
+    write_json(json_path, result.to_json(indent=json_indent()))
     print_arms(result.to_dict(), view)
     if html_path is not None:
         from lmtrace.render.intervene_html import write_intervene_html

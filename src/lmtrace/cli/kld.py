@@ -9,7 +9,7 @@ import json
 import click
 
 from lmtrace.cli.common import cli, consoles, load_model, read_text, write_json
-from lmtrace.cli.options import json_option, model_options
+from lmtrace.cli.options import json_indent, json_option, model_options
 from lmtrace.cli.reports import check_report_paths
 from lmtrace.errors import InvalidParameter
 
@@ -54,7 +54,7 @@ def kld_command(against, file_path, ctx, chunks, worst, model, device, dtype, al
         other = against_model(lm, against)
         result = kld(lm, other, text, ctx=ctx, chunks=chunks, worst=worst,
                      on_chunk=lambda i, n: spinner.update(f"Scoring chunk {i}/{n}…"))  # fmt: skip
-    write_json(json_path, json.dumps(result, indent=2, ensure_ascii=False))
+    write_json(json_path, json.dumps(result, indent=json_indent(), ensure_ascii=False))
     view.print(render.terminal(result))
     if html_path is not None:
         render.write_html(result, html_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from lmtrace.cli.common import cli, consoles, load_model, read_prompt, read_text, write_json
-from lmtrace.cli.options import json_option, model_options, sampling_options
+from lmtrace.cli.options import json_indent, json_option, model_options, sampling_options
 from lmtrace.cli.reports import check_report_paths, write_reports
 from lmtrace.errors import InvalidParameter
 
@@ -77,7 +77,7 @@ def kv_lab(prompt, prompt_file, policies, continuation, continuation_file, free,
 
         result = kvlab(lm, text, chosen, continuation=continuation, max_continuation_tokens=limit, chat=chat,
                        free=free, map_step=map_step, params=params, on_step=advance)  # fmt: skip
-    write_json(json_path, result.to_json(indent=2))
+    write_json(json_path, result.to_json(indent=json_indent()))
     print_lab(result, view)
     if html_path is not None or plot_path is not None:
         from lmtrace.render.kvlab_html import write_lab_html

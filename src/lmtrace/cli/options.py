@@ -195,15 +195,41 @@ def params_from(kw: dict) -> SamplingParams:
         seed=kw["seed"],
         stop=tuple(kw.get("stop", ())),
         top_logprobs=kw["top_logprobs"],
+        stop_on_eos=not kw.get("ignore_eos", False),
         **constraint_from(kw),
     )
 
 
+JSON_INDENT = "lmtrace.json_indent"  # where --json-indent keeps its value (the click context's meta)
+
+
+def _remember_indent(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is not None and not 0 <= value <= 8:
+        raise InvalidParameter(f"json-indent must be 0-8 spaces, got {value}")
+    ctx.meta[JSON_INDENT] = value
+    return value
+
+
+def json_indent() -> int | None:
+    """The command's --json-indent (None: compact JSON, the default)."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(JSON_INDENT)
+
+
 def json_option(what: str) -> Callable:
-    """--json FILE: write `what` as JSON ('-' for stdout)."""
-    return click.option(
-        "--json", "json_path", default=None, metavar="FILE", help=f"Write {what} as JSON ('-' for stdout)."
-    )
+    """--json FILE: write `what` as compact JSON ('-' for stdout); --json-indent N indents it
+    (read with `json_indent()`, so the command takes no parameter for it)."""
+
+    def decorate(f: Callable) -> Callable:
+        indent = click.option("--json-indent", type=int, default=None, metavar="N", expose_value=False,
+                              is_eager=True, callback=_remember_indent,
+                              help="Indent the --json output by N spaces (default: compact, one line).")  # fmt: skip
+        json_path = click.option(
+            "--json", "json_path", default=None, metavar="FILE", help=f"Write {what} as JSON ('-' for stdout)."
+        )
+        return json_path(indent(f))
+
+    return decorate
 
 
 def inside_options(f):

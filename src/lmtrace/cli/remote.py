@@ -91,7 +91,8 @@ def sampling(params: SamplingParams) -> dict[str, Any]:
     """The request fields of the sampling options (OpenAI's names, lmtrace's extensions)."""
     return {"max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k, "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
-            "seed": params.seed, "stop": list(params.stop) or None, "top_logprobs": params.top_logprobs}  # fmt: skip
+            "seed": params.seed, "stop": list(params.stop) or None, "top_logprobs": params.top_logprobs,
+            **({} if params.stop_on_eos else {"ignore_eos": True})}  # fmt: skip
 
 
 def served(model: str | None) -> dict[str, Any]:

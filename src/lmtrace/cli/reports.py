@@ -28,7 +28,8 @@ def report_options(f):
     )(f)
 
 
-def _check_folder(parameter: str, path: str) -> None:
+def check_folder(parameter: str, path: str) -> None:
+    """Fails before any work when `path` could not be written: its folder missing, or a folder itself."""
     folder = Path(path).parent
     if not folder.is_dir():
         raise InvalidParameter(f"{parameter}: no such folder {str(folder)!r} for {path!r}")
@@ -39,11 +40,11 @@ def _check_folder(parameter: str, path: str) -> None:
 def check_report_paths(html_path: str | None, plot_path: str | None) -> None:
     """Fails before any work when a report could not be written where asked."""
     if html_path is not None:
-        _check_folder("html", html_path)
+        check_folder("html", html_path)
     if plot_path is not None:
         if Path(plot_path).suffix.lower() != ".png":
             raise InvalidParameter(f"plot: the file must end in .png, got {plot_path!r}")
-        _check_folder("plot", plot_path)
+        check_folder("plot", plot_path)
 
 
 def write_reports(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from lmtrace.cli.common import cli, consoles, load_model, write_json
-from lmtrace.cli.options import json_option, model_options
+from lmtrace.cli.options import json_indent, json_option, model_options
 from lmtrace.cli.reports import check_report_paths
 from lmtrace.errors import InvalidParameter
 
@@ -67,7 +67,7 @@ def rollouts_command(file, fmt, trainer, caps, locate, locate_threshold, json_pa
                           locate_threshold=locate_threshold, on_status=lambda s: spinner.update(f"{s}…"))  # fmt: skip
     from lmtrace.scoring.rollouts.report import to_json
 
-    write_json(json_path, to_json(report))
+    write_json(json_path, to_json(report, indent=json_indent()))
     print_rollouts(report, view)
     if html_path is not None:
         from lmtrace.render.rollouts_html import write_rollouts_html

@@ -7,7 +7,7 @@ import click
 
 from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
 from lmtrace.cli.confidence import confidence_options, settings_from
-from lmtrace.cli.options import json_option, model_options, params_from, sampling_options
+from lmtrace.cli.options import json_indent, json_option, model_options, params_from, sampling_options
 from lmtrace.cli.reports import check_report_paths
 from lmtrace.errors import InvalidParameter
 
@@ -72,7 +72,7 @@ def sample_command(prompt, prompt_file, n, answer_regex, choice, deepconf, warmu
                         confidence_k=confidence["k"], confidence_window=confidence["window"],
                         confidence_tail=confidence["tail"],
                         on_row=on_row)  # fmt: skip
-    write_json(json_path, result.to_json(indent=2))
+    write_json(json_path, result.to_json(indent=json_indent()))
     print_samples(result, view)
     if html_path is not None:
         from lmtrace.render.samples_html import write_samples_html

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lmtrace.cli import remote
 from lmtrace.cli.common import announce, cli, consoles, load_model, read_text
-from lmtrace.cli.options import device_map_option, json_option, model_options
+from lmtrace.cli.options import device_map_option, json_indent, json_option, model_options
 from lmtrace.cli.remote import server_option
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
@@ -97,7 +97,8 @@ def _score_list(lm, records, json_path: str | None, view, status, **options) -> 
     from lmtrace.render.score import summary_table
 
     keyed = _scored(lm, records, status, options)
-    write_json(json_path, json.dumps([{"id": key, **r.to_dict()} for key, r in keyed], ensure_ascii=False, indent=2))
+    scores = [{"id": key, **r.to_dict()} for key, r in keyed]
+    write_json(json_path, json.dumps(scores, ensure_ascii=False, indent=json_indent()))
     view.print(summary_table(keyed))
     if len(records) > 20:
         view.print(f"[dim]… and {len(records) - 20} more[/dim]")
@@ -190,7 +191,7 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
     kwargs = {k: options[k] for k in ("window", "stride", "top_logprobs")}
     with status.status("Scoring…"):
         result = run(lm, source, prompt=prompt, continuation=continuation, **kwargs)
-    write_json(json_path, result.to_json(indent=2))
+    write_json(json_path, result.to_json(indent=json_indent()))
     print_score(result, view)
     write_reports(result, html_path, plot_path, view)
     if json_path and json_path != "-":
@@ -212,6 +213,6 @@ def _remotely(server, loading, text, file, prompt, continuation, jsonl, json_pat
               ("window", "stride", "top_logprobs")}}  # fmt: skip
     with status.status("Scoring on the server…"):
         result = remote.score(base, loading[0], fields)
-    write_json(json_path, result.to_json(indent=2))
+    write_json(json_path, result.to_json(indent=json_indent()))
     print_score(result, view)
     write_reports(result, html_path, plot_path, view)

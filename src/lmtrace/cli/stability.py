@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
-from lmtrace.cli.options import json_option, model_options, params_from, sampling_options
+from lmtrace.cli.options import json_indent, json_option, model_options, params_from, sampling_options
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.scoring import variant_spec
@@ -71,7 +71,7 @@ def stability_command(prompt, prompt_file, variants, runs, threshold, json_path,
     with status.status("Decoding the reference…") as spinner:
         result = stability(lm, text, specs, runs=runs, threshold=threshold, chat=chat, params=params,
                            on_status=lambda line: spinner.update(f"Running {line}…"))  # fmt: skip
-    write_json(json_path, result.to_json(indent=2))
+    write_json(json_path, result.to_json(indent=json_indent()))
     print_stability(result, view)
     if html_path is not None or plot_path is not None:
         from lmtrace.render.stability_html import write_stability_html

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lmtrace.cli.common import announce, cli, consoles, load_model, read_prompt, write_json
-from lmtrace.cli.options import json_option, model_options, weights_option
+from lmtrace.cli.options import json_indent, json_option, model_options, weights_option
 from lmtrace.errors import InvalidParameter
 
 
@@ -55,7 +55,7 @@ def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote
         ok = ok and round_trip["max_abs_diff"] <= report.tolerance
         view.print(f"rescore: {round_trip['steps']} recorded logprobs against a teacher-forced pass: largest "
                    f"difference {round_trip['max_abs_diff']:.2e} at step {round_trip['worst_step']}")  # fmt: skip
-    write_json(json_path, json.dumps(result, indent=2))
+    write_json(json_path, json.dumps(result, indent=json_indent()))
     view.print(report_view(report, lm.tokenizer))
     if not ok:
         raise click.exceptions.Exit(1)

@@ -3,6 +3,8 @@ anywhere), and the notebook view of a trace. Reads records only: no torch here."
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ from lmtrace.errors import InvalidParameter
 from lmtrace.files import write_atomic
 from lmtrace.render import facts, inside, sections, views
 from lmtrace.render.kinds import BRANCHES, SCORE, TRACE, as_record
-from lmtrace.render.templating import env, parts, script_hash, script_json, static
+from lmtrace.render.templating import env, parts, script_hash, script_json, script_lines, static
 
 _PAGES = {TRACE: sections.trace_page, SCORE: sections.score_page, BRANCHES: sections.branches_page}
 _HEADINGS = {TRACE: "Trace", SCORE: "Score", BRANCHES: "Branches"}
@@ -45,6 +47,7 @@ def render_html(obj: Any, title: str | None = None) -> str:
     except ValueError as e:
         raise InvalidParameter(f"html: {e}") from e
     found, script_views, sampled = _PAGES[kind](d)
+    counted = [{k: v for k, v in view.items() if k != "steps"} | {"count": len(view["steps"])} for view in script_views]
     first = d["branches"][0] if kind == BRANCHES else d
     model = first.get("model")
     source = model.get("source") if isinstance(model, dict) else model
@@ -61,13 +64,27 @@ def render_html(obj: Any, title: str | None = None) -> str:
             header=parts().facts(groups),
             sections=found,
             footer=_footer(first.get("versions")),
-            data=script_json({"kind": kind, "sampled": sampled, "views": script_views}),
+            data=script_json({"kind": kind, "sampled": sampled, "views": counted}),
+            step_lines=[script_lines(view["steps"]) for view in script_views],
             css=Markup(static("report.css")),
             js=Markup(js),
             script_hash=script_hash(js),
             version=(first.get("versions") or {}).get("lmtrace", ""),
         )
     )
+
+
+def page_data(page: str) -> dict[str, Any]:
+    """The data a report embeds, each view's steps read back from their lines (for tests and tools)."""
+    found = re.search(r'<script type="application/json" id="lmtrace-data">(.*?)</script>', page, re.S)
+    if found is None:
+        raise ValueError("not an lmtrace report: no lmtrace-data")
+    data = json.loads(found.group(1))
+    for k, view in enumerate(data["views"]):
+        if "steps" not in view:
+            lines = re.search(rf'<script type="application/x-ndjson" id="lmtrace-steps-{k}">(.*?)</script>', page, re.S)
+            view["steps"] = [json.loads(line) for line in lines.group(1).split("\n") if line] if lines else []
+    return data
 
 
 def write_html(path: str | Path, obj: Any, title: str | None = None) -> None:

@@ -16,6 +16,7 @@ from lmtrace.render.tokens import escape as visible
 FILLS = ["#a8e0a0", "#d4ecaa", "#fbe59a", "#f8c08a", "#f29a9a"]
 NO_DATA = "#e4e4e7"
 W, LEFT, TOP, BOTTOM = 560, 44, 20, 22
+CELLS_UP_TO = 400  # steps drawn as cells of their own (with a title each); a longer trace's as paths
 
 
 def bucket(p: float) -> int:
@@ -134,11 +135,17 @@ def lens_heatmap(steps: list[dict[str, Any]], view: int = 0) -> Markup | None:
     out = [f'<svg class="heatmap" viewBox="0 0 {width:.0f} {height:.0f}" style="max-width: {1.6 * width:.0f}px" '
            f'role="img" aria-label="chosen token probability per layer and step">']  # fmt: skip
     out += _axes(n_layers, ch, height, bottom)
+    if n > CELLS_UP_TO:  # drawn at its own size (the figure scrolls); the page finds the cell under the pointer
+        out[0] = (f'<svg class="heatmap painted" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
+                  f'height="{height:.0f}" role="img" aria-label="chosen token probability per layer and step" '
+                  f'data-v="{view}" data-x0="{LEFT}" data-y0="{TOP}" data-cw="{cw:.1f}" data-ch="{ch:.1f}" '
+                  f'data-steps="{n}" data-layers="{n_layers}">')  # fmt: skip
+        out += _painted(steps, n_layers, cw, ch)
     for i, s in enumerate(steps):
         x = LEFT + cw * i
         lens = s.get("lens") if isinstance(s.get("lens"), dict) else {}
         settled, token = lens.get("settled_at"), s.get("text", "")
-        for layer in lens.get("layers") or []:
+        for layer in (lens.get("layers") or []) if n <= CELLS_UP_TO else ():
             y = TOP + ch * (n_layers - 1 - layer["layer"])
             title = _cell_title(s.get("index", i), token, layer, settled)
             out.append(_cell(x, y, cw, ch, view, i, layer, title, settled == layer["layer"]))
@@ -146,6 +153,26 @@ def lens_heatmap(steps: list[dict[str, Any]], view: int = 0) -> Markup | None:
             out.append(_column_label(x + cw / 2, height - bottom + 12, i, token, named))
     out.append("</svg>")
     return Markup("".join(out))
+
+
+def _painted(steps: list[dict[str, Any]], n_layers: int, cw: float, ch: float) -> list[str]:
+    """A long trace's cells as one path per colour (and one for the settling layers' outlines):
+    a few bytes a cell rather than an element with its own title."""
+    shapes: dict[str, list[str]] = {}
+    box = f"h{cw:.1f}v{ch:.1f}h-{cw:.1f}z"
+    for i, s in enumerate(steps):
+        lens = s.get("lens") if isinstance(s.get("lens"), dict) else {}
+        for layer in lens.get("layers") or []:
+            p = _p(layer.get("chosen_logprob"))
+            at = f"M{LEFT + cw * i:.1f} {TOP + ch * (n_layers - 1 - layer['layer']):.1f}"
+            shapes.setdefault(FILLS[bucket(p)] if p is not None else NO_DATA, []).append(at + box)
+            if lens.get("settled_at") == layer["layer"]:
+                shapes.setdefault("settled", []).append(at + box)
+    out = [f'<path class="cells" fill="{fill}" d="{"".join(d)}"/>' for fill, d in shapes.items() if fill != "settled"]
+    if "settled" in shapes:
+        out.append(f'<path class="settled" fill="none" stroke="#1f2328" stroke-width="1.5" '
+                   f'd="{"".join(shapes["settled"])}"/>')  # fmt: skip
+    return out
 
 
 def positions(d: dict[str, Any], views: list[dict[str, Any]]) -> list[dict[str, Any]] | None:

@@ -3,12 +3,12 @@ JSON shape), so fields that other commands add later reach them without a change
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.records import SCHEMA_VERSION, Trace
+from lmtrace.trace_file import loads, unpacked
 
 TRACE, SCORE, BRANCHES, STABILITY = "trace", "score", "branches", "stability"
 
@@ -59,6 +59,8 @@ def as_record(obj: Any) -> tuple[str, dict[str, Any]]:
     kind = kind_of(obj)
     if kind == TRACE:
         _check_trace(obj, "")
+        if obj.get("packed") is not None:  # a --json file's packed lens and attention, expanded
+            obj = unpacked(obj)
     elif kind == BRANCHES:
         branches = [t.to_dict() if isinstance(t, Trace) else t for t in obj["branches"]]
         if not branches:
@@ -89,8 +91,8 @@ def read_record(path: str | Path, parameter: str = "trace") -> tuple[str, dict[s
     except UnicodeDecodeError as e:
         raise InvalidParameter(f"{parameter}: {str(path)!r} is not UTF-8 text") from e
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
+        data = loads(text)  # JSON, or a trace's JSON Lines (--jsonl)
+    except ValueError as e:
         raise InvalidParameter(f"{parameter}: {str(path)!r} is not valid JSON ({e})") from e
     try:
         return as_record(data)

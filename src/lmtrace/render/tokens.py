@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "\\r"}
 _LAYOUT = {"\u2028", "\u2029", *map(chr, range(0x202A, 0x202F)), *map(chr, range(0x2066, 0x206A))}
@@ -11,6 +12,7 @@ _LAYOUT = {"\u2028", "\u2029", *map(chr, range(0x202A, 0x202F)), *map(chr, range
 SCALE = [(0.9, "green"), (0.5, "chartreuse3"), (0.2, "yellow"), (0.05, "dark_orange"), (0.0, "red")]
 
 
+@lru_cache(maxsize=1 << 16)  # a long trace shows the same token texts many times
 def escape(text: str) -> str:
     out = []
     for ch in text:

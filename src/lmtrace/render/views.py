@@ -107,7 +107,7 @@ def token_view(step: dict[str, Any], i: int) -> dict[str, Any]:
         "pieces": pieces(text, raw),
     }
     if isinstance(step.get("kv"), dict):
-        view["kv"] = step["kv"]
+        view["kv"] = kv_view(step["kv"])
     if isinstance(step.get("waterfall"), list):
         view["waterfall"] = step["waterfall"]
     if isinstance(step.get("lens"), dict):  # lmtrace.inside.lens / lmtrace.inside.attention, compacted
@@ -130,6 +130,17 @@ def token_view(step: dict[str, Any], i: int) -> dict[str, Any]:
     if extra:
         view["extra"] = extra
     return view
+
+
+def kv_view(kv: dict[str, Any]) -> dict[str, Any]:
+    """A step's KV record for the page: its layers as a table (`cols`, then a row of values per
+    layer) rather than an object per layer, which would repeat every name at every layer and step."""
+    layers = kv.get("layers")
+    if not isinstance(layers, list) or not all(isinstance(x, dict) for x in layers):
+        return kv
+    cols = list(dict.fromkeys(k for x in layers for k in x))
+    return {**{k: v for k, v in kv.items() if k != "layers"}, "cols": cols,
+            "rows": [[x.get(c) for c in cols] for x in layers]}  # fmt: skip
 
 
 def token_views(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,6 +7,24 @@
   var pinned = null; // [view, step] of the pinned token, or null
   var mode = "raw";
   var hoverLayer = null; // the heatmap row under the pointer
+  var lines = {}, parsed = {}; // per view: its steps' JSON lines (split once), the steps parsed so far
+  // A step's data, parsed when first asked for: a long report opens without parsing every step.
+  // (A page may also embed its steps whole, as data.views[v].steps.)
+  function stepAt(v, i) {
+    var view = data.views[v];
+    if (!view || i < 0 || i >= count(v)) return null;
+    if (view.steps) return view.steps[i];
+    var key = v + ":" + i;
+    if (!(key in parsed)) {
+      if (!lines[v]) lines[v] = document.getElementById("lmtrace-steps-" + v).textContent.split("\n");
+      parsed[key] = JSON.parse(lines[v][i]);
+    }
+    return parsed[key];
+  }
+  function count(v) {
+    var view = data.views[v];
+    return !view ? 0 : view.steps ? view.steps.length : view.count;
+  }
   document.documentElement.classList.add("js"); // the raw/sampled switch only works with script
 
   function el(tag, cls, text) {
@@ -94,7 +112,7 @@
   }
   var last = null; // the step shown last
   function show(v, i) {
-    var view = data.views[v], s = view && view.steps[i];
+    var view = data.views[v], s = stepAt(v, i);
     if (!s) return;
     last = [v, i];
     panel.replaceChildren();
@@ -127,10 +145,15 @@
       panel.appendChild(el("h4", null, "sampling waterfall"));
       panel.appendChild(grid(s.waterfall));
     }
-    if (s.kv && s.kv.layers && s.kv.layers.length) {
+    var kvLayers = s.kv && (s.kv.layers || (s.kv.rows || []).map(function (r) {
+      var o = {};
+      s.kv.cols.forEach(function (c, k) { o[c] = r[k]; });
+      return o;
+    }));
+    if (kvLayers && kvLayers.length) {  // the ledger's layers as a table of columns (views.kv_view)
       var details = el("details");
-      details.appendChild(el("summary", null, "KV cache by layer (" + s.kv.layers.length + ")"));
-      details.appendChild(grid(s.kv.layers));
+      details.appendChild(el("summary", null, "KV cache by layer (" + kvLayers.length + ")"));
+      details.appendChild(grid(kvLayers));
       panel.appendChild(details);
     }
     if (s.lens) lensPanel(s);
@@ -208,7 +231,7 @@
   // Shades the attention text by the step's weights at the chosen layer (or their mean): the
   // value-weighted ones by default, the raw ones when asked (or for one head: only raw per head).
   function attentionText(v, i) {
-    var s = data.views[v].steps[i], select = document.getElementById("att-layer");
+    var s = stepAt(v, i), select = document.getElementById("att-layer");
     var boxes = document.querySelectorAll(".att-text .pos");
     if (!boxes.length || !select) return;
     var layers = s.att.layers, pick = select.value, weights = {}, chosen = layers;
@@ -261,7 +284,24 @@
       c.setAttribute("x1", x); c.setAttribute("x2", x); c.setAttribute("visibility", "visible");
     });
   }
+  // A long trace's heatmap is painted as paths (render/inside.py): its cell under the pointer is
+  // found from the grid the svg describes, [view, step, layer], or null off the cells.
+  function paintedCell(e) {
+    var svg = e.target.closest ? e.target.closest("svg.heatmap[data-cw]") : null;
+    if (!svg || e.clientX === undefined) return null;
+    var pt = svg.createSVGPoint();
+    pt.x = e.clientX; pt.y = e.clientY;
+    var at = pt.matrixTransform(svg.getScreenCTM().inverse()), d = svg.dataset;
+    var i = Math.floor((at.x - d.x0) / d.cw), row = Math.floor((at.y - d.y0) / d.ch);
+    if (i < 0 || i >= +d.steps || row < 0 || row >= +d.layers) return null;
+    return [+d.v, i, +d.layers - 1 - row];
+  }
   function target(e) {
+    var cell = paintedCell(e);
+    if (cell) {
+      hoverLayer = cell[2];
+      return [cell[0], cell[1]];
+    }
     var t = e.target.closest ? e.target.closest(".tok[data-i], circle[data-i], rect[data-i]") : null;
     if (!t) return null;
     hoverLayer = t.dataset.l !== undefined ? +t.dataset.l : null;
@@ -271,6 +311,14 @@
   document.addEventListener("mouseover", function (e) {
     var at = target(e);
     if (at && !pinned) show(at[0], at[1]);
+  });
+  var lastCell = null; // the painted heatmap's cell last shown: moving within one path fires no mouseover
+  document.addEventListener("mousemove", function (e) {
+    var cell = paintedCell(e);
+    if (!cell || pinned || (lastCell && lastCell.join() === cell.join())) return;
+    lastCell = cell;
+    hoverLayer = cell[2];
+    show(cell[0], cell[1]);
   });
   document.addEventListener("focusin", function (e) {
     var at = target(e);
@@ -288,7 +336,7 @@
     if (e.key === "Escape") { pinned = null; panel.classList.remove("pinned"); return; }
     var d = e.key === "ArrowRight" ? 1 : e.key === "ArrowLeft" ? -1 : 0;
     var next = pinned[1] + d;
-    if (d && next >= 0 && next < data.views[pinned[0]].steps.length) {
+    if (d && next >= 0 && next < count(pinned[0])) {
       pinned = [pinned[0], next];
       show(pinned[0], next);
       e.preventDefault();
@@ -305,9 +353,9 @@
   document.querySelectorAll('input[name="att-weights"]').forEach(function (input) { input.addEventListener("change", again); });
   // the attention text is shaded from the start: by the last step, until another is pointed at
   if (document.querySelector(".att-text")) {
-    var steps = data.views[0].steps, at = steps.length - 1;
-    while (at > 0 && !steps[at].att) at--;
-    if (steps[at] && steps[at].att) show(0, at);
+    var at = count(0) - 1;
+    while (at > 0 && !stepAt(0, at).att) at--;
+    if (stepAt(0, at) && stepAt(0, at).att) show(0, at);
   }
   document.querySelectorAll('input[name="dist"]').forEach(function (input) {
     input.addEventListener("change", function () {
