@@ -47,7 +47,8 @@ def build(device: str, dtype: torch.dtype, layers: int):
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(dtype).eval()
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = 1, 2
-    return lmtrace.LM.from_objects(model, tokenizer(config.vocab_size), source=f"random Qwen2 1.5B shape, {layers} layers")
+    source = f"random Qwen2 1.5B shape, {layers} layers"
+    return lmtrace.LM.from_objects(model, tokenizer(config.vocab_size), source=source)
 
 
 def against_generate(lm, tokens: int, tol: float | None) -> dict:
@@ -118,6 +119,15 @@ def checked(name: str, fn: Callable[[], dict], record: dict, out: Path) -> None:
     tmp.replace(out)
 
 
+def one_dtype(args, dtype: torch.dtype, tol: float | None, record: dict, out: Path) -> None:
+    lm = build(args.device, dtype, args.layers)
+    name = str(dtype).removeprefix("torch.")
+    checked(f"{name}: greedy vs model.generate, KV record", lambda: against_generate(lm, args.tokens, tol), record, out)
+    if dtype == torch.float32:
+        checked("float32: lens and attention", lambda: inside(lm), record, out)
+        checked("float32: batched rows = alone", lambda: batched(lm, min(args.tokens, 32)), record, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -134,14 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "versions": versions(),
               "layers": args.layers, "checks": {}}
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, None)):
-        lm = build(args.device, dtype, args.layers)
-        name = str(dtype).removeprefix("torch.")
-        checked(f"{name}: greedy vs model.generate, KV record", lambda: against_generate(lm, args.tokens, tol),
-                record, out)
-        if dtype == torch.float32:
-            checked("float32: lens and attention", lambda: inside(lm), record, out)
-            checked("float32: batched rows = alone", lambda: batched(lm, min(args.tokens, 32)), record, out)
-        del lm
+        one_dtype(args, dtype, tol, record, out)
         if args.device == "cuda":
             torch.cuda.empty_cache()
     record["imported"] = {m: m in sys.modules for m in ("fastapi", "uvicorn", "gguf")}
