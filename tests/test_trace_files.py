@@ -24,9 +24,9 @@ def inside(tiny_lm):
                             top_logprobs=3, lens=True, attention="heads", stop_on_eos=False)  # fmt: skip
 
 
-def _json(trace: Trace, indent: int | None = None) -> str:
+def _json(trace: Trace, indent: int | None = None, packed: bool = True) -> str:
     out = io.StringIO()
-    trace_file.write_json(out, trace, indent)
+    trace_file.write_json(out, trace, indent, packed)
     return out.getvalue()
 
 
@@ -47,6 +47,9 @@ def test_both_forms_read_back_equal_and_pack_every_step(inside):
     assert len(shown) == len(set(shown))  # each token's text once per trace
     assert "\n" not in _json(inside).rstrip("\n")  # compact: one line
     assert json.loads(_json(inside, 2)) == d  # indented: the same document
+    plain = json.loads(_json(inside, packed=False))  # --json: the documented shape, compact
+    assert "packed" not in plain and plain["steps"][0]["lens"] == full["steps"][0]["lens"]
+    assert plain["steps"][-1]["attention"] == full["steps"][-1]["attention"]
 
 
 def test_json_lines_layout(inside):
@@ -114,7 +117,7 @@ def test_generate_jsonl_json_indent_and_ignore_eos(tiny_dir, tmp_path, capsys):
     assert Trace.from_json(lines.read_text(encoding="utf-8")).to_dict() == saved.to_dict()
     assert main(["render", str(lines), "--html", str(tmp_path / "r.html")]) == 0
     assert main([*args, "--json", str(out), "--json-indent", "2"]) == 0
-    assert out.read_text(encoding="utf-8").startswith('{\n  "packed": 1,\n  "model": {\n    "source"')
+    assert out.read_text(encoding="utf-8").startswith('{\n  "model": {\n    "source"')
     capsys.readouterr()
     for bad, said in ((["--json-indent", "2"], "json-indent: indents the --json output"),
                       (["--jsonl", str(tmp_path / "no" / "t.jsonl")], "jsonl: no such folder"),

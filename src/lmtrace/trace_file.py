@@ -40,10 +40,12 @@ def _packs(trace: Trace) -> bool:
     return any(s.lens is not None or s.attention is not None for s in trace.steps)
 
 
-def write_json(out: IO[str], trace: Trace, indent: int | None = None) -> None:
-    """The trace as one JSON document, the steps written one at a time (lens and attention packed)."""
+def write_json(out: IO[str], trace: Trace, indent: int | None = None, packed: bool = False) -> None:
+    """The trace as one JSON document, the steps written one at a time. `--json` keeps the
+    documented shape (`packed` False); with `packed` the lens and attention are packed as in
+    `--jsonl`."""
     head = trace.head_dict()
-    tokens = Tokens(_prompt_ids(head)) if _packs(trace) else None
+    tokens = Tokens(_prompt_ids(head)) if packed and _packs(trace) else None
     if tokens is not None:
         head = {"packed": FORM, **head}
     text = dumps(head, indent)  # "{...}", or "{\n  ...\n}" indented
@@ -57,10 +59,10 @@ def write_json(out: IO[str], trace: Trace, indent: int | None = None) -> None:
     out.write((pad if trace.steps else "") + "]" + ("}" if indent is None else "\n}") + "\n")
 
 
-def save_json(path: str | Path, trace: Trace, indent: int | None = None) -> None:
+def save_json(path: str | Path, trace: Trace, indent: int | None = None, packed: bool = False) -> None:
     """write_json to a file, atomically."""
     with atomic_text(path) as out:
-        write_json(out, trace, indent)
+        write_json(out, trace, indent, packed)
 
 
 class TraceLines:
