@@ -30,6 +30,7 @@ _NAMES = {
     "from_generate": "lmtrace.external.from_generate",
     "LM": "lmtrace.model.lm",
     "load": "lmtrace.model.load",
+    "batch_invariant": "lmtrace.model.invariant.mode",
     "SamplingParams": "lmtrace.params",
     "Alternative": "lmtrace.records",
     "Candidate": "lmtrace.records",

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lmtrace.cli.common import cli, load_draft, load_model
 from lmtrace.cli.options import (
+    batch_invariant_option,
     constraint_options,
     device_map_option,
     draft_from,
@@ -120,7 +121,8 @@ def _vllm_engine(kw: dict, status: Console, defaults: dict, model_kwargs: dict):
 def _engine(kw: dict, status: Console, defaults: dict):
     from lmtrace.batch.local import local_engine
 
-    model_kwargs = {k: kw[k] for k in ("device", "dtype", "allow_pickle", "trust_remote_code", "device_map", "matmul")}
+    model_kwargs = {k: kw[k] for k in ("device", "dtype", "allow_pickle", "trust_remote_code", "device_map", "matmul",
+                                           "batch_invariant")}  # fmt: skip
     source = kw["model"]
     if kw["engine"] != "vllm":
         for name in (*VLLM_ONLY, "echo"):
@@ -133,6 +135,8 @@ def _engine(kw: dict, status: Console, defaults: dict):
             raise InvalidParameter(f"{name}: --{name} runs in lmtrace's own engine; not with --engine vllm")
     if kw["engine"] == "vllm" and kw["matmul"] != "default":
         raise InvalidParameter(f"matmul: --matmul {kw['matmul']} is lmtrace's own engine's; vLLM chooses its kernels")
+    if kw["engine"] == "vllm" and kw["batch_invariant"]:
+        raise InvalidParameter("batch_invariant: --batch-invariant runs lmtrace's own engine; not with --engine vllm")
     if kw["engine"] == "vllm":
         return _vllm_engine(kw, status, defaults, model_kwargs)
     if kw["engine"] == "local":
@@ -142,7 +146,7 @@ def _engine(kw: dict, status: Console, defaults: dict):
 
         def load():
             options = (kw["device"], kw["dtype"], kw["allow_pickle"], kw["trust_remote_code"], kw["device_map"])
-            lm = load_model(status, source, *options, matmul=kw["matmul"])
+            lm = load_model(status, source, *options, matmul=kw["matmul"], batch_invariant=kw["batch_invariant"])
             load_draft(status, lm, defaults.get("draft"))  # a bad --draft fails the job, not each line
             return lm
 
@@ -206,6 +210,7 @@ def _report(status: Console, summary: Summary, out_path: str) -> None:
 @inside_options
 @draft_options
 @matmul_option
+@batch_invariant_option
 def batch(in_path, out_path, no_color, **kw):
     """Trace every line of IN.jsonl ({"id", "prompt" or "messages", sampling fields, a constraint})
     into OUT.jsonl ({"id", "trace"} or {"id", "error"}), appending; a rerun resumes."""

@@ -143,6 +143,7 @@ def load_model(
     device_map: str | None = None,
     weights: str = "float",
     matmul: str = "default",
+    batch_invariant: bool = False,
 ):
     """lmtrace.load after the startup line (`announce`), with a spinner on `console` (stderr)
     instead of transformers' progress bars, then one line with the real times; with packed
@@ -166,7 +167,7 @@ def load_model(
         with no_gguf_bar():
             lm = load(model, device=device, dtype=dtype, allow_pickle=allow_pickle,
                       trust_remote_code=trust_remote_code, device_map=device_map, status=status,
-                      weights=weights, matmul=matmul)  # fmt: skip
+                      weights=weights, matmul=matmul, batch_invariant=batch_invariant)  # fmt: skip
     except BaseException:
         if startup.spinner is not None:
             startup.spinner.stop()
@@ -179,6 +180,10 @@ def load_model(
     if lm.summary.matmul is not None:
         console.print(f"matmul: {lm.summary.matmul} on oneDNN, weights packed once (float32, rounding apart "
                       "from torch's own kernel)", markup=False, highlight=False, soft_wrap=True, style="dim")
+    if lm.summary.batch_invariant:
+        console.print("batch-invariant: every number a row gets is the same bits alone or in any batch "
+                      "(oneDNN products, fixed-chunk attention)", markup=False, highlight=False, soft_wrap=True,
+                      style="dim")  # fmt: skip
     return lm
 
 

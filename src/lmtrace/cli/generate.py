@@ -15,6 +15,7 @@ from lmtrace.cli.common import announce, cli, consoles, load_draft, load_model, 
 from lmtrace.cli.confidence import confidence_options, settings_from
 from lmtrace.cli.options import (
     attribution_options,
+    batch_invariant_option,
     constraint_options,
     device_map_option,
     draft_from,
@@ -86,6 +87,7 @@ def progress_bar(console, total: int) -> Progress:
 @report_options
 @weights_option
 @matmul_option
+@batch_invariant_option
 @click.option("--compile", "compile_", is_flag=True,
               help="Static cache + torch.compile'd decode step: a one-off compile, the same tokens.")  # fmt: skip
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
@@ -114,7 +116,7 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     view, status = consoles(json_path, no_color)
     local = {"device": device, "dtype": dtype, "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code,
              "device_map": kw.pop("device_map"), "weights": kw.pop("weights"), "compile": kw["compile_"],
-             "matmul": kw.pop("matmul"),
+             "matmul": kw.pop("matmul"), "batch_invariant": kw["batch_invariant"],
              "echo": kw["echo"], "waterfall": kw["waterfall"]}  # fmt: skip
     inside = {"lens": kw["lens"], "attention": kw["attention"]}
     if kw["server"]:
@@ -141,6 +143,10 @@ def _check_pairs(kw: dict, params) -> None:
         raise InvalidParameter(f"server: --matmul {kw['matmul']} is the server's own option (lmtrace serve --matmul)")
     if kw["matmul"] != "default" and kw["compile_"]:
         raise InvalidParameter(f"compile: --compile chooses its own kernels; not with --matmul {kw['matmul']}")
+    if kw["batch_invariant"] and kw["server"]:
+        raise InvalidParameter("server: --batch-invariant is the server's own option (lmtrace serve --batch-invariant)")
+    if kw["batch_invariant"] and kw["compile_"]:
+        raise InvalidParameter("compile: --compile chooses its own kernels; not with --batch-invariant")
     if kw["server"] and kw["attribution"]:
         raise InvalidParameter("server: --attribution runs in this process only; drop --server or --attribution")
 
@@ -162,7 +168,8 @@ def _traced_here(status, model, local: dict, text: str, params, kw: dict, draft:
     from lmtrace.decode.tracing import generate as run
 
     lm = load_model(status, model, local["device"], local["dtype"], local["allow_pickle"],
-                    local["trust_remote_code"], local["device_map"], local["weights"], local["matmul"])  # fmt: skip
+                    local["trust_remote_code"], local["device_map"], local["weights"], local["matmul"],
+                    batch_invariant=local["batch_invariant"])  # fmt: skip
     spec, draft_tokens = draft
     chosen = load_draft(status, lm, spec)
     uncertainty = False

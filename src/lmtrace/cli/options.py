@@ -99,6 +99,14 @@ def matmul_option(f):
                    "rounding.")(f)  # fmt: skip
 
 
+def batch_invariant_option(f):
+    """Adds --batch-invariant: every number a row gets bitwise the same alone or in any batch."""
+    return click.option("--batch-invariant", "batch_invariant", is_flag=True,
+                        help="Batch-invariant operations (float32, CPU): every number a row gets is bitwise the "
+                        "same alone or in any batch, prefilled or decoded, teacher-forced or not; within "
+                        "5e-5 of the default path.")(f)  # fmt: skip
+
+
 # name -> (flag, click settings); the defaults are SamplingParams' own
 _SAMPLING: dict[str, tuple[str, dict[str, Any]]] = {
     "max_new_tokens": ("--max-new-tokens", {"type": int, "default": 64, "help": "Tokens to generate at most."}),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from lmtrace.cli.common import cli, consoles, load_model, write_json
-from lmtrace.cli.options import json_indent, json_option, model_options
+from lmtrace.cli.options import batch_invariant_option, json_indent, json_option, model_options
 from lmtrace.cli.reports import check_report_paths
 from lmtrace.errors import InvalidParameter
 
@@ -31,6 +31,7 @@ SPEC_HELP = ("dtype:bfloat16, dtype:float16, lm_head:float32, weights:packed, at
 @click.option("--locate-threshold", type=float, default=0.01, show_default=True,
               help="The relative difference of hidden states at which --locate says two computations part.")
 @model_options
+@batch_invariant_option
 @json_option("the report")
 @click.option("--html", "html_path", default=None, metavar="FILE", help="Write a self-contained HTML report.")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
@@ -57,7 +58,8 @@ def rollouts_command(file, fmt, trainer, caps, locate, locate_threshold, json_pa
     records = readers.read_file(file, fmt)  # the whole file checked before the model loads
     keys = ("model", "device", "dtype", "allow_pickle", "trust_remote_code")
     view, status = consoles(json_path, no_color)
-    lm = load_model(status, *[options.pop(k) for k in keys])
+    invariant = options.pop("batch_invariant")
+    lm = load_model(status, *[options.pop(k) for k in keys], batch_invariant=invariant)
 
     from lmtrace.render.rollouts_terminal import print_rollouts
     from lmtrace.scoring.rollouts.report import rollouts

@@ -7,7 +7,14 @@ import click
 
 from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
 from lmtrace.cli.confidence import confidence_options, settings_from
-from lmtrace.cli.options import json_indent, json_option, model_options, params_from, sampling_options
+from lmtrace.cli.options import (
+    batch_invariant_option,
+    json_indent,
+    json_option,
+    model_options,
+    params_from,
+    sampling_options,
+)
 from lmtrace.cli.reports import check_report_paths
 from lmtrace.errors import InvalidParameter
 
@@ -31,6 +38,7 @@ from lmtrace.errors import InvalidParameter
 @confidence_options(flag=False)
 @sampling_options(without=("stop",))
 @model_options
+@batch_invariant_option
 @json_option("the samples, votes and traces")
 @click.option("--html", "html_path", default=None, metavar="FILE", help="Write the samples side by side as HTML.")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
@@ -50,12 +58,13 @@ def sample_command(prompt, prompt_file, n, answer_regex, choice, deepconf, warmu
     confidence = settings_from(options)
     keys = ("model", "device", "dtype", "allow_pickle", "trust_remote_code")
     loading = [options.pop(k) for k in keys]
+    invariant = options.pop("batch_invariant")
     chat = options.pop("chat")
     params = params_from(options)
     text = read_prompt(prompt, prompt_file)
     check_report_paths(html_path, None)
     view, status = consoles(json_path, no_color)
-    lm = load_model(status, *loading)
+    lm = load_model(status, *loading, batch_invariant=invariant)
 
     from lmtrace.render.samples_terminal import print_samples
     from lmtrace.samples.run import sample

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lmtrace.cli import remote
 from lmtrace.cli.common import announce, cli, consoles, load_model, read_text
-from lmtrace.cli.options import device_map_option, json_indent, json_option, model_options
+from lmtrace.cli.options import batch_invariant_option, device_map_option, json_indent, json_option, model_options
 from lmtrace.cli.remote import server_option
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
@@ -146,6 +146,7 @@ def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
 )
 @click.option("--top-logprobs", type=int, default=5, show_default=True, help="Alternatives per token (0-100).")
 @model_options
+@batch_invariant_option
 @device_map_option
 @json_option("the scores")
 @report_options
@@ -158,7 +159,10 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
 
     keys = ("model", "device", "dtype", "allow_pickle", "trust_remote_code", "device_map")
     loading = [options.pop(k) for k in keys]
+    invariant = options.pop("batch_invariant")
     _check(options)
+    if server and invariant:
+        raise InvalidParameter("server: --batch-invariant is the server's own option (lmtrace serve --batch-invariant)")
     if server:
         _remotely(server, loading, text, file, prompt, continuation, jsonl, json_path, html_path, plot_path,
                   no_color, options)  # fmt: skip
@@ -169,7 +173,7 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
         records = read_jsonl(jsonl[0])
         view, status = consoles(jsonl[1], no_color)
         announce(status, loading[0])
-        lm = load_model(status, *loading)
+        lm = load_model(status, *loading, batch_invariant=invariant)
         _score_jsonl(lm, records, jsonl[1], view, status, **options)
         return
     if file is not None and file.endswith(".jsonl"):
@@ -177,7 +181,7 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
             raise InvalidParameter("file: a .jsonl list is scored into --json; drop TEXT, --prompt, --html, --plot")
         records = read_jsonl(file, "file")
         view, status = consoles(json_path, no_color)
-        lm = load_model(status, *loading)
+        lm = load_model(status, *loading, batch_invariant=invariant)
         _score_list(lm, records, json_path, view, status, **options)
         return
     source = _text(text, file, prompt, continuation)
@@ -187,7 +191,7 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
     from lmtrace.render.score import print_score
     from lmtrace.scoring.score import score as run
 
-    lm = load_model(status, *loading)
+    lm = load_model(status, *loading, batch_invariant=invariant)
     kwargs = {k: options[k] for k in ("window", "stride", "top_logprobs")}
     with status.status("Scoring…"):
         result = run(lm, source, prompt=prompt, continuation=continuation, **kwargs)

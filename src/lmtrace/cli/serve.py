@@ -8,7 +8,7 @@ import ipaddress
 import click
 
 from lmtrace.cli.common import cli, load_draft, load_model
-from lmtrace.cli.options import draft_from, draft_options, matmul_option, model_options
+from lmtrace.cli.options import batch_invariant_option, draft_from, draft_options, matmul_option, model_options
 from lmtrace.errors import InvalidParameter
 
 
@@ -104,6 +104,7 @@ def check_options(
 @click.option("--no-docs", is_flag=True, help="Do not serve the OpenAPI document (/openapi.json, /docs, /redoc).")
 @draft_options
 @matmul_option
+@batch_invariant_option
 def serve(
     model,
     device,
@@ -123,6 +124,7 @@ def serve(
     max_rows_per_request,
     no_docs,
     matmul,
+    batch_invariant,
     **kw,
 ):
     """Serve the model: OpenAI's /v1/completions, /v1/chat/completions (tools too) and
@@ -144,7 +146,8 @@ def serve(
     from lmtrace.server.run import Runner
 
     status = Console(stderr=True)
-    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, matmul=matmul)
+    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, matmul=matmul,
+                    batch_invariant=batch_invariant)  # fmt: skip
     chosen = load_draft(status, lm, draft)
     app = create_app(
         lm,

@@ -7,7 +7,14 @@ from __future__ import annotations
 import click
 
 from lmtrace.cli.common import cli, consoles, load_model, read_prompt, write_json
-from lmtrace.cli.options import json_indent, json_option, model_options, params_from, sampling_options
+from lmtrace.cli.options import (
+    batch_invariant_option,
+    json_indent,
+    json_option,
+    model_options,
+    params_from,
+    sampling_options,
+)
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
 from lmtrace.scoring import variant_spec
@@ -41,6 +48,7 @@ _STABILITY_SAMPLING = sampling_options(
 )
 @_STABILITY_SAMPLING
 @model_options
+@batch_invariant_option
 @json_option("the ledger")
 @report_options
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
@@ -58,12 +66,13 @@ def stability_command(prompt, prompt_file, variants, runs, threshold, json_path,
         raise InvalidParameter(f"threshold must be a number > 0, got {threshold}")
     keys = ("model", "device", "dtype", "allow_pickle", "trust_remote_code")
     loading = [options.pop(k) for k in keys]
+    invariant = options.pop("batch_invariant")
     chat = options.pop("chat")
     params = params_from(options)  # checked before the model loads
     text = read_prompt(prompt, prompt_file)
     check_report_paths(html_path, plot_path)
     view, status = consoles(json_path, no_color)
-    lm = load_model(status, *loading)
+    lm = load_model(status, *loading, batch_invariant=invariant)
 
     from lmtrace.render.stability_terminal import print_stability
     from lmtrace.scoring.stability import stability

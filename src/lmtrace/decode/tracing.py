@@ -17,6 +17,7 @@ from lmtrace.inside import probe as inside
 from lmtrace.kv import rows as kv_rows
 from lmtrace.logits import processors, sampling
 from lmtrace.model import draft as drafts
+from lmtrace.model.invariant import mode as invariant_mode
 from lmtrace.model.lm import LM, require_chat_template
 from lmtrace.params import SamplingParams
 from lmtrace.records import Step, Trace
@@ -48,13 +49,16 @@ def _iter_rows(
 ) -> Iterator[tuple[int, Step]]:
     """Runs the engine and yields (row, Step) for every row still generating at each step.
     `rng` None means one generator for the batch seeded by `params.seed` (as model.generate draws
-    a sampled batch: the first row draws as it would alone)."""
+    a sampled batch: the first row draws as it would alone); on a batch-invariant model, one such
+    generator per row, so that every row draws as it would alone."""
     eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
 
     def hook(row: int, token: int) -> bool:
         return rows[row].add(token, token in eos)
 
-    rng = rng if rng is not None else generator(lm, params)
+    if rng is None:
+        own = invariant_mode.active(lm.model) and not params.greedy and len(prompts) > 1
+        rng = [generator(lm, params) for _ in prompts] if own else generator(lm, params)
     grammars = constrained.matchers(lm, [params] * len(prompts))
     setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, compile, list(watchers), grammars, user)
     whole = compile and static.whole_step(params.constraint is not None, user, watchers)

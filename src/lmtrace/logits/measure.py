@@ -22,7 +22,13 @@ def entropy(logprobs: torch.Tensor) -> torch.Tensor:
     # -inf clamped to the most negative finite float: 0 * finite is 0, where 0 * -inf is NaN;
     # one clamp is cheaper than a where over the vocabulary
     finite = logprobs.clamp(min=torch.finfo(logprobs.dtype).min)
-    return -(logprobs.exp() * finite).sum(dim=-1)
+    terms = logprobs.exp() * finite
+    if terms.dim() and terms.numel() == terms.shape[-1] > 1:
+        # a lone row summed as a pair: torch splits one long row's sum over its threads (another
+        # order), and a row among others it sums whole; so a row gets the same bits in any batch
+        pair = terms.reshape(1, -1).expand(2, -1).contiguous()  # (1, vocab) -> (2, vocab)
+        return -pair.sum(dim=-1)[0].reshape(terms.shape[:-1])
+    return -terms.sum(dim=-1)
 
 
 def rank(logprobs: torch.Tensor, own: torch.Tensor) -> torch.Tensor:

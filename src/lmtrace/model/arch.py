@@ -30,11 +30,15 @@ class ArchSummary:
     # "onednn (211 linear layers, 60 groups, 30 decoder layers in one function)"
     # (lmtrace.model.matmul); left out of the dict where None, so default traces keep their shape
     matmul: str | None = None
+    # true where the model runs the batch-invariant operations (lmtrace.model.invariant); left out
+    # of the dict otherwise
+    batch_invariant: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if d["matmul"] is None:
-            del d["matmul"]
+        for name in ("matmul", "batch_invariant"):
+            if d[name] is None:
+                del d[name]
         return d
 
 
@@ -82,6 +86,7 @@ def summarize(config: Any, model: Any = None) -> ArchSummary:
         weights=_weights(model),
         sliding=sliding_summary(c),
         matmul=getattr(model, "lmtrace_matmul", None) if model is not None else None,
+        batch_invariant=True if getattr(model, "lmtrace_batch_invariant", None) is not None else None,
     )
 
 

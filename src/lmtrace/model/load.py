@@ -162,6 +162,7 @@ def load(
     status: Callable[[str], None] | None = None,
     weights: str = "float",
     matmul: str = "default",
+    batch_invariant: bool = False,
 ) -> LM:
     """Loads a causal LM and its tokenizer. `source` None means the bundled SmolLM2-135M-Instruct.
     `device_map="auto"` spreads the layers over the GPUs present (through accelerate) instead
@@ -171,10 +172,13 @@ def load(
     what the load does (converting, or loading the converted copy). `weights="packed"` runs a
     GGUF's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU; model/gguf/packed.py), not dequantized.
     `matmul="onednn"` computes the float32 linear layers with oneDNN on weights packed once
-    (lmtrace.model.matmul: faster batch steps on the CPU, float32 rounding apart from torch's own)."""
+    (lmtrace.model.matmul: faster batch steps on the CPU, float32 rounding apart from torch's own).
+    `batch_invariant=True` runs the batch-invariant operations (lmtrace.model.invariant): every
+    number a row gets is bitwise the same whatever else is computed beside it (float32, CPU)."""
     from lmtrace.model.matmul import check as check_matmul
 
     check_matmul(matmul)
+    _check_invariant(batch_invariant, matmul, weights, device, dtype)
     started = time.perf_counter()
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -190,7 +194,7 @@ def load(
     if weights == "packed":
         direct = _load_packed(gguf_path, gguf_cache, trust_remote_code, name, status)
         if direct is not None:  # packed straight from the file, no float32 copy
-            return _loaded(direct[0], direct[1], name, matmul, imports, started)
+            return _loaded(direct[0], direct[1], name, (matmul, batch_invariant), imports, started)
     if "gguf_file" in extra and gguf_cache:
         where, extra = _through_cache(Path(where) / extra["gguf_file"], where, extra, trust_remote_code, status)
     shared = ("gguf_file", "local_files_only")  # for the config and the tokenizer as well as the weights
@@ -215,15 +219,20 @@ def load(
         from lmtrace.model.gguf.packed import pack_gguf
 
         pack_gguf(model, gguf_path)
-    return _loaded(model, tokenizer, name, matmul, imports, started)
+    return _loaded(model, tokenizer, name, (matmul, batch_invariant), imports, started)
 
 
-def _loaded(model: Any, tokenizer: Any, name: str, matmul: str, imports: float, started: float) -> LM:
-    """The LM, its linear layers on the chosen kernel, with the load's seconds."""
+def _loaded(model: Any, tokenizer: Any, name: str, kernel: tuple[str, bool], imports: float, started: float) -> LM:
+    """The LM, its linear layers on the chosen kernel (matmul, batch_invariant), with the load's seconds."""
+    matmul, invariant = kernel
     if matmul != "default":
         from lmtrace.model import matmul as kernels
 
         kernels.use(model, matmul)
+    if invariant:
+        from lmtrace.model.invariant import mode
+
+        mode.install(model)
     lm = LM.from_objects(model, tokenizer, name)
     lm.load_timing = {"imports_s": imports, "weights_s": time.perf_counter() - started - imports}
     return lm
@@ -279,6 +288,22 @@ def _import_class(config: Any, trust_remote_code: bool) -> float:
     started = time.perf_counter()
     getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, ""), None)
     return time.perf_counter() - started
+
+
+def _check_invariant(invariant: bool, matmul: str, weights: str, device: str, dtype: str) -> None:
+    """Refuses, in one line naming both options, what cannot run batch-invariant."""
+    if not invariant:
+        return
+    if matmul != "default":
+        raise InvalidParameter(f"batch_invariant and matmul {matmul!r}: the invariant mode runs its own "
+                               "oneDNN products; drop matmul")  # fmt: skip
+    if weights != "float":
+        raise InvalidParameter(f"batch_invariant and weights {weights!r}: the packed GGUF layers have no "
+                               "invariant kernel; use weights 'float'")  # fmt: skip
+    if device not in ("auto", "cpu"):
+        raise InvalidParameter(f"batch_invariant and device {device!r}: the invariant operations run on the CPU")
+    if dtype not in ("auto", "float32"):
+        raise InvalidParameter(f"batch_invariant and dtype {dtype!r}: the invariant operations run in float32")
 
 
 def _check_weights(weights: str, extra: dict[str, Any], device: torch.device, name: str) -> None:

@@ -159,6 +159,12 @@ def _eligible(module: torch.nn.Linear) -> bool:
     return w.dtype == torch.float32 and w.device.type == "cpu" and torch.backends.mkldnn.is_available()
 
 
+def packed_weight(module: torch.nn.Linear) -> torch.Tensor:
+    """The float32 layer's weight in oneDNN's layout (packed again where the weight changed):
+    what the batch-invariant products (lmtrace.model.invariant.products) run on."""
+    return _packed(module)
+
+
 def _packed(module: torch.nn.Linear) -> torch.Tensor:
     """The layer's weight in oneDNN's layout, packed again where the weight changed."""
     w = module.weight

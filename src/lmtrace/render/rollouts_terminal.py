@@ -58,7 +58,9 @@ def print_rollouts(report: dict[str, Any], console: Console) -> None:
     if report["summary"]["caps"]:
         console.print(caps_table(report))
     causes = report["summary"]["causes"]
-    if not causes:
+    if report["summary"].get("bitwise_equal"):
+        console.print("Bitwise equal: every engine logprob is the teacher-forced one, bit for bit (every Δ 0.0).")
+    elif not causes:
         console.print("No cause: every rollout's engine logprobs fit the teacher-forced ones.")
     for c in causes:
         console.print(Text(f"{c['cause']}: {c['sequences']} rollouts", style="bold red"))

@@ -7,6 +7,8 @@ d = engine − trainer logprob and ratio = exp(trainer − engine) (π_trainer /
 - `ppl_ratio` = the mean over sequences of exp(mean_t d): the trainer's perplexity over the
   engine's, per sequence first (verl `mismatch_ppl_ratio`);
 - `outside_0_9_1_1`: the share of tokens whose ratio lies outside [0.9, 1.1] (verl #6280);
+- `bitwise_equal`: every engine logprob equals the trainer's bit for bit (slime's "true
+  on-policy": a batch-invariant engine and trainer, `lmtrace rollouts --batch-invariant`);
 - per cap C: `tokens_clipped` (ratio > C: token TIS truncates them), `tokens_masked` (ratio
   outside [1/C, C]: token MIS drops them) and `sequences_masked` (the sequence's ratio, the
   geometric mean exp(mean_t log ratio) — a mean over its tokens, not a sum (TRL #5814) —
@@ -49,6 +51,8 @@ def summary(rows: Sequence[Sequence[tuple[float, float]]], caps: Sequence[float]
         "ppl_ratio": _mean([math.exp(-s) for s in finite]),
         "outside_0_9_1_1": sum(1 for r in ratios if not 0.9 <= r <= 1.1) / tokens if tokens else None,
         "caps": [cap_row(c, ratios, seq_log) for c in caps],
+        # every engine logprob equal to the trainer's, bit for bit (a batch-invariant engine and trainer)
+        "bitwise_equal": tokens > 0 and all(e == t for row in rows for e, t in row),
     }
     return out
 

@@ -191,7 +191,8 @@ def rollouts(
     summary["flagged"] = sum(t["flagged"] for r in out_rollouts for t in r["tokens"])
     summary["causes"] = causes.tally(found)
     report = {
-        "model": {"source": lm.source, "dtype": lm.summary.dtype, "device": lm.summary.device},
+        "model": {"source": lm.source, "dtype": lm.summary.dtype, "device": lm.summary.device,
+                  **({"batch_invariant": True} if lm.summary.batch_invariant else {})},
         "format": fmt,
         "trainer": trainer_spec.spec if trainer_spec is not None else "reference",
         "summary": summary,

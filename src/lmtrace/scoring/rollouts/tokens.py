@@ -19,8 +19,9 @@ OFF = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
 def chosen(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """log_softmax(logits)[j, ids[j]] for each row j: (n, vocab), (n,) -> (n,) float32."""
-    logits = logits.float()
-    return logits.gather(-1, ids[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    # log_softmax itself (not logit - logsumexp): the engine's very rounding, so that rollouts of a
+    # batch-invariant engine teacher-force to the same bits
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, None])[:, 0]
 
 
 def raw_and_processed(logits: torch.Tensor, ids: torch.Tensor,
