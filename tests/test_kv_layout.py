@@ -49,6 +49,8 @@ def one_dict(native):
 
     def shaped(config):
         types, per_layer = native(config)
+        if isinstance(per_layer, dict):  # this transformers answers so already
+            return types, per_layer
         merged: dict = {}
         for kwargs in per_layer:
             merged.update(kwargs)
