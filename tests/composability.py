@@ -45,6 +45,7 @@ FEATURES: dict[str, dict[str, Any]] = {
     "draft:layers": {"draft": "layers:1", "draft_tokens": 2},
     "stop": {"stop": ["o"], "max_new_tokens": 12},
     "penalty": {"repetition_penalty": 1.3},
+    "logit_bias": {"logit_bias": {154: -100.0, 68: -100.0, 92: -100.0, 7: 3.0}},  # greedy's first tokens banned
     "seed": {"temperature": 0.8, "seed": 5},
     "top_logprobs:0": {"top_logprobs": 0},
     "top_logprobs:20": {"top_logprobs": 20},

@@ -15,6 +15,9 @@ from lmtrace.logits import processors
 from lmtrace.params import SamplingParams
 from lmtrace.vllm.params import process_like_vllm
 
+# the stages listed whatever the settings (a logit bias only where one is given: tests/test_logit_bias.py)
+LISTED = [name for name in processors.ORDER if processors.PROCESSORS[name].always]
+
 
 def no_top_token(token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
     """Bans the most likely token after the first two generated tokens (changes greedy's path)."""
@@ -56,7 +59,7 @@ def test_greedy_applies_only_the_penalty_and_the_scan_ends_at_the_fold():
     assert torch.equal(processors.process(logits, greedy, None), logits)
     p = SamplingParams(temperature=0.5, top_k=4)
     scan = processors.scan(logits, p, None)
-    assert [s[0] for s in scan] == list(processors.ORDER)
+    assert [s[0] for s in scan] == LISTED
     assert [s[2] for s in scan] == [False, True, True, False, False]
     assert torch.equal(scan[-1][3], processors.process(logits, p, None))
 
@@ -82,7 +85,7 @@ def test_the_waterfall_lists_the_user_processor_by_name(tiny_lm):
     trace = lmtrace.generate(tiny_lm, "hello", max_new_tokens=4, temperature=0.9, seed=3, waterfall="all",
                              logits_processors=[no_top_token])  # fmt: skip
     names = [s["stage"] for s in trace.steps[2].waterfall]
-    assert names == ["raw", "no_top_token", *processors.ORDER]
+    assert names == ["raw", "no_top_token", *LISTED]
     banned = trace.steps[2].waterfall[1]
     assert banned["removed_mass"] > 0 and banned["allowed"] == trace.steps[2].waterfall[0]["allowed"] - 1
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lmtrace.errors import InvalidParameter
 
 MAX_TOP_LOGPROBS = 100
+MAX_BIAS = 100  # OpenAI's range of a logit_bias value: [-100, 100]
+_TOKEN_ID = re.compile(r"0|[1-9][0-9]*")  # a token id as a JSON key writes it
 # the constraints on the output (at most one is given); lmtrace.logits.grammar compiles them
 CONSTRAINTS = ("json_schema", "regex", "choice", "grammar")
 JSON_WHITESPACE = ("compact", "any")
@@ -18,7 +21,7 @@ JSON_WHITESPACE = ("compact", "any")
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are chosen. Processors apply in this fixed order (as transformers does):
-    repetition penalty -> temperature -> top-k -> top-p -> min-p."""
+    logit bias -> repetition penalty -> temperature -> top-k -> top-p -> min-p."""
 
     # Number of tokens to generate at most (> 0).
     max_new_tokens: int = 64
@@ -53,6 +56,10 @@ class SamplingParams:
     # Whitespace a JSON schema allows: "compact" (none between tokens, so that a small model
     # cannot loop in whitespace) or "any" (the lenient grammar).
     json_whitespace: str = "compact"
+    # Added to the logits before every other processor, greedy decoding included (OpenAI's
+    # logit_bias): {token id: bias in [-100, 100]}; -100 in effect bans a token, 100 makes it the
+    # only choice. Keys may be written as strings ("50256"), as JSON writes them.
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -68,6 +75,7 @@ class SamplingParams:
                 object.__setattr__(self, "json_schema", json.loads(self.json_schema))
             except ValueError as e:
                 raise InvalidParameter(f"json_schema must be a JSON object, got text that is not JSON ({e})") from e
+        object.__setattr__(self, "logit_bias", bias_of(self.logit_bias))
         self.validate()
 
     @property
@@ -139,12 +147,39 @@ class SamplingParams:
         for name in (*CONSTRAINTS, "json_whitespace"):
             if not d[name] or (name == "json_whitespace" and self.json_schema is None):
                 del d[name]
+        if self.logit_bias:  # its keys as JSON writes them, so that a record reads back the same
+            d["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
+        else:  # written only when given (older traces have none)
+            del d["logit_bias"]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+
+def bias_of(value: Any) -> dict[int, float]:
+    """A logit_bias as {token id: bias}: keys integers (or their decimal strings, as JSON keys),
+    values finite numbers in [-MAX_BIAS, MAX_BIAS]; else InvalidParameter naming the key."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidParameter(f"logit_bias must be an object of token id -> bias, got {value!r}")
+    out = {}
+    for key, bias in value.items():
+        if isinstance(key, str) and _TOKEN_ID.fullmatch(key):
+            token = int(key)
+        elif isinstance(key, int) and not isinstance(key, bool) and key >= 0:
+            token = key
+        else:
+            raise InvalidParameter(f"logit_bias: key {key!r} is not a token id (a non-negative integer)")
+        b = _number(f"logit_bias: the bias of token {token}", bias)
+        if not -MAX_BIAS <= b <= MAX_BIAS:
+            bound = f"[-{MAX_BIAS}, {MAX_BIAS}]"
+            raise InvalidParameter(f"logit_bias: the bias of token {token} must be in {bound}, got {bias}")
+        out[token] = b
+    return out
 
 
 def check_integer(name: str, value: Any, *, low: int, high: int | None = None) -> int:

@@ -52,7 +52,15 @@ BAD = [
         "frequency_penalty is not supported by lmtrace serve (only 0), got 0.5",
     ),
     ({"best_of": 3}, "best_of", "best_of is not supported by lmtrace serve"),
-    ({"logit_bias": {"1": 5}}, "logit_bias", "Unrecognized request argument supplied: logit_bias"),
+    ({"prediction": {"type": "content", "content": "x"}}, "prediction",
+     "Unrecognized request argument supplied: prediction"),
+    # logit_bias (as vLLM's test_chat_logit_bias_validation: the id and the vocabulary's size named)
+    ({"logit_bias": {"abc": 5}}, "logit_bias", "logit_bias: key 'abc' is not a token id (a non-negative integer)"),
+    ({"logit_bias": {"-1": 5}}, "logit_bias", "logit_bias: key '-1' is not a token id (a non-negative integer)"),
+    ({"logit_bias": {"301": 1}}, "logit_bias",
+     "logit_bias: token id 301 is not in the vocabulary (300 tokens: ids 0 to 299)"),
+    ({"logit_bias": {"1": 101}}, "logit_bias", "logit_bias: the bias of token 1 must be in [-100, 100], got 101.0"),
+    ({"logit_bias": {"1": "x"}}, "logit_bias.1", 'logit_bias.1: Input should be a valid number, got "x"'),
 ]
 
 

@@ -1,10 +1,14 @@
 """POST /v1/responses with the official `openai` client (its own types parse every answer and
 event): text input, instructions, logprobs through `include` equal to /v1/traces within 1e-5,
 the streaming events in OpenAI's order with the deltas adding up to the answer, text.format
-json_schema, max_output_tokens giving an incomplete response, and the fields it refuses."""
+json_schema, max_output_tokens giving an incomplete response, the fields clients send with their
+defaults (background false, the extensions, a reasoning item sent back), and the fields it
+refuses."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 
 import httpx
@@ -91,3 +95,52 @@ def test_json_schema_format(oai):
 def test_refused_fields(server, fields, param):
     r = httpx.post(f"{server.url}/v1/responses", json={"input": "Hi", **fields})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_the_fields_clients_send_with_their_defaults(oai, server):
+    """background false (the client's Responses helpers send it), lmtrace's extensions as on chat,
+    and an earlier answer sent back with its reasoning item."""
+    kw = {"model": "tiny", "max_output_tokens": 4, "temperature": 0, "include": INCLUDE, "background": False}
+    ext = {"top_k": 3, "min_p": 0.05, "repetition_penalty": 1.3, "ignore_eos": True, "logprobs_mode": "sampled"}
+    r = oai.responses.create(input="Hello", **kw, extra_body=ext)
+    assert r.background is False and r.status == "incomplete"
+    trace = _trace(server, [{"role": "user", "content": "Hello"}], max_tokens=4, **ext)
+    assert [lp.logprob for lp in r.output[0].content[0].logprobs] == [s["sampled_logprob"] for s in trace["steps"]]
+    assert r.output_text == trace["text"]
+    history = [{"role": "user", "content": "Hello"},
+               {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "A greeting."}]},
+               r.output[0].model_dump(exclude_none=True), {"role": "user", "content": "Again"}]  # fmt: skip
+    again = oai.responses.create(input=history, **kw)
+    plain = oai.responses.create(input=[history[0], history[2], history[3]], **kw)
+    # the tiny model's template has no place for reasoning: the item is dropped, the prompt the same
+    assert again.usage.input_tokens == plain.usage.input_tokens and again.output_text == plain.output_text
+
+
+def test_a_reasoning_item_goes_to_a_template_with_a_place_for_it(chat_lm):
+    from lmtrace.server.prepare import encode_chat
+    from lmtrace.server.responses import ResponsesRequest, as_chat
+
+    tok = copy.deepcopy(chat_lm.tokenizer)
+    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{% if m.reasoning_content %}<think>"
+                         "{{ m.reasoning_content }}</think>{% endif %}{{ m['content'] }}\n{% endfor %}")  # fmt: skip
+    thinking = dataclasses.replace(chat_lm, tokenizer=tok)
+    thought = {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Say hi back."}]}
+    body = ResponsesRequest.model_validate({"input": [{"role": "user", "content": "Hi"}, thought,
+                                                      {"role": "assistant", "content": "Hello!"}]})  # fmt: skip
+    _, text = encode_chat(thinking, as_chat(body).messages)
+    assert text == "<|user|>Hi\n<|assistant|><think>Say hi back.</think>Hello!\n"
+    _, plain = encode_chat(chat_lm, as_chat(body).messages)
+    assert "Say hi back" not in plain  # a template without a place for it never sees it
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [({"background": True}, "background",
+      "background: this server has no background mode (a response is answered in its request), got true"),
+     ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}]}, "input.[0].encrypted_content",
+      "input[0].encrypted_content: this server cannot read encrypted reasoning")],
+    ids=["background", "encrypted"],
+)  # fmt: skip
+def test_what_stays_refused_in_one_line(server, fields, param, message):
+    r = httpx.post(f"{server.url}/v1/responses", json={"input": "Hi", **fields})
+    assert r.status_code == 400 and (r.json()["error"]["param"], r.json()["error"]["message"]) == (param, message)

@@ -2,22 +2,27 @@
 function's schema (arguments valid JSON of it, with per-argument confidence), the tools in the
 prompt (the system prompt for a template that knows no tools, the template's own otherwise), a
 `tool` turn continuing the conversation, the stream's tool_calls chunk, calls read from free
-text, and content parts and tool fields refused in OpenAI's words."""
+text, and content parts and tool fields refused in OpenAI's words. A tool whose parameters are a
+pydantic model's model_json_schema() (`$defs`, `$ref`, `anyOf`), with the requests of vLLM's
+test_completion_with_function_calling: forced ("required", named) and called by the model itself
+("auto"), and a forced call cut by the length limit, still a call."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import json
+from typing import Literal
 
 import jsonschema
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import BaseModel, Field
 
 from lmtrace.server import create_app
 from lmtrace.server.schemas import ChatRequest
 from lmtrace.server.tools import plan, read_calls
-from tests.server.conftest import sse_events
+from tests.server.conftest import CHATML, sse_events
 from tests.server.test_errors import envelope
 
 PARAMS = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}, "now": {"type": "boolean"}},
@@ -142,3 +147,109 @@ def test_calls_read_from_free_text():
 def test_errors_in_openais_words(client, fields, message, param):
     err = envelope(client.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 2, **fields}), 400)
     assert (err["message"], err["param"]) == (message, param)
+
+
+# --- a tool defined with pydantic (vLLM's test_completion_with_function_calling: `$defs` at the root) ---
+
+
+class Options(BaseModel):
+    unit: Literal["celsius", "fahrenheit"] = "celsius"
+    forecast: bool = False
+
+
+class Weather(BaseModel):
+    city: Literal["Paris", "Berlin"]
+    options: Options | None  # anyOf [$ref, null]
+    later: list[Options] = Field(default_factory=list, max_length=2)
+
+
+PYDANTIC = Weather.model_json_schema()
+FORECAST = {"type": "object", "properties": {"days": {"enum": [1, 5]}}, "required": ["days"],
+            "additionalProperties": False}  # fmt: skip
+PYDANTIC_TOOLS = [{"type": "function", "function": {"name": "get_current_weather", "parameters": PYDANTIC}},
+                  {"type": "function", "function": {"name": "get_forecast", "parameters": FORECAST}}]  # fmt: skip
+NAMED = {"type": "function", "function": {"name": "get_current_weather"}}
+
+
+def test_the_schema_is_pydantics_own():
+    assert set(PYDANTIC["$defs"]) == {"Options"} and "anyOf" in PYDANTIC["properties"]["options"]
+    assert PYDANTIC["properties"]["later"]["items"] == {"$ref": "#/$defs/Options"}
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
+def test_a_pydantic_tool_can_be_forced(client, choice):
+    answer = ask(client, tools=PYDANTIC_TOOLS, tool_choice=choice, max_tokens=400)
+    assert answer["finish_reason"] == "tool_calls" and answer["message"]["content"] is None
+    (call,) = answer["message"]["tool_calls"]
+    schema = {"get_current_weather": PYDANTIC, "get_forecast": FORECAST}[call["function"]["name"]]
+    arguments = json.loads(call["function"]["arguments"])
+    jsonschema.validate(arguments, schema)  # its $refs resolved by jsonschema against the schema itself
+    fields = answer["tool_call_fields"]
+    assert fields and all(f["path"].startswith("$.tool_calls[0].arguments.") for f in fields)
+    if choice == NAMED:  # /v1/traces: the same call, and a confidence for each of its values
+        body = {"messages": USER, "tools": PYDANTIC_TOOLS, "tool_choice": NAMED, "temperature": 0, "max_tokens": 400}
+        trace = client.post("/v1/traces", json=body).json()
+        assert json.loads(trace["tool_calls"][0]["function"]["arguments"]) == arguments
+        assert [f["path"] for f in trace["fields"]] == [f["path"] for f in fields]
+        assert "$.tool_calls[0].arguments.city" in [f["path"] for f in fields]
+
+
+def test_a_forced_call_cut_by_the_length_limit_is_still_a_call(client):
+    body = {"messages": USER, "tools": PYDANTIC_TOOLS, "tool_choice": NAMED, "temperature": 0}
+    whole = client.post("/v1/traces", json={**body, "max_tokens": 400}).json()["text"]
+    opening = '{"name":"get_current_weather","arguments":'
+    assert whole.startswith(opening)
+    answer = ask(client, tools=PYDANTIC_TOOLS, tool_choice=NAMED, max_tokens=50)
+    assert answer["finish_reason"] == "length" and answer["message"]["content"] is None
+    (call,) = answer["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_current_weather"
+    cut = call["function"]["arguments"]
+    assert cut and whole[len(opening) :].startswith(cut) and len(cut) < len(whole) - len(opening)
+    events = sse_events(client.post("/v1/chat/completions", json={**body, "max_tokens": 50, "stream": True}).text)
+    (delta,) = [e["choices"][0]["delta"] for e in events if e["choices"][0]["delta"].get("tool_calls")]
+    assert delta["tool_calls"][0]["function"]["arguments"] == cut
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    one = ask(client, tools=PYDANTIC_TOOLS, tool_choice=NAMED, max_tokens=2)  # the name itself cut
+    assert one["message"]["tool_calls"][0]["function"] == {"name": "get_current_weather", "arguments": ""}
+
+
+@pytest.fixture(scope="module")
+def scripted(tiny_tok):
+    """A tiny model that, after any prompt, writes CALL token by token and then its end token (with
+    tool_choice "auto" nothing is forced: the call is the model's own)."""
+    from lmtrace.model.lm import LM
+    from tests.tiny import tiny_model
+
+    ids = tiny_tok(CALL, add_special_tokens=False)["input_ids"] + [tiny_tok.eos_token_id]
+    model, state = tiny_model(tiny_tok), {"k": 0}
+    model.config.max_position_embeddings = 4096  # the tools' system prompt: a token about every character
+    tok = copy.deepcopy(tiny_tok)
+    tok.chat_template = CHATML
+
+    def force(module, args, kwargs, output):
+        state["k"] = 0 if kwargs["input_ids"].shape[1] > 1 else state["k"] + 1  # prefill starts over
+        logits = output.logits[:, -1, :]
+        logits.fill_(-10.0)
+        logits[:, ids[min(state["k"], len(ids) - 1)]] = 10.0
+
+    model.register_forward_hook(force, with_kwargs=True)
+    with TestClient(create_app(LM.from_objects(model, tok, source="tiny-call"), name="tiny", max_batch=1)) as c:
+        yield c
+
+
+CALL = ('Let me check.\n<tool_call>\n{"name": "get_current_weather", "arguments": {"city": "Berlin", '
+        '"options": {"unit": "fahrenheit", "forecast": true}}}\n</tool_call>')  # fmt: skip
+
+
+def test_a_pydantic_tool_called_by_the_model_itself(scripted):
+    answer = ask(scripted, tools=PYDANTIC_TOOLS, tool_choice="auto", max_tokens=200)
+    assert answer["finish_reason"] == "tool_calls" and answer["message"]["content"] == "Let me check."
+    (call,) = answer["message"]["tool_calls"]
+    arguments = json.loads(call["function"]["arguments"])
+    jsonschema.validate(arguments, PYDANTIC)
+    assert arguments == {"city": "Berlin", "options": {"unit": "fahrenheit", "forecast": True}}
+    body = {"messages": USER, "tools": PYDANTIC_TOOLS, "tool_choice": "auto", "temperature": 0, "max_tokens": 200}
+    fields = {f["path"]: f for f in scripted.post("/v1/traces", json=body).json()["fields"]}
+    assert set(fields) == {"$.tool_calls[0].arguments.city", "$.tool_calls[0].arguments.options.unit",
+                           "$.tool_calls[0].arguments.options.forecast"}  # fmt: skip
+    assert all(f["raw_logprob"] <= 0 for f in fields.values())

@@ -107,6 +107,20 @@ def batch_invariant_option(f):
                         "5e-5 of the default path.")(f)  # fmt: skip
 
 
+def _logit_bias(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[int, float]:
+    """Each --logit-bias ID=BIAS as {token id: bias} (checked by SamplingParams)."""
+    out: dict[int, float] = {}
+    for value in values:
+        token, sep, bias = value.partition("=")
+        try:
+            out[int(token)] = float(bias)
+        except ValueError:
+            raise InvalidParameter(f"logit-bias must be ID=BIAS (a token id and a number), got {value!r}") from None
+        if not sep:
+            raise InvalidParameter(f"logit-bias must be ID=BIAS (a token id and a number), got {value!r}")
+    return out
+
+
 # name -> (flag, click settings); the defaults are SamplingParams' own
 _SAMPLING: dict[str, tuple[str, dict[str, Any]]] = {
     "max_new_tokens": ("--max-new-tokens", {"type": int, "default": 64, "help": "Tokens to generate at most."}),
@@ -115,6 +129,9 @@ _SAMPLING: dict[str, tuple[str, dict[str, Any]]] = {
     "top_p": ("--top-p", {"type": float, "default": 1.0, "help": "Nucleus sampling mass (1: off)."}),
     "min_p": ("--min-p", {"type": float, "default": 0.0, "help": "Drop tokens below min_p × the top."}),
     "repetition_penalty": ("--repetition-penalty", {"type": float, "default": 1.0, "help": "1: off."}),
+    "logit_bias": ("--logit-bias", {"multiple": True, "metavar": "ID=BIAS", "callback": _logit_bias,
+                                    "help": "Add BIAS (-100 to 100) to token ID's logit before every other "
+                                            "processor (repeatable; OpenAI's logit_bias)."}),
     "seed": ("--seed", {"type": int, "default": None, "help": "Seed for sampling (recorded in the trace)."}),
     "stop": ("--stop", {"multiple": True, "help": "Stop string (repeatable); the text is cut before it."}),
     "chat": ("--chat", {"is_flag": True, "help": "Wrap the prompt as a user message with the chat template."}),
@@ -200,6 +217,7 @@ def params_from(kw: dict) -> SamplingParams:
         top_p=kw["top_p"],
         min_p=kw["min_p"],
         repetition_penalty=kw["repetition_penalty"],
+        logit_bias=kw.get("logit_bias") or {},
         seed=kw["seed"],
         stop=tuple(kw.get("stop", ())),
         top_logprobs=kw["top_logprobs"],

@@ -89,10 +89,13 @@ def events(base: str, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any
 
 def sampling(params: SamplingParams) -> dict[str, Any]:
     """The request fields of the sampling options (OpenAI's names, lmtrace's extensions)."""
-    return {"max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-            "top_k": params.top_k, "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
-            "seed": params.seed, "stop": list(params.stop) or None, "top_logprobs": params.top_logprobs,
-            **({} if params.stop_on_eos else {"ignore_eos": True})}  # fmt: skip
+    out = {"max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+           "top_k": params.top_k, "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
+           "seed": params.seed, "stop": list(params.stop) or None, "top_logprobs": params.top_logprobs,
+           **({} if params.stop_on_eos else {"ignore_eos": True})}  # fmt: skip
+    if params.logit_bias:  # only when given: a server before logit_bias refuses the field
+        out["logit_bias"] = {str(k): v for k, v in params.logit_bias.items()}
+    return out
 
 
 def served(model: str | None) -> dict[str, Any]:

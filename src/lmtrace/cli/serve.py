@@ -4,6 +4,7 @@ Loopback only unless another --host is asked for (with a warning when no --api-k
 from __future__ import annotations
 
 import ipaddress
+import json
 
 import click
 
@@ -19,6 +20,66 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def listed(values: tuple[str, ...], name: str) -> list[str]:
+    """A repeatable option's values, each also a comma-separated list or vLLM's JSON list
+    ('["http://a.example"]')."""
+    out: list[str] = []
+    for value in values:
+        if value.lstrip().startswith("["):
+            try:
+                items = json.loads(value)
+            except ValueError as e:
+                raise InvalidParameter(f"{name} must be values or a JSON list of strings, got {value!r} ({e})") from e
+            if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+                raise InvalidParameter(f"{name} must be values or a JSON list of strings, got {value!r}")
+            out += items
+        else:
+            out += [v.strip() for v in value.split(",") if v.strip()]
+    return out
+
+
+LISTS = ("--allowed-origins", "--allowed-methods", "--allowed-headers")
+
+
+def spread(args: list[str]) -> list[str]:
+    """vLLM's spelling of a list option, several values after one flag (`--allowed-origins A B`),
+    as click reads it: the flag before each value (serve takes no positional argument)."""
+    out: list[str] = []
+    flag = None
+    for arg in args:
+        if arg in LISTS:
+            flag = arg
+        elif arg.startswith("-"):
+            flag = None
+        elif flag is not None and out[-1] != flag:
+            out.append(flag)
+        out.append(arg)
+    return out
+
+
+class ServeCommand(click.Command):
+    """`serve`, whose list options also take several values after one flag."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, spread(args))
+
+
+def cors_from(kw: dict, api_key: str | None) -> dict:
+    """create_app's CORS arguments from the options (taken out of `kw`): credentials go only with
+    named origins; any origin without a key gets a warning."""
+    origins = listed(kw.pop("allowed_origins"), "allowed_origins")
+    allow_credentials = kw.pop("allow_credentials")
+    if allow_credentials and "*" in origins:
+        raise InvalidParameter("allow_credentials cannot be combined with --allowed-origins '*': name the origins")
+    if "*" in origins and not api_key:
+        click.echo("lmtrace: warning: --allowed-origins '*' without --api-key: any web page your browser opens "
+                   "can use the model", err=True)  # fmt: skip
+    out = {"allowed_origins": origins, "allow_credentials": allow_credentials}
+    for name in ("allowed_methods", "allowed_headers"):
+        out[name] = listed(kw.pop(name), name) or ["*"]
+    return out
 
 
 def check_options(
@@ -40,7 +101,7 @@ def check_options(
         )
 
 
-@cli.command()
+@cli.command(cls=ServeCommand)
 @model_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
@@ -101,6 +162,15 @@ def check_options(
     show_default=True,
     help="Rows (prompts times n) one request may ask for; more is a 400.",
 )
+@click.option("--allowed-origins", multiple=True, metavar="ORIGIN",
+              help="Web pages' origins (http://localhost:3000, or * for any) allowed to call the server from a "
+              "browser (CORS): one or more after the flag, repeatable, or a JSON list as vLLM's. Default: none.")
+@click.option("--allowed-methods", multiple=True, metavar="METHOD",
+              help="Methods such a page may use (one or more). Default: * (all).")
+@click.option("--allowed-headers", multiple=True, metavar="HEADER",
+              help="Request headers such a page may send (one or more). Default: * (all).")
+@click.option("--allow-credentials", is_flag=True,
+              help="Let such a page send the browser's credentials (cookies, HTTP auth); not with origin *.")
 @click.option("--no-docs", is_flag=True, help="Do not serve the OpenAPI document (/openapi.json, /docs, /redoc).")
 @draft_options
 @matmul_option
@@ -133,6 +203,7 @@ def serve(
     from rich.console import Console
 
     check_options(host, port, max_concurrency, api_key, shutdown_timeout)  # before torch is imported
+    cors = cors_from(kw, api_key)
     draft, draft_tokens = draft_from(kw)
     if max_batch < 1:
         raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
@@ -162,6 +233,7 @@ def serve(
         docs=not no_docs,
         max_body_bytes=max(1, int(max_body_mb * (1 << 20))),
         max_rows=max_rows_per_request,
+        **cors,
     )
     name = app.state.lmtrace.name
     shown = f"[{host}]" if ":" in host else host

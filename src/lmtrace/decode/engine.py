@@ -92,7 +92,11 @@ def decode_step(
 
 
 def check_context(model, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> None:
-    """An empty prompt, or one that leaves no room for max_new_tokens, is bad input."""
+    """An empty prompt, one that leaves no room for max_new_tokens, or a logit bias of a token
+    outside the vocabulary is bad input."""
+    vocab = getattr(model.config, "vocab_size", None)
+    if params.logit_bias and vocab:
+        processors.check_logit_bias(params.logit_bias, int(vocab))
     limit = getattr(model.config, "max_position_embeddings", None)
     longest = max(len(p) for p in prompt_ids)
     if longest == 0:

@@ -144,7 +144,7 @@ class Choosing:
     def process(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
         """The distributions the rows choose from (batch, vocab): the grammar's mask first (where
         `allowed` is given), then the processors; `logits` itself where every row is greedy
-        without a penalty or grammar (one distribution, measured once)."""
+        without a logit bias, penalty or grammar (one distribution, measured once)."""
         if allowed is not None:
             logits = grammar.mask(logits, allowed)
         if self.user:  # first, once (the waterfall, an observer, calls them again: they must be pure)
@@ -154,7 +154,9 @@ class Choosing:
                 raise GenerationError(f"logits_processors: {names} left no token to choose (every logit -inf)")
         if self.shared:
             return sampling.process_logits(logits, self.params[0], self.batch_seen())
-        if all(p.greedy for p in self.params) and all(self._seen(r) is None for r in range(len(self.params))):
+        if all(p.greedy and not p.logit_bias for p in self.params) and all(
+            self._seen(r) is None for r in range(len(self.params))
+        ):
             return logits
         rows = [sampling.process_logits(logits[r : r + 1], p, self._seen(r)) for r, p in enumerate(self.params)]
         return torch.cat(rows)

@@ -3,8 +3,13 @@ field it reads, the waterfall's stage), when it applies and what it does to floa
 (batch, vocab). Processing is a fold over the list, the waterfall a scan of the same list, vLLM's
 order a second ordering of it (lmtrace.vllm.params).
 
-    ORDER       repetition_penalty -> temperature -> top_k -> top_p -> min_p (transformers' order)
-    VLLM_ORDER  repetition_penalty -> temperature -> min_p -> top_k -> top_p
+    ORDER       logit_bias -> repetition_penalty -> temperature -> top_k -> top_p -> min_p (transformers')
+    VLLM_ORDER  logit_bias -> repetition_penalty -> temperature -> min_p -> top_k -> top_p
+
+`logit_bias` ({token id: bias}) adds each bias to its token's logit, first, as OpenAI and vLLM
+apply it (vLLM's LogitBiasLogitsProcessor before its penalties and temperature; transformers'
+SequenceBiasLogitsProcessor of one-token sequences before its repetition penalty); it applies to
+greedy decoding too, and is listed (in the plan, the waterfall) only where a request has one.
 
 A user's own processors (`lmtrace.generate(..., logits_processors=[fn])`, `fn(token_ids, logits)
 -> logits` as vLLM's and mlx-lm's) run first, before the built-in ones, each over one row: its
@@ -13,7 +18,7 @@ tokens generated so far and its (vocab,) logits; the waterfall lists each under 
 Each filter writes -inf where it removes a token and keeps at least one token, exactly as
 transformers' RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
 TopPLogitsWarper and MinPLogitsWarper do (the tests check against them). Greedy decoding applies
-only the penalty (and the user's processors)."""
+only the logit bias and the penalty (and the user's processors)."""
 
 from __future__ import annotations
 
@@ -27,6 +32,28 @@ from lmtrace.errors import GenerationError, InvalidParameter
 from lmtrace.params import SamplingParams
 
 NEG_INF = float("-inf")
+
+
+def check_logit_bias(bias: dict[int, float], vocab: int) -> None:
+    """Every biased token id is in the vocabulary; else InvalidParameter naming it."""
+    outside = next((t for t in bias if t >= vocab), None)
+    if outside is not None:
+        raise InvalidParameter(
+            f"logit_bias: token id {outside} is not in the vocabulary ({vocab} tokens: ids 0 to {vocab - 1})"
+        )
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> torch.Tensor:
+    """Each bias added to its token's logit in every row of (batch, vocab) logits, as
+    transformers' SequenceBiasLogitsProcessor adds a one-token sequence's bias (float32)."""
+    if not bias:
+        return logits
+    check_logit_bias(bias, logits.shape[-1])
+    ids = torch.tensor(list(bias), device=logits.device)  # (n,)
+    values = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)  # (n,)
+    out = logits.clone()
+    out[..., ids] += values
+    return out
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -104,19 +131,25 @@ def seen_mask(
 @dataclass(frozen=True)
 class Processor:
     """One built-in stage: `name` is its SamplingParams field; `applies(params, seen)` says
-    whether it changes anything for these params; `apply(logits, params, seen)` does it."""
+    whether it changes anything for these params; `apply(logits, params, seen)` does it. A stage
+    that is not `always` listed is in the plan (and the waterfall) only where it applies."""
 
     name: str
     applies: Callable[[SamplingParams, torch.Tensor | None], bool]
     apply: Callable[[torch.Tensor, SamplingParams, torch.Tensor | None], torch.Tensor]
+    always: bool = True
 
     def setting(self, params: SamplingParams) -> Any:
-        return getattr(params, self.name)
+        """The stage's setting as a record holds it (a logit bias's keys as JSON writes them)."""
+        value = getattr(params, self.name)
+        return {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
 
 
 PROCESSORS = {
     p.name: p
     for p in (
+        Processor("logit_bias", lambda p, _: bool(p.logit_bias), lambda x, p, _: apply_logit_bias(x, p.logit_bias),
+                  always=False),
         Processor("repetition_penalty", lambda p, seen: p.repetition_penalty != 1.0 and seen is not None,
                   lambda x, p, seen: apply_repetition_penalty(x, seen, p.repetition_penalty)),
         Processor("temperature", lambda p, _: not p.greedy and p.temperature != 1.0,
@@ -126,8 +159,8 @@ PROCESSORS = {
         Processor("min_p", lambda p, _: not p.greedy and p.min_p > 0, lambda x, p, _: apply_min_p(x, p.min_p)),
     )
 }  # fmt: skip
-ORDER = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")  # transformers'
-VLLM_ORDER = ("repetition_penalty", "temperature", "min_p", "top_k", "top_p")  # vLLM's sampler
+ORDER = ("logit_bias", "repetition_penalty", "temperature", "top_k", "top_p", "min_p")  # transformers'
+VLLM_ORDER = ("logit_bias", "repetition_penalty", "temperature", "min_p", "top_k", "top_p")  # vLLM's sampler
 
 
 # a user's processor: (the row's generated token ids so far, its logits (vocab,)) -> logits (vocab,)
@@ -184,6 +217,8 @@ def plan(
     stages = [Stage(u.name, "user", True, lambda x, u=u: u(x, history or [[]] * x.shape[0])) for u in user]
     for name in order:
         p = PROCESSORS[name]
+        if not p.always and not p.applies(params, seen):
+            continue
         stages.append(Stage(name, p.setting(params), p.applies(params, seen),
                             lambda x, p=p: p.apply(x, params, seen)))  # fmt: skip
     return stages

@@ -16,7 +16,8 @@ def process_logits(
     user: Sequence[processors.UserProcessor] = (), history: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The distribution a token is chosen from, as logits: the processors in their one order
-    (lmtrace.logits.processors). Greedy applies only the penalty (and the user's processors)."""
+    (lmtrace.logits.processors). Greedy applies only the logit bias and the penalty (and the user's
+    processors)."""
     return processors.process(logits, params, seen, processors.ORDER, user, history)
 
 

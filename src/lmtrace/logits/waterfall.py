@@ -1,11 +1,13 @@
 """The sampling waterfall: the distribution after each stage of the processors, in the
-documented order raw -> [grammar] -> [the user's processors] -> repetition penalty -> temperature
--> top-k -> top-p -> min-p. The grammar stage (a constrained step: lmtrace.logits.grammar's mask)
-is listed only where a grammar constrained the step, a user's processor under its own name.
+documented order raw -> [grammar] -> [the user's processors] -> [logit bias] -> repetition penalty
+-> temperature -> top-k -> top-p -> min-p. The grammar stage (a constrained step:
+lmtrace.logits.grammar's mask) is listed only where a grammar constrained the step, the logit
+bias only where the params have one, a user's processor under its own name.
 
 The stages are a scan of the one list processing folds (lmtrace.logits.processors), so the
 last stage is exactly the distribution the token was chosen from (its `sampled_logprob`).
-Greedy decoding applies only the penalty: the later stages are listed as not applied."""
+Greedy decoding applies only the logit bias and the penalty: the later stages are listed as not
+applied."""
 
 from __future__ import annotations
 

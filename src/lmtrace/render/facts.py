@@ -11,7 +11,7 @@ from lmtrace.render.svg import human_bytes
 
 Group = tuple[str, list[tuple[str, str]]]
 
-_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+_OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "logit_bias": {}}
 _ORIGINS = {"lmtrace": "lmtrace's own loop", "model.generate": "model.generate (from_generate)",
             "watch": "a watched loop (watch, record=True)", "vllm": "vLLM (batch --engine vllm)"}  # fmt: skip
 _DISTRIBUTIONS = {"both": "raw and processed", "raw": "raw only", "processed": "processed only"}

@@ -51,6 +51,8 @@ def header_lines(trace: Trace) -> list[Text]:
         for k, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0), ("repetition_penalty", 1.0))
         if k in p and p[k] != off
     ]
+    if p.get("logit_bias"):
+        extras.append(f"logit_bias on {len(p['logit_bias'])} tokens")
     lines = [Text(f"{trace.model['source']}", style="bold")]
     if _model_line(trace):
         lines.append(Text(_model_line(trace).strip(), style="dim"))
@@ -222,7 +224,7 @@ def problems(trace: Trace) -> Text:
 def view(trace: Trace, width: int = 100, show_prompt: bool = False) -> Group:
     p = trace.params
     if trace.distributions == "both" and "temperature" in p:
-        processors = p["temperature"] != 0 or p.get("repetition_penalty", 1.0) != 1.0
+        processors = p["temperature"] != 0 or p.get("repetition_penalty", 1.0) != 1.0 or bool(p.get("logit_bias"))
         sampled = processors or any(s.grammar for s in trace.steps)
     else:  # shown wherever the trace holds processed numbers and the settings are not known to match
         sampled = trace.distributions != "raw"

@@ -20,7 +20,11 @@ def _setting(stage: dict[str, Any]) -> str:
         return str(stage["setting"] or "").replace("_", " ")
     if not stage["applied"]:
         return "off" if stage["stage"] != "temperature" or stage["setting"] != 0 else "greedy"
-    return f"{stage['setting']:g}"
+    setting = stage["setting"]
+    if isinstance(setting, dict):  # a logit bias, {token id: bias}: the first two
+        shown = ", ".join(f"{k}:{v:+g}" for k, v in list(setting.items())[:2])
+        return shown + (f" +{len(setting) - 2}" if len(setting) > 2 else "")
+    return setting if isinstance(setting, str) else f"{setting:g}"  # a user's processor: "user"
 
 
 def stages_table(step: Step) -> Table:

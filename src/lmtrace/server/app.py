@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from lmtrace import __version__
 from lmtrace.model.lm import LM
@@ -60,6 +61,10 @@ def create_app(
     docs: bool = True,
     max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20,
     max_rows: int = DEFAULT_MAX_ROWS,
+    allowed_origins: Iterable[str] = (),
+    allowed_methods: Iterable[str] = ("*",),
+    allowed_headers: Iterable[str] = ("*",),
+    allow_credentials: bool = False,
 ) -> FastAPI:
     """The server for one loaded model. `max_concurrency` requests are admitted at once; their
     rows (a choice of a prompt each) decode together, up to `max_batch` rows, a request that
@@ -74,13 +79,18 @@ def create_app(
     most `prefix_cache_bytes` (0: off; with `max_batch` 1 there is none). With `docs` the
     OpenAPI document is served at /openapi.json, browsable at /docs and /redoc. A body over
     `max_body_bytes` is answered 413 before it is read in full; a request of more than
-    `max_rows` rows (prompts times `n`) is a 400."""
+    `max_rows` rows (prompts times `n`) is a 400. `allowed_origins` (vLLM's --allowed-origins;
+    none by default) are the web pages' origins that may call the server from a browser (CORS,
+    Starlette's CORSMiddleware): their preflights are answered before the key check (a browser
+    sends no key with one), the Host check still first; `allowed_methods`, `allowed_headers`
+    and `allow_credentials` as vLLM's (credentials never with the origin "*")."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     if prefix_cache_bytes < 0:
         raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
     if max_body_bytes < 1 or max_rows < 1:
         raise ValueError(f"max_body_bytes and max_rows must be >= 1, got {max_body_bytes} and {max_rows}")
+    origins = check_cors(allowed_origins, allow_credentials)
     if draft is not None:  # a spec ("packed", "layers:N", a path) loaded once, here
         from lmtrace.model.draft import draft_for
 
@@ -111,8 +121,28 @@ def create_app(
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    app.add_middleware(BodyLimit, limit=max_body_bytes)  # after the key check: no body read without the key
+    cors = {"allow_origins": origins, "allow_methods": list(allowed_methods), "allow_headers": list(allowed_headers),
+            "allow_credentials": allow_credentials}  # fmt: skip
+    guard(app, api_key, allowed_hosts, max_body_bytes, cors)
+    return app
+
+
+def guard(app: FastAPI, api_key: str | None, hosts: Iterable[str], max_body_bytes: int, cors: dict) -> None:
+    """The ASGI guards, in the order a request meets them (the one added last runs first): the
+    Host check, CORS (where origins are allowed: a preflight carries no key, so it comes before
+    the key check), the key check, the body limit (no body read without the key)."""
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
     if api_key:
         app.add_middleware(KeyCheck, key=api_key)
-    app.add_middleware(HostCheck, allowed=allowed_hosts)  # added last: runs first
-    return app
+    if cors["allow_origins"]:
+        app.add_middleware(CORSMiddleware, **cors)
+    app.add_middleware(HostCheck, allowed=hosts)
+
+
+def check_cors(origins: Iterable[str], allow_credentials: bool) -> list[str]:
+    """The allowed origins as a list; credentials with any origin ("*") are refused: a page of
+    any site could then act with the browser's credentials for this server."""
+    out = list(origins)
+    if allow_credentials and "*" in out:
+        raise ValueError("allow_credentials cannot be combined with the origin '*': name the origins")
+    return out

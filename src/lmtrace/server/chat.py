@@ -31,7 +31,8 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Any:
     check_model(body, state.name)
     job = await state.prepare(chat_job, body)
     handle = start(state, job)
-    head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": state.name}
+    head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": state.name,
+            "system_fingerprint": state.fingerprint}  # fmt: skip
     if body.stream:
         with_usage = body.stream_options is not None and body.stream_options.include_usage
         if job.tools is not None:
@@ -45,8 +46,9 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Any:
 
 def choice(job: Job, index: int, trace: Trace) -> dict[str, Any]:
     """One choice of the answer. With tools, a call the model made is the message's
-    `tool_calls` (finish_reason "tool_calls"), and the extension `tool_call_fields` gives each
-    argument's confidence."""
+    `tool_calls` (finish_reason "tool_calls"; a forced call the length limit cut is one too, its
+    arguments as written, finish_reason "length"), and the extension `tool_call_fields` gives
+    each argument's confidence."""
     out: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": trace.text}}
     out["logprobs"] = {"content": [chat_entry(s, job.sampled) for s in trace.steps]} if job.logprobs else None
     out["finish_reason"] = trace.finish_reason
@@ -55,7 +57,7 @@ def choice(job: Job, index: int, trace: Trace) -> dict[str, Any]:
         if calls:
             out["message"] = {"role": "assistant", "content": before or None,
                               "tool_calls": [c.to_openai() for c in calls]}  # fmt: skip
-            out["finish_reason"] = "tool_calls"
+            out["finish_reason"] = "tool_calls" if all(c.complete for c in calls) else trace.finish_reason
             out["tool_call_fields"] = tools.call_fields(trace, calls, job.tools.forced)
     return out
 

@@ -30,7 +30,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     check_model(body, state.name)
     job = await state.prepare(completion_job, body)
     handle = start(state, job)
-    head = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": state.name}
+    head = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": state.name,
+            "system_fingerprint": state.fingerprint}  # fmt: skip
     if body.stream:
         with_usage = body.stream_options is not None and body.stream_options.include_usage
         return SSEResponse(_chunks(state, job, handle, request, head, with_usage), handle.cancel)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import threading
 import time
 import uuid
@@ -15,14 +17,15 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
+from lmtrace import __version__
 from lmtrace.decode.prefill import PromptRow, prefill_many
 from lmtrace.decode.tracing import generate_ids
 from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
 from lmtrace.server.batcher import BatchingWorker
-from lmtrace.server.errors import APIError, failure
+from lmtrace.server.errors import APIError, bad_request, failure
 from lmtrace.server.logprobs import PromptToken, prompt_tokens
-from lmtrace.server.prepare import Job, check_rows
+from lmtrace.server.prepare import Job
 from lmtrace.server.sse import DONE, ChoiceStream, sse
 from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, ShuttingDown, Work
 
@@ -44,6 +47,8 @@ class ServerState:
     max_rows: int = 1024  # rows (prompts times n) one request may ask for
     front: LM = field(init=False)
     front_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    # OpenAI's system_fingerprint of chat and completion answers (`fingerprint(lm)`)
+    fingerprint: str = field(init=False)
 
     async def prepare(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(front, *args)` (tokenizing, templating, compiling a constraint) in a worker
@@ -57,6 +62,7 @@ class ServerState:
         return await run_in_threadpool(locked)
 
     def __post_init__(self) -> None:
+        self.fingerprint = fingerprint(self.lm)
         try:
             self.front = dataclasses.replace(self.lm, tokenizer=copy.deepcopy(self.lm.tokenizer))
         except Exception:  # a tokenizer that cannot be copied is shared
@@ -64,6 +70,13 @@ class ServerState:
 
     def is_eos(self, job: Job, step: Step) -> bool:
         return job.params.stop_on_eos and step.token_id in self.lm.eos_token_ids
+
+
+def fingerprint(lm: LM) -> str:
+    """OpenAI's system_fingerprint for this model: lmtrace's version and the first 12 hex digits of
+    the SHA-256 of its record (source, architecture, dtype, device)."""
+    record = json.dumps(lm.record(), sort_keys=True, default=str).encode()
+    return f"lmtrace-{__version__}-{hashlib.sha256(record).hexdigest()[:12]}"
 
 
 def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
@@ -95,6 +108,17 @@ def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
         emit(("done", traces))
 
     return run
+
+
+def check_rows(job: Job, limit: int) -> None:
+    """A request of more rows (prompts times `n`) than the server takes is a 400."""
+    if job.choices > limit:
+        name = "n" if job.n > 1 else "prompt"
+        raise bad_request(
+            f"{name}: the request asks for {job.choices} rows ({len(job.prompts)} prompts times n {job.n}); "
+            f"this server takes at most {limit} per request (lmtrace serve --max-rows-per-request)",
+            name,
+        )
 
 
 def start(state: ServerState, job: Job) -> Handle:

@@ -77,9 +77,16 @@ def call_text(name: str, arguments: Any) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
 
 
-def turns(messages: Sequence[Message], native: bool) -> list[dict[str, Any]]:
+def knows_reasoning(template: Any) -> bool:
+    """Whether a chat template has a place for an assistant turn's reasoning (its source reads
+    `reasoning_content` or `reasoning`, as Qwen3's and DeepSeek-R1's do)."""
+    return isinstance(template, str) and "reasoning" in template
+
+
+def turns(messages: Sequence[Message], native: bool, reasoning: bool = False) -> list[dict[str, Any]]:
     """The messages as template turns: OpenAI's tool structures for a template that knows tools
-    (`native`), text for another."""
+    (`native`), text for another; an assistant turn's reasoning as `reasoning_content` (and
+    `reasoning`) for a template that has a place for it (`reasoning`), else dropped."""
     if not messages:
         raise bad_request("messages must hold at least one message", "messages")
     out = []
@@ -103,5 +110,25 @@ def turns(messages: Sequence[Message], native: bool) -> list[dict[str, Any]]:
             turn = {"role": m.role, "content": "\n".join(pieces + [call_text(c.function.name, a) for c, a in parsed])}
         if m.name is not None and native:
             turn["name"] = m.name
+        thought = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if reasoning and thought is not None:
+            text_of = _unicode(thought, f"{_where(i)[0]}.reasoning_content", f"{_where(i)[1]}.reasoning_content")
+            turn["reasoning_content"] = turn["reasoning"] = text_of
         out.append(turn)
     return out
+
+
+# apply_chat_template's own arguments: not template variables a request may set
+TAKEN = frozenset({"messages", "conversation", "tools", "documents", "add_generation_prompt",
+                   "continue_final_message", "tokenize", "chat_template", "return_dict"})  # fmt: skip
+
+
+def template_kwargs(extra: dict[str, Any] | None) -> dict[str, Any]:
+    """A request's `chat_template_kwargs` (extra variables for the model's chat template, such as
+    `enable_thinking`), as vLLM takes them; one naming an argument of the templating itself is a 400."""
+    extra = dict(extra or {})
+    clash = sorted(TAKEN & set(extra))
+    if clash:
+        message = f"chat_template_kwargs: {clash[0]!r} is not a template variable to set here"
+        raise bad_request(message, "chat_template_kwargs")
+    return extra

@@ -109,7 +109,8 @@ TOGETHER: dict[str, dict[str, Any]] = {
         },
     },
     "TraceRequest": {
-        "oneOf": [_one_of(["prompt"], ["messages", "tools", "tool_choice"]), _one_of(["messages"], ["prompt"])]
+        "oneOf": [_one_of(["prompt"], ["messages", "tools", "tool_choice", "chat_template_kwargs"]),
+                  _one_of(["messages"], ["prompt"])]
     },  # fmt: skip
     "ScoreRequest": {
         "oneOf": [_one_of(["text"], ["prompt", "continuation"]), _one_of(["prompt", "continuation"], ["text"])]
@@ -142,6 +143,26 @@ def prompt_schema(vocab: int) -> dict[str, Any]:
     return {"anyOf": [text, ids, many]}
 
 
+def below(n: int) -> str:
+    """A regular expression of the decimal integers 0 to n - 1 (no leading zeros), n >= 1."""
+    top = str(n - 1)
+    shorter = [f"[1-9][0-9]{{{k - 1}}}" if k > 1 else "[0-9]" for k in range(1, len(top))]
+    same = []  # numbers of top's length: a smaller digit at position i after top's first i digits
+    for i, d in enumerate(top):
+        low = "1" if i == 0 and len(top) > 1 else "0"
+        if int(d) > int(low):
+            rest = f"[0-9]{{{len(top) - i - 1}}}" if i < len(top) - 1 else ""
+            same.append(f"{top[:i]}[{low}-{int(d) - 1}]{rest}")
+    return "^(" + "|".join([*shorter, *same, top]) + ")$"
+
+
+def logit_bias_schema(vocab: int) -> dict[str, Any]:
+    """logit_bias: token ids of the vocabulary (as JSON keys) to biases in [-100, 100]."""
+    bias = {"type": "number", "minimum": -100, "maximum": 100}
+    table = {"type": "object", "propertyNames": {"pattern": below(vocab)}, "additionalProperties": bias}
+    return {"anyOf": [table, {"type": "null"}], "title": "Logit Bias"}
+
+
 def tighten(schemas: dict[str, Any], context: int | None, vocab: int, draft: bool) -> None:
     """The request schemas with the server's value rules (RULES) and the model's sizes."""
     for name, schema in schemas.items():
@@ -156,11 +177,15 @@ def tighten(schemas: dict[str, Any], context: int | None, vocab: int, draft: boo
         for field, rule in rules.items():
             if field in props:
                 _apply(props[field], rule)
+        if "logit_bias" in props:
+            props["logit_bias"] = logit_bias_schema(vocab)
         if name in ("CompletionRequest", "TraceRequest") and "prompt" in props:
             props["prompt"] = {**prompt_schema(vocab), "title": "Prompt"}
-        for field in ("suffix", "previous_response_id"):  # accepted only at null
+        for field in ("suffix", "previous_response_id", "encrypted_content"):  # accepted only at null
             if field in props:
                 props[field] = {"type": "null", "title": props[field].get("title", field)}
+        if "background" in props:  # no background mode: false or null only
+            props["background"] = {"anyOf": [{"const": False}, {"type": "null"}], "title": "Background"}
         schema.update(TOGETHER.get(name, {}))
     ids = schemas.get("DetokenizeRequest", {}).get("properties", {}).get("tokens")
     if ids is not None:

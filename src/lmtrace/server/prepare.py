@@ -10,6 +10,7 @@ from typing import Any
 from lmtrace.arguments import MAX_DRAFT_TOKENS
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
+from lmtrace.logits import processors
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.server import constraints, messages, tools
@@ -72,17 +73,6 @@ class Job:
         return len(self.prompts) * self.n
 
 
-def check_rows(job: Job, limit: int) -> None:
-    """A request of more rows (prompts times `n`) than the server takes is a 400."""
-    if job.choices > limit:
-        name = "n" if job.n > 1 else "prompt"
-        raise bad_request(
-            f"{name}: the request asks for {job.choices} rows ({len(job.prompts)} prompts times n {job.n}); "
-            f"this server takes at most {limit} per request (lmtrace serve --max-rows-per-request)",
-            name,
-        )
-
-
 def check_model(body: Sampling, served: str) -> None:
     if body.model is not None and body.model != served:
         raise APIError(
@@ -111,10 +101,12 @@ def check_common(body: Sampling) -> None:
 
 
 def params_for(
-    body: Sampling, max_tokens: int, top_logprobs: int, top_name: str, plan: ToolPlan | None = None
-) -> SamplingParams:
+    body: Sampling, max_tokens: int, top_logprobs: int, top_name: str, plan: ToolPlan | None = None,
+    vocab: int | None = None,
+) -> SamplingParams:  # fmt: skip
     """SamplingParams with the CLI's validation, the constraint compiled (a forced tool call's
-    schema under `plan`); errors name the request's fields."""
+    schema under `plan`), a logit bias's token ids within `vocab`; errors name the request's
+    fields."""
     fields, renames = constraints.constraint_fields(body)
     if plan is not None and plan.forced:
         if fields.get("json_schema") or any(fields.get(k) for k in constraints.OWN_KEYS):
@@ -134,12 +126,20 @@ def params_for(
             stop=tuple(body.stop or ()),
             top_logprobs=top_logprobs,
             stop_on_eos=not body.ignore_eos,
+            logit_bias=body.logit_bias or {},
             **fields,
         )
+        if vocab is not None:
+            processors.check_logit_bias(params.logit_bias, vocab)
     except InvalidParameter as e:
         raise from_invalid(e, {"top_logprobs": top_name, "stop_on_eos": "ignore_eos", **renames}) from e
     constraints.check(params, renames)
     return params
+
+
+def vocab_of(lm: LM) -> int:
+    """The model's vocabulary size (token ids 0 to it minus 1)."""
+    return int(lm.model.config.vocab_size)
 
 
 def _is_id(t: object) -> bool:
@@ -173,7 +173,7 @@ def encode(lm: LM, prompt: object, name: str = "prompt", max_tokens: int = 1) ->
         if not prompt:
             raise bad_request(f"{name} must not be empty", "prompt")
         ids = [int(t) for t in prompt]
-        vocab = lm.model.config.vocab_size
+        vocab = vocab_of(lm)
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise bad_request(f"{name} token ids must be in [0, {vocab - 1}], got {bad[0]}", "prompt")
@@ -192,17 +192,20 @@ def encode_many(lm: LM, prompt: object, max_tokens: int = 1) -> tuple[list[Promp
 
 
 def encode_chat(
-    lm: LM, history: list[Message], plan: ToolPlan | None = None, max_tokens: int = 1
-) -> tuple[list[int], str]:
+    lm: LM, history: list[Message], plan: ToolPlan | None = None, max_tokens: int = 1,
+    template_kw: dict[str, Any] | None = None,
+) -> tuple[list[int], str]:  # fmt: skip
     """The conversation through the chat template, as `lmtrace generate --chat` does; with
-    tools, as lmtrace.server.tools says; refused by its length before it is tokenized where that
-    proves it too long for the context with `max_tokens`."""
+    tools, as lmtrace.server.tools says; `template_kw` the request's chat_template_kwargs; refused
+    by its length before it is tokenized where that proves it too long for the context with
+    `max_tokens`."""
     tok = lm.tokenizer
     if not getattr(tok, "chat_template", None):
         raise bad_request("messages: this model has no chat template; use /v1/completions", "messages")
-    turns = messages.turns(history, native=plan is not None and plan.native)
-    kw = {}
-    if plan is not None and plan.native:
+    native = plan is not None and plan.native
+    turns = messages.turns(history, native=native, reasoning=messages.knows_reasoning(tok.chat_template))
+    kw = messages.template_kwargs(template_kw)
+    if native:
         kw["tools"] = plan.tools
     elif plan is not None:  # the tools in the system prompt, before its own text
         if turns[0]["role"] in ("system", "developer"):
@@ -228,7 +231,7 @@ def completion_job(lm: LM, body: CompletionRequest) -> Job:
     max_tokens = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     prompts, many = encode_many(lm, body.prompt, max_tokens)
     score_only = body.echo and max_tokens == 0  # as OpenAI and vLLM: echo the prompt, generate nothing
-    params = params_for(body, 1 if score_only else max_tokens, body.logprobs or 0, "logprobs")
+    params = params_for(body, 1 if score_only else max_tokens, body.logprobs or 0, "logprobs", vocab=vocab_of(lm))
     for i, p in enumerate(prompts):
         check_fits(lm, p.ids, max_tokens, f"prompt[{i}]" if many else "prompt")
     mode = body.logprobs_mode == "sampled"
@@ -250,10 +253,11 @@ def chat_job(lm: LM, body: ChatRequest) -> Job:
         if value is not None:
             _range(name, value, 1, context_size(lm) or value)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    ids, text = encode_chat(lm, body.messages, plan, limit or 1)
+    ids, text = encode_chat(lm, body.messages, plan, limit or 1, body.chat_template_kwargs)
     if limit is None:  # as OpenAI: up to the end of the context
         limit = max(1, (context_size(lm) or len(ids) + 512) - len(ids))
-    params = params_for(body, limit, (body.top_logprobs or 0) if body.logprobs else 0, "top_logprobs", plan)
+    top = (body.top_logprobs or 0) if body.logprobs else 0
+    params = params_for(body, limit, top, "top_logprobs", plan, vocab_of(lm))
     check_fits(lm, ids, limit, "chat prompt", "messages")
     job = Job([Prompt(ids, text)], params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
     job.draft_tokens, job.tools = body.draft_tokens, plan
@@ -270,12 +274,14 @@ def trace_job(lm: LM, body: TraceRequest) -> Job:
     max_tokens = TRACE_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     if body.messages is not None:
         plan = tools.plan(body, getattr(lm.tokenizer, "chat_template", None))
-        prompts, many = [Prompt(*encode_chat(lm, body.messages, plan, max_tokens))], False
+        prompts, many = [Prompt(*encode_chat(lm, body.messages, plan, max_tokens, body.chat_template_kwargs))], False
     else:
         if body.tools is not None or body.tool_choice is not None:
             raise bad_request("tools need messages (a chat), not a prompt", "tools")
+        if body.chat_template_kwargs is not None:
+            raise bad_request("chat_template_kwargs needs messages (a chat), not a prompt", "chat_template_kwargs")
         prompts, many = encode_many(lm, body.prompt, max_tokens)
-    params = params_for(body, max_tokens, body.top_logprobs, "top_logprobs", plan)
+    params = params_for(body, max_tokens, body.top_logprobs, "top_logprobs", plan, vocab_of(lm))
     for i, p in enumerate(prompts):
         check_fits(lm, p.ids, max_tokens, f"prompt[{i}]" if many else "prompt")
     sampled = body.logprobs_mode == "sampled"

@@ -7,17 +7,20 @@ chat request it is (the same template, numbers and constraint), answered in the 
 shapes: a `response` object whose `output` is one `message` item with one `output_text` part
 (its `logprobs` as chat's entries), and when streamed OpenAI's events, `response.created` to
 `response.completed`, each `response.output_text.delta` carrying its tokens' logprobs. Nothing is
-stored: `previous_response_id` is refused, `store` accepted and ignored."""
+stored: `previous_response_id` is refused, `store` accepted and ignored, `background` taken only
+as false. A `reasoning` item of `input` (an earlier answer's output sent back) gives its text to
+the next assistant message, for a chat template that has a place for it (as vLLM does); a
+template without one never sees it."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from lmtrace.records import Step, Trace
 from lmtrace.server.errors import bad_request, failure
@@ -31,6 +34,7 @@ from lmtrace.server.threaded import ThreadedRoute
 
 router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded off the loop
 LOGPROBS = "message.output_text.logprobs"
+EXTENSIONS = ("seed", "top_k", "min_p", "repetition_penalty", "ignore_eos", "logprobs_mode")  # chat's, as they are
 
 
 class TextFormat(BaseModel):
@@ -71,11 +75,46 @@ class InputMessage(BaseModel):
     status: Text | None = None
 
 
+class ReasoningText(BaseModel):
+    """A part of a reasoning item: its summary's `summary_text` or its content's `reasoning_text`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["summary_text", "reasoning_text"]
+    text: Text
+
+
+class ReasoningItem(BaseModel):
+    """A reasoning item of `input` (OpenAI's ResponseReasoningItem, an earlier answer's output)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["reasoning"]
+    id: Text | None = None
+    summary: list[ReasoningText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: Text | None = None
+    status: Text | None = None
+
+    def text(self) -> str:
+        """Its reasoning: the content's text, else the summary's (vLLM's choice)."""
+        return "\n\n".join(p.text for p in (self.content or self.summary))
+
+
+def _kind(item: Any) -> str:
+    return "reasoning" if isinstance(item, dict) and item.get("type") == "reasoning" else "message"
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")] | Annotated[ReasoningItem, Tag("reasoning")], Discriminator(_kind)
+]
+
+
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: Text | None = None
-    input: Text | list[InputMessage]
+    input: Text | list[InputItem]
     instructions: Text | None = None
     max_output_tokens: Int | None = None
     temperature: float = 1.0
@@ -84,24 +123,46 @@ class ResponsesRequest(BaseModel):
     include: list[Text] | None = None
     text: TextConfig | None = None
     stream: bool = False
-    # Extension, as on chat: the seed of the sampler.
+    # Extensions, as on chat: the seed of the sampler, top_k, min_p, repetition_penalty,
+    # ignore_eos and logprobs_mode ("raw" or "sampled").
     seed: Int | None = None
-    # Accepted for compatibility: nothing is stored, no tools are run.
+    top_k: Int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    logprobs_mode: Literal["raw", "sampled"] = "raw"
+    # Accepted for compatibility: nothing is stored, no tools are run, no background mode (only
+    # false), the prefix cache needs no key.
     store: bool | None = None
     metadata: dict[str, Text] | None = None
     user: Text | None = None
+    safety_identifier: Text | None = None
+    prompt_cache_key: Text | None = None
     parallel_tool_calls: bool | None = None
     truncation: Literal["disabled"] | None = None
+    background: bool | None = None
     previous_response_id: Text | None = None
 
 
 def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """The chat messages of `input`: a reasoning item's text goes with the next assistant message
+    (where the chat template has a place for it: lmtrace.server.messages); one that no assistant
+    message follows is dropped."""
     items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else []
-    for item in [] if isinstance(body.input, str) else body.input:
+    thought = None
+    for i, item in enumerate([] if isinstance(body.input, str) else body.input):
+        if isinstance(item, ReasoningItem):
+            if item.encrypted_content is not None:
+                raise bad_request(f"input[{i}].encrypted_content: this server cannot read encrypted reasoning",
+                                  f"input.[{i}].encrypted_content")  # fmt: skip
+            thought = item.text()
+            continue
         content = item.content
         if isinstance(content, list):  # input_text / output_text parts are text parts
             content = [{"type": "text", "text": p.text} for p in content]
         items.append({"role": item.role, "content": content})
+        if item.role == "assistant" and thought is not None:
+            items[-1]["reasoning_content"], thought = thought, None
     if body.instructions is not None:
         items.insert(0, {"role": "system", "content": body.instructions})
     return items
@@ -111,6 +172,9 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
     """The chat request a Responses request is; its fields' errors name the Responses fields."""
     if body.previous_response_id is not None:
         raise bad_request("previous_response_id: this server stores no responses", "previous_response_id")
+    if body.background:
+        raise bad_request("background: this server has no background mode (a response is answered in its "
+                          "request), got true", "background")  # fmt: skip
     unknown = [i for i in body.include or [] if i != LOGPROBS]
     if unknown:
         raise bad_request(f"include: only {LOGPROBS!r} is served, got {unknown[0]!r}", "include")
@@ -127,9 +191,10 @@ def as_chat(body: ResponsesRequest) -> ChatRequest:
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
         raise bad_request(f"top_logprobs must be in [0, 20], got {body.top_logprobs}", "top_logprobs")
     # top_logprobs without the include asks for nothing (as OpenAI's)
+    extensions = {k: getattr(body, k) for k in EXTENSIONS}
     fields = {"messages": _messages(body), "max_tokens": body.max_output_tokens, "temperature": body.temperature,
-              "top_p": body.top_p, "seed": body.seed, "logprobs": logprobs,
-              "top_logprobs": body.top_logprobs if logprobs else None}  # fmt: skip
+              "top_p": body.top_p, "logprobs": logprobs, "top_logprobs": body.top_logprobs if logprobs else None,
+              **extensions}  # fmt: skip
     try:
         chat = ChatRequest.model_validate(fields)
     except ValidationError as e:
@@ -171,7 +236,7 @@ def _head(state: ServerState, body: ResponsesRequest, chat: ChatRequest) -> dict
             "max_output_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
             "top_logprobs": body.top_logprobs, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
             "text": {"format": fmt or {"type": "text"}}, "truncation": "disabled", "store": False,
-            "metadata": body.metadata or {}, "user": body.user, "previous_response_id": None,
+            "metadata": body.metadata or {}, "user": body.user, "previous_response_id": None, "background": False,
             "reasoning": {"effort": None, "summary": None}}  # fmt: skip
 
 

@@ -99,6 +99,10 @@ class Sampling(BaseModel):
     min_p: float = 0.0
     # Extension: divide positive logits (multiply negative ones) of tokens already seen.
     repetition_penalty: float = 1.0
+    # OpenAI's: {token id (a string): bias in [-100, 100]}, added to those logits before every
+    # other processor (greedy decoding too); raw logprobs stay the model's own, "sampled" ones
+    # are after it (logprobs_mode).
+    logit_bias: dict[str, float] | None = None
     # Seed of the sampler; the same seed and request give the same output.
     seed: Int | None = None
     # Up to 4 strings that end the generation; the text is cut before the first one.
@@ -196,6 +200,10 @@ class Message(BaseModel):
     annotations: list[dict[str, Any]] | None = None
     audio: None = None
     function_call: None = None
+    # An assistant turn's reasoning (vLLM's and DeepSeek's names), handed to a chat template that
+    # has a place for it (its source names `reasoning`: Qwen3's reasoning_content), else dropped.
+    reasoning_content: Text | None = None
+    reasoning: Text | None = None
 
 
 class FunctionDef(BaseModel):
@@ -246,6 +254,15 @@ class Tools(BaseModel):
 class ChatRequest(Tools, Sampling):
     # The conversation, rendered with the model's chat template.
     messages: list[Message]
+    # Extension (as vLLM's): extra variables for the model's chat template, such as
+    # {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Accepted for compatibility and ignored: nothing is stored, the prefix cache needs no key, and
+    # safety_identifier is `user`'s newer name.
+    store: bool | None = None
+    metadata: dict[str, Text] | None = None
+    prompt_cache_key: Text | None = None
+    safety_identifier: Text | None = None
     # Return each generated token's logprob (and `top_logprobs` alternatives, 0-20).
     logprobs: bool = False
     top_logprobs: Int | None = None
@@ -254,9 +271,10 @@ class ChatRequest(Tools, Sampling):
 
 
 class TraceRequest(Tools, Sampling):
-    # One of: a prompt (string or token ids) or chat messages.
+    # One of: a prompt (string or token ids) or chat messages (with chat_template_kwargs, as chat's).
     prompt: Any = None
     messages: list[Message] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     # Alternatives recorded per step (0-100, as the CLI's --top-logprobs).
     top_logprobs: Int = 5
     # Record every layer's prediction per step (the logit lens) / the attention over the cache
@@ -273,35 +291,3 @@ class TraceRequest(Tools, Sampling):
     choice: list[Text] | None = None
     grammar: Text | None = None
     json_whitespace: Literal["compact", "any"] | None = None
-
-
-class TokenizeRequest(BaseModel):
-    """vLLM's /tokenize: `prompt` (vLLM's TokenizeCompletionRequest) or `messages` through the
-    chat template (its TokenizeChatRequest), with vLLM's defaults for each."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    model: Text | None = None
-    prompt: Text | None = None
-    messages: list[Message] | None = None
-    # Add the tokenizer's special tokens (BOS); vLLM's default: true for a prompt, false for
-    # messages (the template writes them).
-    add_special_tokens: bool | None = None
-    # With messages: end with the assistant's turn opening (default), or continue the last
-    # message (the two exclude each other).
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    # With messages, as vLLM's: tool definitions handed to the chat template (templates that know
-    # tools write them into the prompt), and extra variables for the template (such as
-    # enable_thinking). A template sent with the request is not run: the model's own is.
-    tools: list[dict[str, Any]] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    # Also answer each token as the tokenizer's own string.
-    return_token_strs: bool = False
-
-
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    model: Text | None = None
-    tokens: list[Int]

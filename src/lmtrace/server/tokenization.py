@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
 
 from lmtrace.model.lm import LM
 from lmtrace.server import messages
@@ -14,10 +15,42 @@ from lmtrace.server.errors import bad_request
 from lmtrace.server.generation import ServerState
 from lmtrace.server.length import context_size
 from lmtrace.server.prepare import check_model
-from lmtrace.server.schemas import DetokenizeRequest, TokenizeRequest
+from lmtrace.server.schemas import Int, Message, Text
 from lmtrace.server.threaded import ThreadedRoute
 
 router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded off the loop
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: `prompt` (vLLM's TokenizeCompletionRequest) or `messages` through the
+    chat template (its TokenizeChatRequest), with vLLM's defaults for each."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: list[Message] | None = None
+    # Add the tokenizer's special tokens (BOS); vLLM's default: true for a prompt, false for
+    # messages (the template writes them).
+    add_special_tokens: bool | None = None
+    # With messages: end with the assistant's turn opening (default), or continue the last
+    # message (the two exclude each other).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # With messages, as vLLM's: tool definitions handed to the chat template (templates that know
+    # tools write them into the prompt), and extra variables for the template (such as
+    # enable_thinking). A template sent with the request is not run: the model's own is.
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Also answer each token as the tokenizer's own string.
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: Text | None = None
+    tokens: list[Int]
 
 
 def _chat_ids(front: LM, body: TokenizeRequest) -> list[int]:
@@ -31,13 +64,8 @@ def _chat_ids(front: LM, body: TokenizeRequest) -> list[int]:
             "continue_final_message: set at most one of add_generation_prompt and continue_final_message",
             "continue_final_message",
         )
-    turns = messages.turns(body.messages, native=True)
-    extra = dict(body.chat_template_kwargs or {})
-    taken = {"messages", "tools", "add_generation_prompt", "continue_final_message", "tokenize", "chat_template"}
-    clash = sorted(taken & set(extra))
-    if clash:
-        message = f"chat_template_kwargs: {clash[0]!r} is not a template variable to set here"
-        raise bad_request(message, "chat_template_kwargs")
+    turns = messages.turns(body.messages, native=True, reasoning=messages.knows_reasoning(tok.chat_template))
+    extra = messages.template_kwargs(body.chat_template_kwargs)
     try:
         text = tok.apply_chat_template(
             turns,

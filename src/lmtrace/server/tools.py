@@ -51,17 +51,21 @@ class ToolPlan:
     schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def call_schema(self) -> dict[str, Any]:
-        """The JSON schema of one call of one of `names`."""
-        options = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": n}, "arguments": self.schemas[n]},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for n in self.names
-        ]
-        return options[0] if len(options) == 1 else {"anyOf": options}
+        """The JSON schema of one call of one of `names`. A function's parameters that refer
+        within themselves (`$ref: "#/$defs/..."`, as pydantic's model_json_schema() writes nested
+        models) are put whole under the call schema's `$defs`, their references rewritten to
+        point there, so that they resolve inside the larger document."""
+        defs: dict[str, Any] = {}
+        options = []
+        for n in self.names:
+            arguments = self.schemas[n]
+            if _refers(arguments):
+                defs[n] = _rebased(arguments, "#/$defs/" + n)
+                arguments = {"$ref": "#/$defs/" + n}
+            options.append({"type": "object", "properties": {"name": {"const": n}, "arguments": arguments},
+                            "required": ["name", "arguments"], "additionalProperties": False})  # fmt: skip
+        out = options[0] if len(options) == 1 else {"anyOf": options}
+        return {**out, "$defs": defs} if defs else out
 
     def system(self) -> str:
         return SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in self.tools))
@@ -69,6 +73,28 @@ class ToolPlan:
     def prefix(self) -> str:
         """What the prompt ends with under a forced call: the text convention's opening tag."""
         return OPEN + "\n" if self.forced and not self.native else ""
+
+
+def _refers(schema: Any) -> bool:
+    """Whether a schema holds a reference within its own document (`"$ref": "#..."`)."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        return (isinstance(ref, str) and ref.startswith("#")) or any(_refers(v) for v in schema.values())
+    return isinstance(schema, list) and any(_refers(v) for v in schema)
+
+
+def _rebased(schema: Any, root: str) -> Any:
+    """The schema with each reference within its document (`#`, `#/$defs/X`) made relative to
+    `root`, the JSON pointer where the schema now sits; other references left as they are."""
+    if isinstance(schema, list):
+        return [_rebased(v, root) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _rebased(v, root) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = root + ref[1:]
+    return out
 
 
 def knows_tools(template: Any) -> bool:
@@ -108,6 +134,7 @@ class Call:
     span: tuple[int, int]
     prefix: str = "$.arguments"  # the arguments' JSONPath in that JSON ($[j].arguments in a list)
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    complete: bool = True  # False: a forced call cut by the length limit (its arguments as written so far)
 
     def to_openai(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -131,12 +158,35 @@ def _read(text: str, at: int, names: list[str]) -> list[Call]:
     return calls
 
 
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*)("?)')  # a forced call's opening, its name
+_ARGUMENTS = re.compile(r'\s*,\s*"arguments"\s*:\s*')
+
+
+def _partial(text: str, names: list[str]) -> list[Call]:
+    """A forced call the length limit cut (`{"name": "f", "arguments": {"city": "Par`): its
+    function, where the text names it or only one fits what it wrote, and its arguments as
+    written so far; [] where the function cannot be told."""
+    m = _NAME.match(text)
+    written = json.loads(m.group(1) + '"') if m and m.group(2) else None
+    if written is None:  # the name itself cut: the one function it can still be
+        begun = m.group(1)[1:] if m else ""
+        fits = [n for n in names if n.startswith(begun)]
+        if len(fits) != 1:
+            return []
+        return [Call(fits[0], "", (0, len(text)), complete=False)]
+    if written not in names:
+        return []
+    rest = _ARGUMENTS.match(text, m.end())
+    arguments = text[rest.end() :] if rest else ""
+    return [Call(written, arguments, (0, len(text)), complete=False)]
+
+
 def read_calls(plan: ToolPlan, text: str) -> tuple[list[Call], str]:
     """(calls, the text before them) of an answer: under a forced call the whole answer is the
-    call's JSON; otherwise each `<tool_call>` block naming a tool, or an answer that is itself a
-    call's JSON."""
+    call's JSON (a call the length limit cut is still one, `complete` False); otherwise each
+    `<tool_call>` block naming a tool, or an answer that is itself a call's JSON."""
     if plan.forced:
-        return _read(text, 0, plan.names), ""
+        return _read(text, 0, plan.names) or _partial(text, plan.names), ""
     calls = []
     for m in re.finditer(re.escape(OPEN), text):
         calls += _read(text, m.end(), plan.names)

@@ -1,8 +1,8 @@
 """lmtrace's SamplingParams as vLLM's, and vLLM's order of the processors.
 
-vLLM applies them in another order than lmtrace (and transformers): repetition penalty ->
-temperature -> min-p -> top-k -> top-p (vllm/v1/sample/sampler.py). The two agree unless min-p
-is combined with top-k or top-p; the rescoring of a vLLM trace uses vLLM's order, so that its
+vLLM applies them in another order than lmtrace (and transformers): logit bias -> repetition
+penalty -> temperature -> min-p -> top-k -> top-p (vllm/v1/sample/sampler.py). The two agree
+unless min-p is combined with top-k or top-p; the rescoring of a vLLM trace uses vLLM's order, so that its
 processed numbers are those of the distribution vLLM sampled from."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from lmtrace.logits import processors
 from lmtrace.params import SamplingParams
 
-VLLM_ORDER = "repetition_penalty -> temperature -> min_p -> top_k -> top_p"
+VLLM_ORDER = "logit_bias -> repetition_penalty -> temperature -> min_p -> top_k -> top_p"
 
 
 def to_vllm(params: SamplingParams, eos_token_ids: Sequence[int], echo: bool = False) -> Any:
@@ -40,10 +40,11 @@ def to_vllm(params: SamplingParams, eos_token_ids: Sequence[int], echo: bool = F
         logprobs=params.top_logprobs,  # 0 still returns the chosen token's own logprob
         prompt_logprobs=params.top_logprobs if echo else None,
         include_stop_str_in_output=False,
+        logit_bias=dict(params.logit_bias) or None,
     )
 
 
 def process_like_vllm(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:
     """The distribution vLLM samples from, as logits (rows, vocab): the same processors in vLLM's
-    order (lmtrace.logits.processors.VLLM_ORDER). Greedy applies only the penalty."""
+    order (lmtrace.logits.processors.VLLM_ORDER). Greedy applies only the logit bias and the penalty."""
     return processors.process(logits, params, seen, processors.VLLM_ORDER)
