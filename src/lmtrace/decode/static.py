@@ -146,7 +146,7 @@ def held_cache(model: Any, batch: int, length: int) -> Iterator[Any]:
 def step_for(model: Any, params: SamplingParams, top_n: int) -> StaticStep:
     """The model's compiled step for these params, made once and kept on the model (keyed by the
     model's id: a shallow copy, a `layers:N` draft, compiles its own)."""
-    key = (id(model), top_n, params.greedy, *(getattr(params, name) for name in processors.ORDER))
+    key = (id(model), top_n, params.greedy, *(_hashable(getattr(params, name)) for name in processors.ORDER))
     steps = model.__dict__.setdefault("_lmtrace_static_steps", {})
     if key not in steps:
         steps[key] = StaticStep(model, params, top_n)
@@ -169,3 +169,8 @@ def compiled_forward(model: Any) -> Callable[..., torch.Tensor]:
         return forward(token_ids, position_ids, attention_mask, cache).clone()
 
     return decode
+
+
+def _hashable(setting: Any) -> Any:
+    """A processor's setting as part of a key (a logit_bias dict as its sorted items)."""
+    return tuple(sorted(setting.items())) if isinstance(setting, dict) else setting
