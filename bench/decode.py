@@ -415,10 +415,10 @@ def main() -> None:
 
 
 def _write(out: Path, record: dict) -> None:
+    from lmtrace.files import write_atomic
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    tmp.replace(out)
+    write_atomic(out, json.dumps(record, indent=2))
 
 
 def _cpu_name() -> str:

@@ -41,19 +41,25 @@ def test_worker_admits_up_to_its_limit_then_frees_the_slot():
     asyncio.run(main())
 
 
-def test_the_slot_is_free_before_the_answer_ends(monkeypatch):
-    """The end of an answer is sent only after its slot is freed: a client that sends its next
-    request the moment it has the answer is never told 429 (the other order raced)."""
-    worker = ModelWorker(limit=1)
-    admitted_at_end: list[int] = []
+def slots_taken_at_each_end(worker: ModelWorker, monkeypatch) -> list[int]:
+    """The worker's taken slots at the moment each answer's end is sent (filled as they are)."""
+    taken: list[int] = []
     emit = Handle.emit
 
     def recording(handle, event):
         if event is END:
-            admitted_at_end.append(worker.admitted)
+            taken.append(worker.admitted)
         emit(handle, event)
 
     monkeypatch.setattr(Handle, "emit", recording)
+    return taken
+
+
+def test_the_slot_is_free_before_the_answer_ends(monkeypatch):
+    """The end of an answer is sent only after its slot is freed: a client that sends its next
+    request the moment it has the answer is never told 429 (the other order raced)."""
+    worker = ModelWorker(limit=1)
+    admitted_at_end = slots_taken_at_each_end(worker, monkeypatch)
 
     async def main():
         for i in range(20):  # each request sent as soon as the one before has ended
@@ -164,15 +170,7 @@ def test_back_to_back_requests_on_one_slot_are_never_busy(tiny_lm, monkeypatch):
 
     client = TestClient(create_app(tiny_lm, name="tiny", max_concurrency=1, max_batch=2))
     worker = client.app.state.lmtrace.worker
-    admitted_at_end: list[int] = []
-    emit = Handle.emit
-
-    def recording(handle, event):
-        if event is END:
-            admitted_at_end.append(worker.admitted)
-        emit(handle, event)
-
-    monkeypatch.setattr(Handle, "emit", recording)
+    admitted_at_end = slots_taken_at_each_end(worker, monkeypatch)
     with client:
         for i in range(6):
             r = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
