@@ -101,6 +101,18 @@ def check_options(
         )
 
 
+def check_sizes(max_batch: int, prefix_cache_mb: int, max_body_mb: float, max_rows_per_request: int) -> None:
+    """The server's sizes, checked before anything is loaded."""
+    if max_batch < 1:
+        raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
+    if prefix_cache_mb < 0:
+        raise InvalidParameter(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
+    if not 0 < max_body_mb <= 4096:
+        raise InvalidParameter(f"max_body_mb must be in (0, 4096], got {max_body_mb}")
+    if max_rows_per_request < 1:
+        raise InvalidParameter(f"max_rows_per_request must be >= 1, got {max_rows_per_request}")
+
+
 @cli.command(cls=ServeCommand)
 @model_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
@@ -205,14 +217,7 @@ def serve(
     check_options(host, port, max_concurrency, api_key, shutdown_timeout)  # before torch is imported
     cors = cors_from(kw, api_key)
     draft, draft_tokens = draft_from(kw)
-    if max_batch < 1:
-        raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
-    if prefix_cache_mb < 0:
-        raise InvalidParameter(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
-    if not 0 < max_body_mb <= 4096:
-        raise InvalidParameter(f"max_body_mb must be in (0, 4096], got {max_body_mb}")
-    if max_rows_per_request < 1:
-        raise InvalidParameter(f"max_rows_per_request must be >= 1, got {max_rows_per_request}")
+    check_sizes(max_batch, prefix_cache_mb, max_body_mb, max_rows_per_request)
     from lmtrace.server import create_app
     from lmtrace.server.run import Runner
 
