@@ -47,6 +47,7 @@ _NAMES = {
     "stability": "lmtrace.scoring.stability",
     "encode_prompt": "lmtrace.decode.tracing",
     "generate": "lmtrace.decode.tracing",
+    "GenerateOptions": "lmtrace.decode.options",
     "generate_steps": "lmtrace.decode.tracing",
     "stream": "lmtrace.decode.tracing",
     "Observer": "lmtrace.decode.observers",
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from lmtrace.comparison.core import compare  # noqa: F401
     from lmtrace.decode.branch import Branches, branch  # noqa: F401
     from lmtrace.decode.observers import Observer  # noqa: F401
+    from lmtrace.decode.options import GenerateOptions  # noqa: F401
     from lmtrace.decode.rows import StopRow  # noqa: F401
     from lmtrace.decode.tracing import encode_prompt, generate, generate_steps, stream  # noqa: F401
     from lmtrace.decode.uncertainty import Uncertainty  # noqa: F401

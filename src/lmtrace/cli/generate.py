@@ -80,10 +80,16 @@ def progress_bar(console, total: int) -> Progress:
 @sampling_options
 @constraint_options
 @json_option("the trace")
-@click.option("--jsonl", "jsonl_path", default=None, metavar="FILE",
-              help="Write the trace as JSON Lines: a header line, one line per step as it comes, a closing line.")
-@click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token (to "
-              "--max-new-tokens).")
+@click.option(
+    "--jsonl",
+    "jsonl_path",
+    default=None,
+    metavar="FILE",
+    help="Write the trace as JSON Lines: a header line, one line per step as it comes, a closing line.",
+)
+@click.option(
+    "--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token (to --max-new-tokens)."
+)
 @report_options
 @weights_option
 @matmul_option
@@ -165,6 +171,7 @@ def _check_files(json_path: str | None, jsonl_path: str | None) -> None:
 def _traced_here(status, model, local: dict, text: str, params, kw: dict, draft: tuple, confidence: dict) -> Trace:
     """The trace made in this process, with a progress bar."""
     announce(status, model)  # the first line on screen, before the imports
+    from lmtrace.decode.options import GenerateOptions
     from lmtrace.decode.tracing import generate as run
 
     lm = load_model(status, model, local["device"], local["dtype"], local["allow_pickle"],
@@ -192,10 +199,21 @@ def _traced_here(status, model, local: dict, text: str, params, kw: dict, draft:
             if lines is not None:
                 lines.step(step)
 
-        trace = run(lm, text, params, chat=kw["chat"], on_step=on_step, echo=kw["echo"], waterfall=kw["waterfall"],
-                    compile=kw["compile_"], draft=chosen, draft_tokens=draft_tokens, uncertainty=uncertainty,
-                    lens=kw["lens"], attention=kw["attention"], attribution=kw["attribution"],
-                    against=kw["against"])  # fmt: skip
+        options = GenerateOptions(
+            params,
+            chat=kw["chat"],
+            echo=kw["echo"],
+            waterfall=kw["waterfall"],
+            compile=kw["compile_"],
+            lens=kw["lens"],
+            attention=kw["attention"],
+            draft=chosen,
+            draft_tokens=draft_tokens,
+            uncertainty=uncertainty,
+            attribution=kw["attribution"],
+            against=kw["against"],
+        )
+        trace = run(lm, text, on_step=on_step, options=options)
         if lines is not None:
             lines.close(trace)
     return trace

@@ -21,8 +21,11 @@ from lmtrace.logits import forced
 from lmtrace.logits import waterfall as waterfall_mod
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
-from lmtrace.records import Alternative, Step, Trace
-from lmtrace.versions import versions
+from lmtrace.records import Step, Trace
+from lmtrace.records.alternatives import alternatives
+from lmtrace.records.steps import StepNumbers, new_step
+from lmtrace.records.timing import timing
+from lmtrace.records.traces import new_trace
 
 
 @dataclass
@@ -132,10 +135,7 @@ class RowRecord:
 
 
 def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> Step:
-    top = [
-        Alternative(t, tb.text(t), list(tb(t)), lp, slp)
-        for t, lp, slp in zip(bs.top_ids[row], bs.top_logprobs[row], bs.top_sampled_logprobs[row])
-    ]
+    top = alternatives(bs.top_ids[row], bs.top_logprobs[row], bs.top_sampled_logprobs[row], tb)
     token = bs.token_ids[row]
     kv = bs.kv.to_dict()
     if bs.crop is not None:  # speculative decoding: the caches cut back after a rejection
@@ -146,17 +146,16 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
     if draft is not None:
         proposed = draft["proposed_token_id"]
         draft = {**draft, "text": tb.text(proposed), "bytes": list(tb(proposed))}
-    return Step(
-        index=bs.index,
-        token_id=token,
-        text=piece,
-        bytes=list(tb(token)),
-        logprob=bs.logprob[row],
-        sampled_logprob=bs.sampled_logprob[row],
-        rank=bs.rank[row],
-        entropy=bs.entropy[row],
-        sampled_entropy=bs.sampled_entropy[row],
-        top=top,
+    numbers = StepNumbers(
+        bs.logprob[row], bs.sampled_logprob[row], bs.rank[row], bs.entropy[row], bs.sampled_entropy[row]
+    )
+    return new_step(
+        bs.index,
+        token,
+        piece,
+        numbers,
+        top,
+        tb,
         kv=kv,
         time_ms=bs.time_ms,
         waterfall=waterfall_mod.with_texts(stages, tb.text) if stages is not None else None,
@@ -164,8 +163,11 @@ def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> 
         attention=_named(inside_row.get("attention"), tb),
         grammar=bs.grammar[row] if bs.grammar else None,
         draft=draft,
-        entries={name: rows[row] for name, rows in bs.entries.items()
-                 if name not in observers.BUILT_IN and rows[row] is not None},  # fmt: skip
+        entries={
+            name: rows[row]
+            for name, rows in bs.entries.items()
+            if name not in observers.BUILT_IN and rows[row] is not None
+        },  # fmt: skip
     )
 
 
@@ -224,30 +226,19 @@ def to_trace(
     last = row.steps[-1] if row.steps else None
     finish = "length" if last is not None and row.cut is None and row.text_before_eos is None else "stop"
     times = [s.time_ms for s in row.steps]
-    decode_ms = sum(times[1:])
     fields, choices = constrained.summaries(lm, ids, params, row.steps, text)
     model = lm.record()
     if compile:  # what ran compiled (lmtrace.decode.static), as a kernel path is named
         model["config"] = {**model["config"], "compile": compile}
-    return Trace(
+    return new_trace(
+        row.steps,
+        text=text,
+        finish_reason=finish,
+        stop_reason=row.stop_reason,
         model=model,
         params={**params.to_dict(), "chat": chat, **({"compile": True} if compile else {}), **inside.params(lm, probe)},
         prompt={"text": prompt, "token_ids": ids, **_templated(lm, ids, chat), **inside.prompt_tokens(lm, probe, ids)},
-        text=text,
-        token_ids=[s.token_id for s in row.steps],
-        finish_reason=finish,
-        stop_reason=row.stop_reason,
-        timing={
-            "prefill_ms": times[0] if times else 0.0,
-            "decode_ms": decode_ms,
-            "total_ms": sum(times),
-            "prompt_tokens": len(ids),
-            "generated_tokens": len(times),
-            "prefill_tokens_per_s": len(ids) / (times[0] / 1000) if times and times[0] > 0 else None,
-            "decode_tokens_per_s": (len(times) - 1) / (decode_ms / 1000) if decode_ms > 0 else None,
-        },
-        versions=versions(),
-        steps=row.steps,
+        timing=timing(times, len(ids)),
         kv_anatomy=anatomy(lm, row.steps),
         prompt_logprobs=row.prompt_logprobs,
         fields=fields,

@@ -23,8 +23,11 @@ from lmtrace.kv import ledger
 from lmtrace.kv import size as kvsize
 from lmtrace.logits.measure import Numbers
 from lmtrace.logits.measure import recorded as measure
-from lmtrace.records import Alternative, Step, Trace
-from lmtrace.versions import versions
+from lmtrace.records import Step, Trace
+from lmtrace.records.alternatives import alternatives
+from lmtrace.records.steps import StepNumbers, new_step
+from lmtrace.records.timing import timing
+from lmtrace.records.traces import new_trace
 
 FLAGS = "model.generate(..., return_dict_in_generate=True, output_scores=True, output_logits=True)"
 # a model's output layer may be padded past its tokenizer's vocabulary (to a multiple of 64 or 128,
@@ -147,12 +150,15 @@ def records_of(
     """The records and the text, as lmtrace.generate writes them (the text ends before an end token)."""
     steps, texts = [], pieces(tokenizer, tokens)
     for i, (token, piece) in enumerate(zip(tokens, texts)):
-        top = [
-            Alternative(t, tb.text(t), list(tb(t)), lp, slp)
-            for t, lp, slp in zip(numbers.top_ids[i], numbers.top_logprobs[i], numbers.top_sampled_logprobs[i])
-        ]
-        steps.append(Step(i, token, piece, list(tb(token)), numbers.logprob[i], numbers.sampled_logprob[i],
-                          numbers.rank[i], numbers.entropy[i], numbers.sampled_entropy[i], top, {}, None))  # fmt: skip
+        top = alternatives(numbers.top_ids[i], numbers.top_logprobs[i], numbers.top_sampled_logprobs[i], tb)
+        own = StepNumbers(
+            numbers.logprob[i],
+            numbers.sampled_logprob[i],
+            numbers.rank[i],
+            numbers.entropy[i],
+            numbers.sampled_entropy[i],
+        )
+        steps.append(new_step(i, token, piece, own, top, tb))
     if finish == "stop" and tokens:  # the text ends before the end token, held-back bytes included
         return steps, tokenizer.decode(tokens[:-1])
     return steps, "".join(texts)
@@ -184,18 +190,15 @@ def _row_trace(run: _Run, row: int, tokenizer: Any, ctx: dict[str, Any]) -> Trac
     if steps and ctx["ledger"] is not None:
         steps[-1].kv = dict(ctx["ledger"])
     prompt = ctx["texts"][row]
-    return Trace(
+    return new_trace(
+        steps,
+        text=text,
+        finish_reason=finish,
+        stop_reason=stop_reason,
         model=dict(ctx["header"]),
         params=dict(ctx["params"]),
         prompt={"text": prompt if prompt is not None else tokenizer.decode(ids), "token_ids": ids},
-        text=text,
-        token_ids=tokens,
-        finish_reason=finish,
-        stop_reason=stop_reason,
-        timing={"prompt_tokens": len(ids), "generated_tokens": len(tokens), "prefill_ms": None,
-                "decode_ms": None, "total_ms": None},  # fmt: skip
-        versions=versions(),
-        steps=steps,
+        timing=timing(None, len(ids), len(tokens)),
         kv_anatomy=ctx["anatomy"],
         origin="model.generate",
         distributions=run.distributions,
@@ -263,8 +266,10 @@ def assisted(assistant: Any, generation_config: Any, model: Any) -> dict[str, An
         "blocks": None,
         "target_forwards": None,
         "draft_forwards": None,
-        "draft_model": {"source": getattr(config, "name_or_path", None) or type(assistant).__name__,
-                        "layers": getattr(config, "num_hidden_layers", None)},  # fmt: skip
+        "draft_model": {
+            "source": getattr(config, "name_or_path", None) or type(assistant).__name__,
+            "layers": getattr(config, "num_hidden_layers", None),
+        },  # fmt: skip
         "proposals_recorded": False,
         "note": "model.generate's output holds the target's numbers per token; the assistant's proposals, "
         "its distribution q and the acceptance verdicts are not in it",

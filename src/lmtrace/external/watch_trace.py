@@ -18,7 +18,8 @@ from lmtrace.logits.measure import recorded as measure
 from lmtrace.model.arch import summarize
 from lmtrace.model.lm import model_name, model_record
 from lmtrace.records import Trace
-from lmtrace.versions import versions
+from lmtrace.records.timing import timing
+from lmtrace.records.traces import new_trace
 
 
 def _as_list(tokens: Any, row: int) -> list[int]:
@@ -137,19 +138,15 @@ def build(w: Any, tokenizer: Any, *, row: int = 0, tokens: Any = None, top_logpr
 def _trace(w: Any, tokenizer: Any, prompt: list[int], ids: list[int], steps: list, text: str, rounds: list[Any],
            top_logprobs: int, end: bool) -> Trace:  # fmt: skip
     times = [r.time_ms for r in rounds]
-    decode = sum(times[1:])
-    return Trace(
+    return new_trace(
+        steps,
+        text=text,
+        finish_reason="stop" if end else "length",
+        stop_reason=ids[-1] if end else None,
         model=model_record(model_name(w.model), summarize(w.model.config, w.model).to_dict()),
         params={"max_new_tokens": len(ids), "top_logprobs": top_logprobs, "settings": "unknown"},
         prompt={"text": tokenizer.decode(prompt), "token_ids": prompt},
-        text=text,
-        token_ids=ids,
-        finish_reason="stop" if end else "length",
-        stop_reason=ids[-1] if end else None,
-        timing={"prompt_tokens": len(prompt), "generated_tokens": len(ids), "prefill_ms": times[0],
-                "decode_ms": decode, "total_ms": times[0] + decode, "rounds": len(rounds)},  # fmt: skip
-        versions=versions(),
-        steps=steps,
+        timing=timing(times, len(prompt), len(ids), rounds=len(rounds)),
         origin="watch",
         distributions="raw",
     )

@@ -15,6 +15,7 @@ from lmtrace.detokenize import TokenBytes, pieces
 from lmtrace.logits import measure
 from lmtrace.model.lm import LM
 from lmtrace.records import Alternative, Step
+from lmtrace.records.alternatives import alternatives
 
 FLOOR = -9999.0  # OpenAI's stand-in for a token too unlikely to have a number
 
@@ -59,7 +60,7 @@ def prompt_tokens(lm: LM, ids: list[int], numbers: measure.Forced) -> list[Promp
     texts = pieces(lm.tokenizer, ids)
     out = [PromptToken(ids[0], texts[0], list(tb(ids[0])), None)]
     for i, value, alt_ids, alts in zip(range(1, len(ids)), numbers.logprob, numbers.top_ids, numbers.top_logprobs):
-        top = [Alternative(t, tb.text(t), list(tb(t)), a, a) for t, a in zip(alt_ids, alts)]
+        top = alternatives(alt_ids, alts, alts, tb)
         out.append(PromptToken(ids[i], texts[i], list(tb(ids[i])), value, top))
     return out
 

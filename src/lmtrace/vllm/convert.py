@@ -14,9 +14,13 @@ from typing import Any
 from lmtrace.detokenize import TokenBytes
 from lmtrace.kv import size as kvsize
 from lmtrace.logits.forced import token_scores
-from lmtrace.model.lm import LM
+from lmtrace.model.lm import LM, model_record
 from lmtrace.params import SamplingParams
 from lmtrace.records import Alternative, Step, Trace
+from lmtrace.records.alternatives import alternative
+from lmtrace.records.steps import StepNumbers, new_step
+from lmtrace.records.timing import timing
+from lmtrace.records.traces import new_trace
 from lmtrace.versions import versions
 from lmtrace.vllm.kv import KVLayout
 from lmtrace.vllm.params import VLLM_ORDER
@@ -63,7 +67,7 @@ def _engine_numbers(output: Any) -> list[dict[int, Any]]:
 def _top_raw_mode(vllm_lp: dict[int, Any], n: int, res: Rescored, i: int, tb: TokenBytes) -> list[Alternative]:
     ranked = sorted(((lp.rank, t, lp.logprob) for t, lp in vllm_lp.items() if lp.rank is not None and lp.rank <= n))
     used = res.processed[i]
-    return [Alternative(t, tb.text(t), list(tb(t)), lp, float(used[t])) for _, t, lp in ranked]
+    return [alternative(t, lp, float(used[t]), tb) for _, t, lp in ranked]
 
 
 def _top_processed_mode(vllm_lp: dict[int, Any], res: Rescored, i: int, tb: TokenBytes) -> list[Alternative]:
@@ -71,7 +75,7 @@ def _top_processed_mode(vllm_lp: dict[int, Any], res: Rescored, i: int, tb: Toke
     out = []
     for t, lp in zip(res.top_ids[i], res.top_logprobs[i]):
         slp = vllm_lp[t].logprob if t in vllm_lp else float(used[t])
-        out.append(Alternative(t, tb.text(t), list(tb(t)), lp, slp))
+        out.append(alternative(t, lp, slp, tb))
     return out
 
 
@@ -84,10 +88,8 @@ def _step(i: int, token: int, piece: str, mode: str, vllm_lp: dict[int, Any], re
     else:
         logprob, rank, sampled = res.logprob[i], res.rank[i], own.logprob
         top = _top_processed_mode(vllm_lp, res, i, tb)
-    return Step(
-        index=i, token_id=token, text=piece, bytes=list(tb(token)), logprob=logprob, sampled_logprob=sampled,
-        rank=rank, entropy=res.entropy[i], sampled_entropy=res.sampled_entropy[i], top=top, kv=kv, time_ms=time_ms,
-    )  # fmt: skip
+    numbers = StepNumbers(logprob, sampled, rank, res.entropy[i], res.sampled_entropy[i])
+    return new_step(i, token, piece, numbers, top, tb, kv=kv, time_ms=time_ms)
 
 
 def check(mode: str, steps: list[Step], res: Rescored) -> dict[str, Any]:
@@ -117,20 +119,6 @@ def _step_times(output: Any, steps: int, wall_ms: float) -> tuple[list[float], s
     return [wall_ms / max(steps, 1)] * steps, "the batch's wall time spread over the steps"
 
 
-def _timing(times: list[float], prompt_tokens: int, source: str) -> dict[str, Any]:
-    decode_ms = sum(times[1:])
-    return {
-        "prefill_ms": times[0] if times else 0.0,
-        "decode_ms": decode_ms,
-        "total_ms": sum(times),
-        "prompt_tokens": prompt_tokens,
-        "generated_tokens": len(times),
-        "prefill_tokens_per_s": prompt_tokens / (times[0] / 1000) if times and times[0] > 0 else None,
-        "decode_tokens_per_s": (len(times) - 1) / (decode_ms / 1000) if decode_ms > 0 else None,
-        "source": source,
-    }
-
-
 def to_trace(lm: LM, request: Request, result: Any, engine: dict[str, Any], layout: KVLayout, wall_ms: float,
              res: Rescored | None = None) -> Trace:  # fmt: skip
     """The Trace of one vLLM RequestOutput (`result`). `engine`: provenance(...) of the engine;
@@ -152,23 +140,18 @@ def to_trace(lm: LM, request: Request, result: Any, engine: dict[str, Any], layo
         for i, t in enumerate(ids)
     ]  # fmt: skip
     summary = lm.summary.to_dict()
-    return Trace(
-        model={
-            "source": lm.source,
-            "config": summary,
-            "dtype": layout.dtype,
-            "device": layout.device,
-            "engine": {**engine, "kv": layout.header(), "check": check(engine["logprobs_mode"], steps, res)},
-        },
-        params={**p.to_dict(), "chat": request.chat, **({"echo": True} if request.echo else {})},
-        prompt={"text": request.prompt, "token_ids": list(request.prompt_ids)},
+    model = {**model_record(lm.source, summary), "dtype": layout.dtype, "device": layout.device}
+    model["engine"] = {**engine, "kv": layout.header(), "check": check(engine["logprobs_mode"], steps, res)}
+    return new_trace(
+        steps,
         text=text.text,
-        token_ids=ids,
         finish_reason=text.finish_reason,
         stop_reason=text.stop_reason,
-        timing=_timing(times, len(request.prompt_ids), time_source),
+        model=model,
+        params={**p.to_dict(), "chat": request.chat, **({"echo": True} if request.echo else {})},
+        prompt={"text": request.prompt, "token_ids": list(request.prompt_ids)},
+        timing=timing(times, len(request.prompt_ids), source=time_source),
         versions={**versions(), "vllm": engine["version"]},
-        steps=steps,
         kv_anatomy=_anatomy(lm, layout.dtype),
         prompt_logprobs=_prompt_scores(lm, request, result, res, tb),
         origin="vllm",

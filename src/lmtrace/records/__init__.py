@@ -153,8 +153,18 @@ def _draft_from(d: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 # fields added after schema 1 was first written: absent from older JSON, omitted when unset
-_OPTIONAL = ("waterfall", "prompt_logprobs", "problems", "lens", "attention", "grammar", "fields", "choices", "draft",
-             "speculative")
+_OPTIONAL = (
+    "waterfall",
+    "prompt_logprobs",
+    "problems",
+    "lens",
+    "attention",
+    "grammar",
+    "fields",
+    "choices",
+    "draft",
+    "speculative",
+)
 
 
 # the keys to_dict() writes after the steps (as it always has): the steps come before them
@@ -312,8 +322,15 @@ class Trace(WithEntries):
         choices = d.get("choices")
         if choices is not None:
             choices = [{**c, "logprob": _inf(c["logprob"])} for c in choices]
-        return cls(**fields, steps=steps, prompt_logprobs=prompt_logprobs, fields=d.get("fields"), choices=choices,
-                   speculative=d.get("speculative"), entries=entries)
+        return cls(
+            **fields,
+            steps=steps,
+            prompt_logprobs=prompt_logprobs,
+            fields=d.get("fields"),
+            choices=choices,
+            speculative=d.get("speculative"),
+            entries=entries,
+        )
 
     @classmethod
     def from_json(cls, s: str) -> Trace:
