@@ -1,4 +1,4 @@
-"""`lmtrace export` / lmtrace.model.export: a safetensors folder that transformers loads back to the
+"""`lmtrace export` / lmtrace.model.folder.save_folder: a safetensors folder that transformers loads back to the
 same logits, bit for bit: from a tiny GGUF written here, a tiny folder, a tied model, and the
 bundled model (integration)."""
 
@@ -12,7 +12,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lmtrace
 from lmtrace.cli import main
-from lmtrace.model.export import export
 from lmtrace.model.folder import save_folder
 from tests.tiny import tiny_model
 from tests.tiny_gguf import write_tiny_gguf
@@ -42,7 +41,7 @@ def same_logits(lm, folder) -> None:
 def test_a_gguf_exports_to_its_own_logits(tmp_path, tiny_tok):
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_tok)
     direct = lmtrace.load(gguf, dtype="float32", gguf_cache=False)
-    out = export(gguf, tmp_path / "out")
+    out = save_folder(lmtrace.load(gguf, dtype="float32", gguf_cache=False), tmp_path / "out")
     assert out == tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == [
         "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",

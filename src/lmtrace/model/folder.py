@@ -7,9 +7,9 @@ serializable"), although transformers has already dequantized every weight to a 
 so the folder is written here from the state dict, the config and the tokenizer.
 
     lm = lmtrace.load("model.gguf", dtype="float32")
-    save_folder(lm, "out/")                # or: lmtrace.model.export.export("model.gguf", "out/")
+    save_folder(lm, "out/")                # lmtrace export --model M out/ on the command line
 
-This module writes a loaded model; export.py, above the loader, loads and then writes.
+This module writes a loaded model; `lmtrace export` (cli/export.py) loads and then writes.
 """
 
 from __future__ import annotations
