@@ -151,3 +151,21 @@ def test_the_bundled_model_alone_equals_in_a_batch(bundled_lm):
         alone = lmtrace.generate(bundled_lm, needle, **kw)
         batch = lmtrace.generate(bundled_lm, [others[0], needle, others[1]], **kw)
     assert numbers(batch[1]) == numbers(alone)
+
+
+@pytest.mark.parametrize("lone_alike", [True, False])
+def test_a_lone_rows_product_is_the_rows_among_others(monkeypatch, lone_alike):
+    """The invariant product of one row has the bits of that row among 2 to 16 rows, on the bundled
+    model's five weight shapes, both where the lone row runs alone (its shape measured alike) and
+    where it runs as a pair."""
+    from lmtrace.model.invariant import products
+
+    if not lone_alike:
+        monkeypatch.setattr(products, "lone_row_alike", lambda *a: False)
+    g = torch.Generator().manual_seed(3)
+    for out, width in [(576, 576), (192, 576), (1536, 576), (576, 1536), (4096, 576)]:
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(out, width, generator=g), 8)
+        x = torch.randn(16, width, generator=g)
+        one = products.packed_product(x[:1], packed, None)
+        for n in (2, 3, 7, 8, 16):
+            assert torch.equal(one[0], products.packed_product(x[:n], packed, None)[0]), (out, width, n)

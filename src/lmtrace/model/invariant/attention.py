@@ -51,11 +51,30 @@ def _compact(mask: torch.Tensor, kv: int) -> tuple[torch.Tensor, torch.Tensor]:
     return index, lengths
 
 
-def _keys(t: torch.Tensor, index: torch.Tensor, padded: int) -> torch.Tensor:
-    """`t` (batch, kv_heads, kv, d) gathered to the row's keys and zero-padded: (batch, kv_heads, padded, d)."""
-    b, h, _, d = t.shape
-    picked = t.gather(2, index[:, None, :, None].expand(b, h, index.shape[1], d))
-    return torch.nn.functional.pad(picked, (0, 0, 0, padded - index.shape[1]))
+# the last mask's compact form: every layer of a forward is handed the same mask tensor, so it is
+# computed once a forward (the memo holds that one mask: it is the tensor itself that is compared)
+_memo: list = []
+
+
+def _compacted(mask: torch.Tensor, kv: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """`_compact` once per mask tensor; the index None where every row's keys are all the keys in
+    order (no padding: nothing to gather)."""
+    if _memo and _memo[0] is mask and _memo[1] == kv:
+        return _memo[2], _memo[3]
+    index, lengths = _compact(mask, kv)
+    if index.shape[1] == kv and torch.equal(index, torch.arange(kv, device=index.device).expand_as(index)):
+        index = None
+    _memo[:] = [mask, kv, index, lengths]
+    return index, lengths
+
+
+def _keys(t: torch.Tensor, index: torch.Tensor | None, padded: int) -> torch.Tensor:
+    """`t` (batch, kv_heads, kv, d) gathered to the row's keys (None: all of them, in order) and
+    zero-padded: (batch, kv_heads, padded, d)."""
+    b, h, n, d = t.shape
+    if index is not None:
+        t, n = t.gather(2, index[:, None, :, None].expand(b, h, index.shape[1], d)), index.shape[1]
+    return torch.nn.functional.pad(t, (0, 0, 0, padded - n))
 
 
 def invariant_attention(
@@ -72,8 +91,8 @@ def invariant_attention(
     if attention_mask is None:  # plain causal, queries at the end of the keys
         attention_mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril(kv - q)[None, None]
         attention_mask = attention_mask.expand(b, 1, q, kv)
-    index, lengths = _compact(attention_mask, kv)
-    chunks = -(-index.shape[1] // CHUNK)
+    index, lengths = _compacted(attention_mask, kv)
+    chunks = -(-(kv if index is None else index.shape[1]) // CHUNK)
     padded = chunks * CHUNK
     k = _keys(key, index, padded).view(b, kv_heads, chunks, CHUNK, d)
     v = _keys(value, index, padded).view(b, kv_heads, chunks, CHUNK, d)
