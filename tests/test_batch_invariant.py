@@ -169,3 +169,26 @@ def test_a_lone_rows_product_is_the_rows_among_others(monkeypatch, lone_alike):
         one = products.packed_product(x[:1], packed, None)
         for n in (2, 3, 7, 8, 16):
             assert torch.equal(one[0], products.packed_product(x[:n], packed, None)[0]), (out, width, n)
+
+
+def test_attention_is_captured_on_the_invariant_kernel(tiny_lm):
+    """The attention over the cache is recorded under batch_invariant (its weights computed aside,
+    the output the invariant kernel's): the numbers are the invariant run's own bits, and the
+    weights within 5e-5 of the default path's."""
+    kw = {"max_new_tokens": 5, "temperature": 0, "top_logprobs": 3}
+    with lmtrace.batch_invariant(tiny_lm.model):
+        watched = lmtrace.generate(tiny_lm, "Once upon a time", attention="heads", **kw)
+        plain = lmtrace.generate(tiny_lm, "Once upon a time", **kw)
+    default = lmtrace.generate(tiny_lm, "Once upon a time", attention="heads", **kw)
+    assert [s.logprob for s in watched.steps] == [s.logprob for s in plain.steps]
+    assert watched.token_ids == default.token_ids
+    for got, ref in zip(watched.steps, default.steps):
+        for a, b in zip(got.attention["layers"], ref.attention["layers"]):
+            assert [t["position"] for t in a["top"]] == [t["position"] for t in b["top"]]
+            assert all(abs(x["weight"] - y["weight"]) <= 5e-5 for x, y in zip(a["top"], b["top"]))
+
+
+def test_compile_is_refused_naming_both(tiny_lm):
+    with lmtrace.batch_invariant(tiny_lm.model):
+        with pytest.raises(InvalidParameter, match="^compile: compile cannot be combined with batch_invariant"):
+            lmtrace.generate(tiny_lm, "Hi", max_new_tokens=2, compile=True)

@@ -23,6 +23,7 @@ import torch
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger
 from lmtrace.logits import measure, processors, sampling
+from lmtrace.model.invariant import mode as invariant_mode
 from lmtrace.params import SamplingParams
 
 # a static cache holds a multiple of this many positions: one graph per bucket, not per length
@@ -51,6 +52,11 @@ def described(kind: str, device: torch.device | str) -> str:
 def check(model: Any, option: str = "compile") -> None:
     """Refuses, in one line, a model whose kernels torch.compile cannot trace: the oneDNN
     linear layers (`matmul="onednn"`: Inductor cannot lower mkldnn's fused linear)."""
+    if invariant_mode.active(model):
+        raise InvalidParameter(
+            f"{option}: compile cannot be combined with batch_invariant (Inductor cannot lower its oneDNN "
+            "products); load without batch_invariant to compile"
+        )
     matmul = getattr(model, "lmtrace_matmul", None)
     if matmul is not None:
         raise InvalidParameter(f"{option}: compile cannot be combined with matmul {matmul.split()[0]}; "

@@ -2,7 +2,7 @@
 
 A registered attention function (transformers' AttentionInterface, with the matching mask
 function) stands in for the model's own while a generation runs. Its output is the model's own
-kernel's (sdpa or eager), so the logits are unchanged bit for bit; beside it, the last query
+kernel's (sdpa, eager or the batch-invariant one), so the logits are unchanged bit for bit; beside it, the last query
 row's weights are computed with eager attention's arithmetic (one query row: cheap at prefill
 and at every one-query decode step). Only those weights are kept: averaged over heads, and per
 head where asked (`heads=True`), and beside them the value-weighted weights (each weight times
@@ -23,12 +23,16 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from lmtrace.errors import InvalidParameter
+from lmtrace.model.invariant import attention as invariant
 
 SINKS = 4  # the first positions, where attention sinks form
 RECENT = 32  # the most recent positions (the query's own included)
 VALUED = ("top", "sink_mass", "entropy")  # the fields of a layer's `value_weighted` record
 # the model's own implementation -> the capturing one registered for it
-CAPTURE = {"sdpa": "lmtrace_sdpa", "eager": "lmtrace_eager"}
+CAPTURE = {"sdpa": "lmtrace_sdpa", "eager": "lmtrace_eager", invariant.NAME: "lmtrace_invariant_capture"}
+# each capturing implementation's kernel for the output (the model's own), by the model's implementation
+KERNELS = {"sdpa": sdpa_attention_forward, invariant.NAME: invariant.invariant_attention}
+MASKS = {"sdpa": sdpa_mask, "eager": eager_mask, invariant.NAME: invariant.invariant_mask}
 
 
 def eager_weights(module: Any, query, key, value, mask, scaling: float | None, softcap: float | None):
@@ -67,8 +71,10 @@ def _forward(kind: str):
         sink = getattr(module, "_lmtrace_attention", None)
         if kind == "eager":  # the model's own arithmetic, weights included
             out, weights = eager_weights(module, query, key, value, attention_mask, scaling, softcap)
-        else:  # sdpa's own output (the same logits, bit for bit); the last query's weights aside
-            out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        else:  # the model's own kernel's output (the same logits, bit for bit); the last query's weights aside
+            out, _ = KERNELS[kind](
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+            )
             weights = None
             if sink is not None:
                 last = attention_mask[..., -1:, :] if attention_mask is not None else None
@@ -83,7 +89,7 @@ def _forward(kind: str):
 
 for _kind, _name in CAPTURE.items():
     AttentionInterface.register(_name, _forward(_kind))
-    AttentionMaskInterface.register(_name, sdpa_mask if _kind == "sdpa" else eager_mask)
+    AttentionMaskInterface.register(_name, MASKS[_kind])
 
 
 @contextmanager
@@ -92,7 +98,9 @@ def capturing(model) -> Iterator[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
     {layer index: (weights, value-weighted weights)} of the last query, each (batch, heads, kv_len)."""
     original = model.config._attn_implementation
     if original not in CAPTURE:
-        raise InvalidParameter(f"attention needs a model with sdpa or eager attention, got {original!r}")
+        raise InvalidParameter(
+            f"attention needs a model with sdpa, eager or batch-invariant attention, got {original!r}"
+        )
     sink: dict[int, torch.Tensor] = {}
     modules = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "config")]
     model.set_attn_implementation(CAPTURE[original])

@@ -29,7 +29,7 @@ CHUNK = 64  # keys per chunk of the scores and the values
 MIN_QUERIES = 8  # query rows per product at least (MKL's small-row path sums in another order)
 
 
-def _mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+def invariant_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     """sdpa's boolean mask, always built (never skipped for 'plain causal': the keys are counted from it)."""
     kwargs["allow_is_causal_skip"] = False
     return sdpa_mask(*args, **kwargs)
@@ -118,4 +118,4 @@ def invariant_attention(
 
 
 AttentionInterface.register(NAME, invariant_attention)
-AttentionMaskInterface.register(NAME, _mask)
+AttentionMaskInterface.register(NAME, invariant_mask)
