@@ -246,8 +246,7 @@ REFUSES = {
     "stream": {"echo"},  # a stream has no trace for the prompt's logprobs
     "branch": {"echo", "waterfall", "processor", "compile", *GRAMMARS, *OBSERVERS},
     "batch local": {"echo", "waterfall", "processor", "attribution", "compile"},
-    "kv-lab reference": {"lens", "attention", "echo", "waterfall", "processor", "compile", *GRAMMARS, *DRAFTS,
-                         *OBSERVERS},
+    "kv-lab reference": set(),
     "server /v1/traces": {"echo", "waterfall", "processor", "attribution", "compile"},
     "server completions": {"lens", "attention", "waterfall", "processor", "compile", *OBSERVERS},
     "server chat": {"lens", "attention", "echo", "waterfall", "processor", "compile", *OBSERVERS},

@@ -6,6 +6,7 @@ teacher-forced after the prompt (a Trace built from the full-cache replay's own 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -128,6 +129,50 @@ def _continuation(lm: LM, text: str, limit: int | None) -> tuple[list[int], str]
     return tokens, text
 
 
+# what a generation records or changes beside its numbers: none of it has a run to come from
+# when the reference is a teacher-forced continuation
+GENERATED_ONLY = (
+    "echo",
+    "waterfall",
+    "compile",
+    "lens",
+    "attention",
+    "draft",
+    "observers",
+    "logits_processors",
+    "uncertainty",
+    "attribution",
+)
+
+
+def _forced_alone(options: Any) -> None:
+    """A teacher-forced continuation is the replay's own numbers: an option of a generation or a
+    constraint beside it is refused in one line naming both."""
+    from lmtrace.decode.options import GenerateOptions
+
+    plain = GenerateOptions(options.params, chat=options.chat)
+    given = [name for name in GENERATED_ONLY if getattr(options, name) != getattr(plain, name)]
+    if options.params.constraint is not None:
+        given.append(options.params.constraint)
+    if given:
+        name = given[0]
+        raise InvalidParameter(
+            f"continuation and {name}: a teacher-forced continuation is neither generated nor constrained; "
+            f"drop {name} or the continuation"
+        )
+
+
+def _rule(lm: LM, options: Any) -> runner.Rule:
+    """The reference's rule for every arm's own choice: its params, a fresh grammar matcher (moved
+    past the reference's tokens as they go in), the user's processors."""
+    from lmtrace.decode import constrained
+    from lmtrace.logits.processors import user_processors
+
+    found = constrained.matchers(lm, [options.params])
+    matcher = found[0] if found else None
+    return runner.Rule(options.params, matcher, user_processors(options.logits_processors))
+
+
 def kvlab(
     lm: LM,
     prompt: str,
@@ -143,26 +188,31 @@ def kvlab(
     **sampling: Any,
 ) -> LabResult:
     """Runs the reference and one arm per policy spec (see `lmtrace.kvlab.spec`); `sampling`
-    goes to the reference's generation (max_new_tokens, temperature, seed, ...). With
+    goes to the reference's generation: the sampling settings (max_new_tokens, temperature, seed,
+    a constraint, ...) and generate's options (lens, attention, echo, waterfall, draft, compile,
+    logits_processors, uncertainty, attribution), so the reference is `lmtrace.generate`'s trace;
+    each arm's own choice follows the reference's rule (its processors, penalty and grammar, moved
+    past the reference's tokens). With
     `continuation`, that text is the reference, teacher-forced (its first `max_continuation_tokens`
     tokens where given). `map_step` (default: the last step) is where each arm's kept positions
     are recorded for the layer x position map; `free` lets each arm generate alone from its
     divergence step; `on_step(index, total)` is called after each step; `params` a SamplingParams."""
+    from lmtrace.decode.options import GenerateOptions
     from lmtrace.decode.rows import seeded
-    from lmtrace.decode.tracing import encode_prompt, generate, make_params
+    from lmtrace.decode.tracing import encode_prompt, generate
 
     chosen = parse_policies(list(policies))
-    params = seeded(make_params(params, "kv-lab", **sampling))
-    if params.constraint is not None:  # the arms choose their own tokens, and know no grammar
-        name = params.constraint
-        raise InvalidParameter(f"{name}: kv-lab does not take a constraint (its arms decode unconstrained)")
+    options = GenerateOptions.of(params, "kv-lab", chat=chat, **sampling)
+    options = dataclasses.replace(options, params=seeded(options.params))
+    params = options.params
     ids = encode_prompt(lm, prompt, chat)
     started = time.perf_counter()
     if continuation is not None:
+        _forced_alone(options)
         tokens, continuation = _continuation(lm, continuation, max_continuation_tokens)
         steps, build = _reference_steps(lm, tokens, params.top_logprobs)
     else:
-        trace = generate(lm, prompt, params, chat=chat)
+        trace = generate(lm, prompt, options=options)
         tokens, build = list(trace.token_ids), None
     limit = getattr(lm.model.config, "max_position_embeddings", None)
     if limit and len(ids) + len(tokens) > limit:
@@ -177,12 +227,11 @@ def kvlab(
         if on_step is not None:
             on_step(index, len(tokens))
 
-    ref, arms = runner.lockstep(lm.model, ids, tokens, chosen, params, free=free, map_step=last, on_step=each)
+    ref, arms = runner.lockstep(lm.model, ids, tokens, chosen, _rule(lm, options), free, last, each)
     if continuation is not None:
         trace = _forced_trace(lm, prompt, ids, continuation, tokens, steps, {**params.to_dict(), "chat": chat},
                               (time.perf_counter() - started) * 1000)  # fmt: skip
-    frees = [runner.run_free(lm.model, a, ids, tokens, params, lm.eos_token_ids) if free else None
-             for a in arms]  # fmt: skip
+    frees = [runner.run_free(lm.model, a, ids, tokens, lm.eos_token_ids) if free else None for a in arms]
     return LabResult(
         reference=trace,
         arms=[_arm_dict(a, ref, f, lm) for a, f in zip(arms, frees)],

@@ -9,17 +9,19 @@ divergence step, and with `free` the arm's cache is forked there to let it gener
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from lmtrace.decode.step import Choosing
 from lmtrace.kv import ledger
 from lmtrace.kvlab import capture, metrics
 from lmtrace.kvlab.cache import LabCache
 from lmtrace.kvlab.policies.base import Policy
 from lmtrace.kvlab.policies.full import Full
-from lmtrace.logits import processors, sampling
+from lmtrace.logits import grammar, processors
 from lmtrace.params import SamplingParams
 
 
@@ -34,7 +36,7 @@ class Arm:
     rng: torch.Generator | None
     steps: list[dict[str, Any]] = field(default_factory=list)
     divergence: int | None = None
-    fork: Any = None  # (lab, policy, rng, own token) at the divergence step, with `free`
+    fork: Any = None  # (lab, policy, rng, own token, its Rule) at the divergence step, with `free`
     kept_map: list[list[int]] | None = None
     logits: torch.Tensor | None = None
     seen: list[torch.Tensor] = field(default_factory=list)  # positions each layer attended at this pass
@@ -91,9 +93,37 @@ def forward(model: Any, arm: Arm, ids: list[int], start: int) -> None:
         arm.lab.rerotate()
 
 
-def _choose(arm: Arm, params: SamplingParams, seen_ids: torch.Tensor | None) -> int:
-    processed = sampling.process_logits(arm.logits[None], params, seen_ids)
-    return int(sampling.choose(processed, params, arm.rng)[0])
+@dataclass
+class Rule:
+    """How the reference chose, which every arm's own choice follows (decode/step.py's Choosing):
+    its params, the grammar matcher moved past the reference's tokens (None: unconstrained), the
+    user's processors and the reference's tokens so far, which they are handed. An arm's own
+    choice moves none of it: only the reference's tokens do (`saw`)."""
+
+    params: SamplingParams
+    matcher: grammar.Matcher | None = None
+    user: Sequence[processors.UserProcessor] = ()
+    history: list[int] = field(default_factory=list)
+
+    def choose(self, arm: Arm, seen: torch.Tensor | None) -> int:
+        """The token the arm's own logits give under the reference's rule (and the arm's generator)."""
+        grammars = None if self.matcher is None else [self.matcher]
+        history = [list(self.history)] if self.user else None
+        how = Choosing([self.params], arm.rng, seen, grammars=grammars, user=self.user, history=history)
+        processed = how.process(arm.logits[None], how.allowed(arm.logits.shape[-1], [True]))
+        return int(how.choose(processed)[0])
+
+    def saw(self, token: int) -> None:
+        """The reference's token: the history and the grammar move past it."""
+        self.history.append(token)
+        if self.matcher is not None:
+            grammar.accept([self.matcher], torch.tensor([token]), [True])
+
+    def forked(self, token: int) -> Rule:
+        """The rule of an arm that leaves the reference here with its own `token` (free decoding)."""
+        rule = Rule(self.params, None if self.matcher is None else self.matcher.fork(), self.user, list(self.history))
+        rule.saw(token)
+        return rule
 
 
 def _record(arm: Arm, ref: Arm, ref_lp: torch.Tensor, token: int) -> dict[str, Any]:
@@ -112,13 +142,15 @@ def lockstep(
     prompt_ids: list[int],
     tokens: list[int],
     policies: list[Policy],
-    params: SamplingParams,
+    rule: Rule,
     free: bool = False,
     map_step: int | None = None,
     on_step: Any = None,
 ) -> tuple[Arm, list[Arm]]:
     """Runs the reference replay and the arms over `tokens`; returns (reference, arms). The
-    reference's steps hold its own numbers (logprob of each token, its choice)."""
+    reference's steps hold its own numbers (logprob of each token, its choice); every choice
+    follows `rule`."""
+    params = rule.params
     ref = new_arm(model, Full(), params, capture.Recorder())
     arms = [new_arm(model, p, params) for p in policies]
     vocab = model.config.get_text_config().vocab_size
@@ -129,31 +161,33 @@ def lockstep(
             for arm in [ref, *arms]:
                 forward(model, arm, ids, start)
             ref_lp = torch.log_softmax(ref.logits, dim=-1)
-            ref_choice = _choose(ref, params, seen_ids)
+            ref_choice = rule.choose(ref, seen_ids)
             ref.steps.append({"choice": ref_choice, "bytes": ref.lab.measured_bytes()})
             for arm in arms:
                 arm.steps.append({"index": index, **_record(arm, ref, ref_lp, token)})
-                own = _choose(arm, params, seen_ids)
+                own = rule.choose(arm, seen_ids)
                 if arm.divergence is None and own != ref_choice:
                     arm.divergence = index
                     if free:
-                        arm.fork = (copy.deepcopy(arm.lab), copy.deepcopy(arm.policy), copy.deepcopy(arm.rng), own)
+                        lab, policy, rng = copy.deepcopy(arm.lab), copy.deepcopy(arm.policy), copy.deepcopy(arm.rng)
+                        arm.fork = (lab, policy, rng, own, rule.forked(own))
                 if index == map_step:
                     arm.kept_map = arm.lab.kept()
             if seen_ids is not None:
                 seen_ids[0, token] = True
+            rule.saw(token)
             if on_step is not None:
                 on_step(index, ref, ref_lp)
     return ref, arms
 
 
-def run_free(model: Any, arm: Arm, prompt_ids: list[int], tokens: list[int], params: SamplingParams,
-             eos: list[int]) -> list[int]:  # fmt: skip
+def run_free(model: Any, arm: Arm, prompt_ids: list[int], tokens: list[int], eos: list[int]) -> list[int]:
     """Continues a forked arm alone from its divergence step: its own tokens up to as many
-    steps as the reference has, or its end token."""
+    steps as the reference has, or its end token, chosen by the reference's rule forked there."""
     if arm.fork is None:
         return []
-    lab, policy, rng, own = arm.fork
+    lab, policy, rng, own, rule = arm.fork
+    params = rule.params
     alone = Arm(policy, lab, arm.recorder, arm.formula, rng)
     out = [own]
     # the penalty's view: prompt, the shared tokens, its own
@@ -164,7 +198,8 @@ def run_free(model: Any, arm: Arm, prompt_ids: list[int], tokens: list[int], par
             if out[-1] in eos:
                 break
             forward(model, alone, [out[-1]], len(prompt_ids) + index - 1)
-            out.append(_choose(alone, params, seen))
+            out.append(rule.choose(alone, seen))
             if seen is not None:
                 seen[0, out[-1]] = True
+            rule.saw(out[-1])
     return out
