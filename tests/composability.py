@@ -111,7 +111,8 @@ def via_stream(lm, kw: dict) -> dict:
 
 
 def via_branch(lm, kw: dict) -> dict:
-    return lmtrace.branch(lm, PROMPT, at=1, **kw).traces[0].to_dict()
+    """The original of a fan of 2 at step 1 (under a grammar that allows one token there, no branch)."""
+    return lmtrace.branch(lm, PROMPT, at=1, fan=2, **kw).traces[0].to_dict()
 
 
 def via_kvlab(lm, kw: dict) -> dict:
@@ -244,7 +245,7 @@ ALONE_TOL, BATCHED_TOL = 1e-6, 5e-5
 OBSERVERS = {"uncertainty", "attribution"}  # this round's observers
 REFUSES = {
     "stream": {"echo"},  # a stream has no trace for the prompt's logprobs
-    "branch": {"echo", "waterfall", "processor", "compile", *GRAMMARS, *OBSERVERS},
+    "branch": {"compile"},
     "batch local": {"echo", "waterfall", "processor", "attribution", "compile"},
     "kv-lab reference": set(),
     "server /v1/traces": {"echo", "waterfall", "processor", "attribution", "compile"},
@@ -255,6 +256,9 @@ REFUSES = {
 # hooks inside the forward (lens, attention, attribution)
 GENERATE_REFUSES = [({"lens", "attention", "attribution"}, set(DRAFTS)),
                     ({"lens", "attention", "attribution"}, {"compile"})]
+# an entry point's own pairs: a drafted branch (decode/branch_draft.py) records the target's numbers
+# alone and decodes unconstrained
+ENTRY_PAIR_REFUSES = {"branch": [({"echo", "waterfall", "processor", *GRAMMARS, *OBSERVERS}, set(DRAFTS))]}
 # --compile is an opt-in kernel path: within 5e-5 of the default path (its reference), its static
 # cache's allocation and the names of what ran compiled aside
 COMPILE_TOL = 5e-5
@@ -270,7 +274,7 @@ def refused_by(entry: str, features: tuple[str, ...]) -> set[str]:
     """The features of the cell that the entry point refuses (empty: the cell must work)."""
     f = set(features)
     out = f & REFUSES.get(entry, set())
-    for a, b in GENERATE_REFUSES:
+    for a, b in GENERATE_REFUSES + ENTRY_PAIR_REFUSES.get(entry, []):
         if f & a and f & b:
             out |= f & (a | b)
     return out

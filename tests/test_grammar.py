@@ -181,11 +181,27 @@ def test_a_constraint_that_does_not_compile_names_its_parameter(kw, message):
         grammar.check(SamplingParams(**kw))
 
 
-def test_branch_and_the_vllm_engine_refuse_a_constraint(tiny_lm):
+def test_branches_decode_under_the_grammar(tiny_lm):
+    """Every branch decodes under the constraint, the alternatives ranked among the tokens it
+    allows at the step; a rank past them is refused in one line."""
+    from lmtrace.decode import constrained
     from lmtrace.decode.branch import branch
+
+    kw = {"regex": r"[a-c]{2,4}-[0-9]{1,3}", "max_new_tokens": 10, "temperature": 0}
+    result = branch(tiny_lm, "Hi", 1, [2, 3], **kw)
+    original, *branches = result.traces
+    assert original.token_ids == lmtrace.generate(tiny_lm, "Hi", **kw).token_ids
+    for trace in result.traces:
+        (matcher,) = constrained.matchers(tiny_lm, [SamplingParams(**kw)])
+        assert all(matcher.done or matcher.accept(t) for t in trace.token_ids)
+        assert all(s.grammar is not None for s in trace.steps)
+    assert [b.token_ids[1] for b in branches] != [original.token_ids[1]] * 2
+    with pytest.raises(InvalidParameter, match="^alternative: the constraint allows 1 tokens at step 0, got rank 2$"):
+        branch(tiny_lm, "Hi", 0, regex="a+", max_new_tokens=2)
+
+
+def test_the_vllm_engine_refuses_a_constraint():
     from lmtrace.vllm.params import to_vllm
 
-    with pytest.raises(InvalidParameter, match="^regex: branch does not take a constraint"):
-        branch(tiny_lm, "Hi", 0, regex="a+", max_new_tokens=2)
     with pytest.raises(ValueError, match="^choice: --engine vllm does not trace constrained decoding"):
         to_vllm(SamplingParams(choice=("a", "b")), [0])

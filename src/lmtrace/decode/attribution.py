@@ -5,7 +5,8 @@ another, split over the embedding, each layer's attention and MLP, and each head
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -44,6 +45,24 @@ class Attribution(Observer):
         for r in records:
             r["against_text"] = self.text(r["against_token_id"])
         return records
+
+    def snapshot(self) -> Any:
+        """The parts the last forward left (its lists copied: the hooks refill them in place)."""
+        p = self.parts
+        return (
+            None
+            if p is None
+            else dataclasses.replace(
+                p, attn=list(p.attn), mlp=list(p.mlp), heads_in=list(p.heads_in), post_in=list(p.post_in)
+            )
+        )
+
+    def restore(self, saved: Any, seqs: Sequence[Sequence[int]]) -> None:
+        if saved is None or self.parts is None:
+            return
+        for name in ("attn", "mlp", "heads_in", "post_in"):
+            getattr(self.parts, name)[:] = getattr(saved, name)
+        self.parts.embed, self.parts.final = saved.embed, saved.final
 
 
 def wanted(lm: Any, attribution: bool, against: str | int | None, *, draft: Any = None,

@@ -9,7 +9,6 @@ continues with the random stream as it stood after the original's draw at `at`."
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import time
@@ -20,13 +19,14 @@ from typing import Any
 import torch
 
 from lmtrace import arguments
-from lmtrace.decode import branch_draft, engine, observers
+from lmtrace.decode import branch_draft, constrained, engine, observers
 from lmtrace.decode.loop import Finish, Watch, advance
-from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
+from lmtrace.decode.observers import Observer
+from lmtrace.decode.options import GenerateOptions, Plan, plan
+from lmtrace.decode.rows import RowRecord, generator, records, seeded
 from lmtrace.decode.step import BatchStep, Choosing
-from lmtrace.decode.tracing import encode_prompt
+from lmtrace.decode.tracing import encode_prompt, traced
 from lmtrace.errors import GenerationError, InvalidParameter
-from lmtrace.inside import probe as inside
 from lmtrace.kv import ledger
 from lmtrace.logits import processors
 from lmtrace.model.draft import draft_for
@@ -67,7 +67,10 @@ class _Fork:
     logits: torch.Tensor | None = None  # (1, vocab) raw
     seen: torch.Tensor | None = None  # (1, vocab) tokens before `at` (repetition penalty)
     rng_state: torch.Tensor | None = None  # after the original's draw at `at`
-    probe: tuple | None = None  # the lens / attention captures of the forward behind `at`
+    saved: list | None = None  # each observer's snapshot of the forward behind `at` (lens, attention, attribution)
+    matcher: Any = None  # the grammar before `at`'s token (a fork; None: unconstrained)
+    allowed: torch.Tensor | None = None  # (vocab,) the tokens the grammar allowed at `at`
+    history: list[int] | None = None  # the tokens before `at`, for the user's processors
 
 
 @dataclass
@@ -84,21 +87,24 @@ class _From:
 
 
 def _decode(
-    lm: LM, cache, at: _From, how: Choosing, hook: Callable[[int, int], bool], probe: inside.Probe | None
+    lm: LM, cache, at: _From, how: Choosing, hook: Callable[[int, int], bool], watchers: Sequence[Observer]
 ) -> Iterator[BatchStep]:
     """The decoding loop for one sequence from step `at.start`: the same steps as
-    engine.generate_steps for a batch of one (decode/step.py's `take`)."""
+    engine.generate_steps for a batch of one (decode/loop.py's `advance`, the plan's observers)."""
     p, logits = how.params[0], at.logits
     eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
-    watch = Watch(observers.build(probe), finish=Finish(eos, p, hook))
+    watch = Watch(watchers, finish=Finish(eos, p, hook))
     expected = engine.expected_bytes(lm.model, 1)
     started = time.perf_counter()
     for index in range(at.start, p.max_new_tokens):
         forced = at.forced is not None and index == at.start
         how.forced = torch.tensor([at.forced], device=logits.device) if forced else None
+        saving = at.fork is not None and index == at.fork[0]
+        if saving:  # before the step's token moves the grammar
+            _save_grammar(at.fork[1], how)
         tokens, step = advance(index, logits, how, [True], ledger.state(cache, expected), watch)
-        if at.fork is not None and index == at.fork[0]:  # the seen mask moves only at how.saw below
-            _save(at.fork[1], logits, how, probe)
+        if saving:  # the seen mask and the history move only at how.saw below
+            _save(at.fork[1], logits, how, step, watchers)
         step.time_ms = (time.perf_counter() - started) * 1000
         yield step
         if step.finish[0] is not None:
@@ -109,24 +115,22 @@ def _decode(
         logits = engine.decode_step(lm.model, tokens, position, None, cache)
 
 
-def _save(fork: _Fork, logits: torch.Tensor, how: Choosing, probe: inside.Probe | None) -> None:
-    """The fork point: the raw distribution, the penalty mask before this step's token, the
-    random stream after its draw, the probe's captures."""
+def _save_grammar(fork: _Fork, how: Choosing) -> None:
+    """The grammar as it stands before the fork step's token (a fork of the matcher)."""
+    if how.grammars is not None and how.grammars[0] is not None:
+        fork.matcher = how.grammars[0].fork()
+
+
+def _save(fork: _Fork, logits: torch.Tensor, how: Choosing, step: BatchStep, watchers: Sequence[Observer]) -> None:
+    """The fork point: the raw distribution, the penalty mask and the history before this step's
+    token, the random stream after its draw, the tokens the grammar allowed, the observers'
+    snapshots of the forward behind it."""
     seen = how.batch_seen()
     fork.logits, fork.seen = logits.clone(), None if seen is None else seen.clone()
     fork.rng_state = None if how.rng is None else how.rng.get_state()
-    fork.probe = probe.snapshot() if probe is not None else None
-
-
-def _crop(cache, length: int) -> None:
-    """Cuts the cache back to its first `length` positions (public DynamicCache API; a negative
-    count removes that many, which old and new 5.x releases both read the same way)."""
-    extra = ledger.seq_length(cache) - length
-    if extra > 0:
-        try:
-            cache.crop(-extra)
-        except (RuntimeError, ValueError) as e:  # e.g. a sliding-window layer past its window
-            raise GenerationError(f"branch: this model's cache cannot be cut back to {length} positions ({e})") from e
+    fork.allowed = None if step.allowed is None else step.allowed[0].clone()
+    fork.history = None if how.history is None else list(how.history[0])
+    fork.saved = [o.snapshot() for o in watchers]
 
 
 def _ranks(alternatives: Sequence[int] | None, fan: int | None, vocab: int) -> list[int]:
@@ -141,18 +145,14 @@ def _ranks(alternatives: Sequence[int] | None, fan: int | None, vocab: int) -> l
 
 
 class _Session:
-    """One prompt's original decoding and its branches, sharing one KV cache."""
+    """One prompt's original decoding and its branches, sharing one KV cache, as `plan` asks."""
 
-    def __init__(
-        self, lm: LM, prompt: str, p: SamplingParams, chat: bool, lens: bool = False, attention: bool | str = False
-    ):
-        self.lm, self.prompt, self.p, self.chat = lm, prompt, p, chat
-        self.ids = encode_prompt(lm, prompt, chat)
-        probe = inside.Probe([self.ids], p.top_logprobs, lens, attention)
-        self.probe = probe if probe.wanted else None
-        engine.check_context(lm.model, [self.ids], p)
+    def __init__(self, lm: LM, prompt: str, ids: list[int], plan: Plan):
+        self.lm, self.prompt, self.ids, self.plan, self.p = lm, prompt, ids, plan, plan.params
+        engine.check_context(lm.model, [self.ids], self.p)
         self.cache = ledger.new_cache(lm.model)
-        self.eos = set(lm.eos_token_ids) if p.stop_on_eos else set()
+        self.eos = set(lm.eos_token_ids) if self.p.stop_on_eos else set()
+        self.prompt_logprobs: list | None = None  # with echo: the original's, every branch's too
 
     def _trace(self, make_steps: Callable, prefix: Sequence = ()) -> Trace:
         """A Trace from a _decode run; `prefix` holds the original's Steps before the branch point."""
@@ -160,35 +160,46 @@ class _Session:
         for s in prefix:  # replays the detokenizer; the original stopped at none of these tokens
             row.add(s.token_id, False)
         row.steps = [dataclasses.replace(s) for s in prefix]
+        row.prompt_logprobs = self.prompt_logprobs
         hook = lambda r, t: row.add(t, t in self.eos)  # noqa: E731
         for _ in records(self.lm, [self.ids], make_steps(hook), [row]):
             pass
-        return to_trace(self.lm, self.prompt, self.ids, self.p, row, self.chat, probe=self.probe)
+        self.prompt_logprobs = row.prompt_logprobs
+        return traced(self.lm, self.plan, [self.prompt], [self.ids], [row])[0]
 
     def original(self, at: int) -> tuple[Trace, _Fork]:
-        lm, p, fork = self.lm, self.p, _Fork()
+        lm, p, fork, plan = self.lm, self.p, _Fork(), self.plan
         seen = processors.seen_mask(p, [self.ids], lm.model.config.vocab_size, lm.model.device)
-        logits = engine.prefill(lm.model, torch.tensor([self.ids], device=lm.model.device), None, self.cache)
-        rng, n = generator(lm, p), len(self.ids)
-        start, how = _From(logits, 0, n, fork=(at, fork)), Choosing([p], rng, seen)
-        trace = self._trace(lambda hook: _decode(lm, self.cache, start, how, hook, self.probe))
+        ids = torch.tensor([self.ids], device=lm.model.device)
+        logits = engine.prefill_observed(lm.model, ids, torch.ones_like(ids), False, self.cache, plan.watchers)
+        found = constrained.matchers(lm, [p])
+        history = [[]] if plan.user else None
+        how = Choosing([p], generator(lm, p), seen, grammars=found, user=plan.user, history=history)
+        start = _From(logits, 0, len(self.ids), fork=(at, fork))
+        trace = self._trace(lambda hook: _decode(lm, self.cache, start, how, hook, plan.watchers))
         return trace, fork
 
     def branch(self, original: Trace, fork: _Fork, at: int, token: int) -> Trace:
-        _crop(self.cache, len(self.ids) + at)
+        try:
+            ledger.crop(self.cache, len(self.ids) + at)
+        except (RuntimeError, ValueError) as e:  # e.g. a sliding-window layer past its window
+            raise GenerationError(
+                f"branch: this model's cache cannot be cut back to {len(self.ids) + at} positions ({e})"
+            ) from e
         rng = None
         if fork.rng_state is not None:
             rng = torch.Generator(device=self.lm.model.device)
             rng.set_state(fork.rng_state)
         seen = None if fork.seen is None else fork.seen.clone()
-        n = len(self.ids)
-        if self.probe is not None:
-            self.probe.restore(fork.probe, [self.ids + original.token_ids[:at]])
-
-        start, how = _From(fork.logits, at, n, forced=token), Choosing([self.p], rng, seen)
+        for observer, saved in zip(self.plan.watchers, fork.saved or []):
+            observer.restore(saved, [self.ids + original.token_ids[:at]])
+        grammars = None if fork.matcher is None else [fork.matcher.fork()]
+        history = None if fork.history is None else [list(fork.history)]
+        how = Choosing([self.p], rng, seen, grammars=grammars, user=self.plan.user, history=history)
+        start = _From(fork.logits, at, len(self.ids), forced=token)
 
         def make_steps(hook):
-            return _decode(self.lm, self.cache, start, how, hook, self.probe)
+            return _decode(self.lm, self.cache, start, how, hook, self.plan.watchers)
 
         return self._trace(make_steps, prefix=original.steps[:at])
 
@@ -201,40 +212,90 @@ def branch(
     *,
     fan: int | None = None,
     params: SamplingParams | None = None,
-    chat: bool = False,
-    lens: bool = False,
-    attention: bool | str = False,
-    draft: str | LM | Any | None = None,
-    draft_tokens: int = 4,
     **kwargs: Any,
 ) -> Branches:
     """Decodes `prompt`, then once more per alternative rank K with the token at step `at`
     replaced by the K-th most likely raw token (default K = 2). `fan=K` branches on each of the
-    K most likely tokens other than the one the original chose. `lens` and `attention` record
-    inside each step as in lmtrace.generate; `draft` decodes the original and every branch
+    K most likely tokens other than the one the original chose. The keyword arguments are
+    lmtrace.generate's (the sampling settings and lmtrace.GenerateOptions): the original is
+    generate's own trace and every branch records what it records (its echo, waterfall, lens,
+    attention, uncertainty, attribution; its processors and penalty see the branch's own tokens);
+    under a constraint every branch decodes under the grammar, and the alternatives are ranked
+    among the tokens it allows at `at`. `draft` decodes the original and every branch
     speculatively (decode/branch_draft.py)."""
-    p = seeded(make_params(params, "branch", **kwargs))
+    options = GenerateOptions.of(params, "branch", **kwargs)
+    options = dataclasses.replace(options, params=seeded(options.params))
+    p = options.params
     check_integer("at", at, low=0, high=p.max_new_tokens - 1)
-    if p.constraint is not None:  # a branch's forced token may be one the grammar refuses
-        raise InvalidParameter(f"{p.constraint}: branch does not take a constraint (generate does)")
     ranks = _ranks(alternatives, fan, int(lm.model.config.vocab_size))
-    if draft is not None:
-        arguments.draft_tokens(draft_tokens)
-        arguments.draft_alone(lens, attention)
-        chosen = draft_for(lm, draft)
-        ids = encode_prompt(lm, prompt, chat)
-        with torch.inference_mode():
-            traces, ranks = branch_draft.branches(lm, ids, prompt, at, ranks, fan is not None, p, chat, chosen,
-                                                  draft_tokens)  # fmt: skip
-        return Branches(at, [None, *ranks], traces)
-    session = _Session(lm, prompt, p, chat, lens, attention)
-    attached = session.probe.attached(lm.model) if session.probe is not None else contextlib.nullcontext()
-    with torch.inference_mode(), attached:
+    ids = encode_prompt(lm, prompt, options.chat)
+    if options.draft is not None:
+        return _drafted(lm, prompt, ids, at, (ranks, fan is not None), options)
+    if options.compile:
+        raise InvalidParameter(
+            "compile: branch does not take compile (a branch restarts from a step inside the original's cache, "
+            "which the compiled step's static cache is not cut back to)"
+        )
+    the_plan = plan(lm, options, [ids])
+    session = _Session(lm, prompt, ids, the_plan)
+    with torch.inference_mode(), observers.attached(the_plan.watchers, lm.model):
         original, fork = session.original(at)
         if fork.logits is None:
             raise InvalidParameter(f"at must be a step the decoding reached (0..{len(original.steps) - 1}), got {at}")
-        order = torch.topk(fork.logits[0], max(ranks)).indices.tolist()
+        order = _order(fork, ranks, at, fan is not None)
         if fan is not None:  # the original's own token is the original, not a branch
-            ranks = [k for k in ranks if order[k - 1] != original.steps[at].token_id]
+            ranks = [k for k in ranks if k <= len(order) and order[k - 1] != original.steps[at].token_id]
         traces = [original] + [session.branch(original, fork, at, order[k - 1]) for k in ranks]
+    return Branches(at, [None, *ranks], traces)
+
+
+def _order(fork: _Fork, ranks: list[int], at: int, fan: bool) -> list[int]:
+    """The tokens by their raw probability at `at` (under a constraint: the tokens its grammar
+    allowed there), as many as the highest rank asks for; an explicit rank past the allowed
+    tokens is refused in one line."""
+    logits = fork.logits[0]
+    allowed = int(logits.numel()) if fork.allowed is None else int(fork.allowed.sum())
+    if fork.allowed is not None:
+        logits = logits.masked_fill(~fork.allowed, float("-inf"))
+    if not fan and max(ranks) > allowed:
+        raise InvalidParameter(
+            f"alternative: the constraint allows {allowed} tokens at step {at}, got rank {max(ranks)}"
+        )
+    return torch.topk(logits, min(max(ranks), allowed)).indices.tolist()
+
+
+# what the drafted branches (decode/branch_draft.py) take beside the sampling settings: the
+# original and each branch decode speculatively, their numbers the target's
+DRAFTED_ALONE = (
+    "echo",
+    "waterfall",
+    "compile",
+    "lens",
+    "attention",
+    "observers",
+    "logits_processors",
+    "uncertainty",
+    "attribution",
+)
+
+
+def _drafted(
+    lm: LM, prompt: str, ids: list[int], at: int, ranked: tuple[list[int], bool], options: GenerateOptions
+) -> Branches:
+    """The branches decoded speculatively; what they do not record is refused in one line."""
+    plain = GenerateOptions(options.params, chat=options.chat, draft=options.draft)
+    for name in DRAFTED_ALONE:
+        if getattr(options, name) != getattr(plain, name):
+            raise InvalidParameter(
+                f"draft and {name}: a drafted branch records the target's numbers alone; drop {name} or the draft"
+            )
+    if options.params.constraint is not None:
+        name = options.params.constraint
+        raise InvalidParameter(f"draft and {name}: a drafted branch decodes unconstrained; drop {name} or the draft")
+    arguments.draft_tokens(options.draft_tokens)
+    chosen = draft_for(lm, options.draft)
+    ranks, fan = ranked
+    with torch.inference_mode():
+        p, chat, k = options.params, options.chat, options.draft_tokens
+        traces, ranks = branch_draft.branches(lm, ids, prompt, at, ranks, fan, p, chat, chosen, k)
     return Branches(at, [None, *ranks], traces)

@@ -63,6 +63,14 @@ class Observer:
         """The trace's entry from a finished row's steps (None: no trace-level entry)."""
         return None
 
+    def snapshot(self) -> Any:
+        """What this observer keeps of the last forward (its hooks' captures), for a branch that
+        starts from this step without computing it again (lmtrace.branch); None: nothing."""
+        return None
+
+    def restore(self, saved: Any, seqs: Sequence[Sequence[int]]) -> None:
+        """Back to a `snapshot`, each row's tokens so far `seqs`."""
+
 
 def summaries(observers: Sequence[Observer], steps: list[Step]) -> dict[str, Any]:
     """The trace-level entries of a finished row: {name: summary} for every observer that has one."""
@@ -152,6 +160,12 @@ class Inside(Observer):
 
     def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> list | None:
         return inside_entry(*self.probe.take(step.index, logits, tokens))
+
+    def snapshot(self) -> Any:
+        return self.probe.snapshot()
+
+    def restore(self, saved: Any, seqs: Sequence[Sequence[int]]) -> None:
+        self.probe.restore(saved, seqs)
 
 
 # the entries the built-in observers write (records.Step keeps them as fields of their own)
