@@ -124,14 +124,14 @@ def via_batch(lm, kw: dict) -> dict:
     from lmtrace.batch.job import run_job
     from lmtrace.batch.local import local_engine
 
-    if kw.get("logits_processors"):  # a JSON line can name no Python callable: the cell is the line's refusal
+    if kw.get("logits_processors"):  # a JSON line names the processors the command registered
         kw = {**kw, "logits_processors": ["no_top_token"]}
     line = {"id": "a", "prompt": PROMPT, **kw}
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
         lines = [line, {"id": "b", "prompt": OTHER, **kw}]
         src.write_text("\n".join(json.dumps(x, default=list) for x in lines) + "\n", encoding="utf-8")
-        run_job(src, out, local_engine(lambda: lm, {}, 2))
+        run_job(src, out, local_engine(lambda: lm, {"logits_processors": {"no_top_token": no_top_token}}, 2))
         records = {r["id"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
     record = records["a"]
     if "error" in record:
@@ -245,7 +245,7 @@ OBSERVERS = {"uncertainty", "attribution"}  # this round's observers
 REFUSES = {
     "stream": {"echo"},  # a stream has no trace for the prompt's logprobs
     "branch": {"echo", "waterfall", "processor", "compile", *GRAMMARS, *OBSERVERS},
-    "batch local": {"echo", "waterfall", "processor", "attribution", "compile"},
+    "batch local": {"attribution", "compile"},
     "kv-lab reference": {"lens", "attention", "echo", "waterfall", "processor", "compile", *GRAMMARS, *DRAFTS,
                          *OBSERVERS},
     "server /v1/traces": {"echo", "waterfall", "processor", "attribution", "compile"},

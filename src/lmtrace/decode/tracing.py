@@ -134,8 +134,9 @@ def generate(
     own = checked([*observers, *observer_for(uncertainty, lm.model.config.vocab_size)])
     own += attributing.wanted(lm, attribution, against, draft=draft, compile=compile)
     user = processors.user_processors(logits_processors)
-    watchers = build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens,
-                               top_n=p.top_logprobs) + own  # fmt: skip
+    # the attribution observes before the lens, which runs the final norm again (the norm's hook
+    # would keep the lens's input instead of the forward's)
+    watchers = own + build(probe, echo=echo, waterfall=waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
     kind = compiled(lm, compile, p, user, watchers, chosen)
     rows = [RowRecord(lm, p.stop) for _ in ids]
     tallies: dict[int, speculative.Tally] = {}
@@ -234,9 +235,9 @@ def stream(
     chosen = _draft(lm, draft, draft_tokens, lens=lens, attention=attention)
     ids = encode_prompt(lm, prompt, chat)
     probe = inside.Probe([ids], p.top_logprobs, lens, attention)
-    watchers = build(probe, waterfall=waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
+    watchers = attributing.wanted(lm, attribution, against, draft=draft, compile=compile)  # first: as in generate
+    watchers += build(probe, waterfall=waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
     watchers += checked([*observers, *observer_for(uncertainty, lm.model.config.vocab_size)])
-    watchers += attributing.wanted(lm, attribution, against, draft=draft, compile=compile)
     user = processors.user_processors(logits_processors)
     compiled(lm, compile, p, user, watchers, chosen)
     if chosen is not None:
