@@ -158,7 +158,8 @@ def client(lm, kw: dict):
     key = (id(lm), kw.get("draft"), kw.get("draft_tokens"))
     if key not in _APPS:
         draft = {"draft": kw["draft"], "draft_tokens": kw["draft_tokens"]} if kw.get("draft") else {}
-        _APPS[key] = TestClient(create_app(lm, **draft))
+        # the processors requests may name, registered as the operator would (serve --logits-processor)
+        _APPS[key] = TestClient(create_app(lm, **draft, logits_processors={"no_top_token": no_top_token}))
     return _APPS[key]
 
 
@@ -173,7 +174,7 @@ def request(lm, route: str, kw: dict, **fields: Any) -> dict:
             if name in body:
                 value = body.pop(name)
                 body["structured_outputs"] = {field: list(value) if name == "choice" else value}
-    if "logits_processors" in body:  # JSON can name no Python callable: the field's refusal is the cell
+    if "logits_processors" in body:  # JSON names a processor the server registered (/v1/traces)
         body["logits_processors"] = ["no_top_token"]
     if "choice" in body:
         body["choice"] = list(body["choice"])
@@ -245,10 +246,10 @@ OBSERVERS = {"uncertainty", "attribution"}  # this round's observers
 REFUSES = {
     "stream": {"echo"},  # a stream has no trace for the prompt's logprobs
     "branch": {"echo", "waterfall", "processor", "compile", *GRAMMARS, *OBSERVERS},
-    "batch local": {"attribution", "compile"},
+    "batch local": {"compile"},
     "kv-lab reference": {"lens", "attention", "echo", "waterfall", "processor", "compile", *GRAMMARS, *DRAFTS,
                          *OBSERVERS},
-    "server /v1/traces": {"echo", "waterfall", "processor", "attribution", "compile"},
+    "server /v1/traces": {"compile"},
     "server completions": {"lens", "attention", "waterfall", "processor", "compile", *OBSERVERS},
     "server chat": {"lens", "attention", "echo", "waterfall", "processor", "compile", *OBSERVERS},
 }
