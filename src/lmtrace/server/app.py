@@ -88,12 +88,7 @@ def create_app(
     and `allow_credentials` as vLLM's (credentials never with the origin "*"). `logits_processors`
     ({name: function or "module:function"}, as vLLM v1's --logits-processors) are the processors a
     /v1/traces request may name in its `logits_processors`."""
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    if prefix_cache_bytes < 0:
-        raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
-    if max_body_bytes < 1 or max_rows < 1:
-        raise ValueError(f"max_body_bytes and max_rows must be >= 1, got {max_body_bytes} and {max_rows}")
+    _check_sizes(max_batch, prefix_cache_bytes, max_body_bytes, max_rows)
     origins = check_cors(allowed_origins, allow_credentials)
     if draft is not None:  # a spec ("packed", "layers:N", a path) loaded once, here
         from lmtrace.model.draft import draft_for
@@ -130,6 +125,15 @@ def create_app(
             "allow_credentials": allow_credentials}  # fmt: skip
     guard(app, api_key, allowed_hosts, max_body_bytes, cors)
     return app
+
+
+def _check_sizes(max_batch: int, prefix_cache_bytes: int, max_body_bytes: int, max_rows: int) -> None:
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    if prefix_cache_bytes < 0:
+        raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
+    if max_body_bytes < 1 or max_rows < 1:
+        raise ValueError(f"max_body_bytes and max_rows must be >= 1, got {max_body_bytes} and {max_rows}")
 
 
 def guard(app: FastAPI, api_key: str | None, hosts: Iterable[str], max_body_bytes: int, cors: dict) -> None:
