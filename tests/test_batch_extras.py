@@ -88,3 +88,15 @@ def test_a_registry_is_names_to_functions():
     assert known == {"no_top": no_top_token, "same": no_top_token}
     assert [u.name for u in named.resolve(["same", "no_top"], known)] == ["same", "no_top"]
     assert named.registry({"f": no_top_token}) == {"f": no_top_token}
+
+
+def test_the_command_registers_processors_and_echoes_every_line(tmp_path, tiny_dir):
+    from lmtrace.cli import main
+
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text('{"id": 1, "prompt": "Hello", "logits_processors": ["no_top"]}\n{"id": 2, "prompt": "Hi"}\n')
+    args = ["--max-new-tokens", "3", "--temperature", "0", "--echo", "--logits-processor", SPEC, "--no-color"]
+    assert main(["batch", str(src), str(out), "--model", str(tiny_dir), *args]) == 0
+    got = {r["id"]: r["trace"] for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
+    assert got[1]["params"]["logits_processors"] == ["no_top"] and "logits_processors" not in got[2]["params"]
+    assert all(t["prompt_logprobs"] for t in got.values())
