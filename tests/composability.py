@@ -125,14 +125,14 @@ def via_batch(lm, kw: dict) -> dict:
     from lmtrace.batch.job import run_job
     from lmtrace.batch.local import local_engine
 
-    if kw.get("logits_processors"):  # a JSON line can name no Python callable: the cell is the line's refusal
+    if kw.get("logits_processors"):  # a JSON line names the processors the command registered
         kw = {**kw, "logits_processors": ["no_top_token"]}
     line = {"id": "a", "prompt": PROMPT, **kw}
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
         lines = [line, {"id": "b", "prompt": OTHER, **kw}]
         src.write_text("\n".join(json.dumps(x, default=list) for x in lines) + "\n", encoding="utf-8")
-        run_job(src, out, local_engine(lambda: lm, {}, 2))
+        run_job(src, out, local_engine(lambda: lm, {"logits_processors": {"no_top_token": no_top_token}}, 2))
         records = {r["id"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
     record = records["a"]
     if "error" in record:
@@ -159,7 +159,8 @@ def client(lm, kw: dict):
     key = (id(lm), kw.get("draft"), kw.get("draft_tokens"))
     if key not in _APPS:
         draft = {"draft": kw["draft"], "draft_tokens": kw["draft_tokens"]} if kw.get("draft") else {}
-        _APPS[key] = TestClient(create_app(lm, **draft))
+        # the processors requests may name, registered as the operator would (serve --logits-processor)
+        _APPS[key] = TestClient(create_app(lm, **draft, logits_processors={"no_top_token": no_top_token}))
     return _APPS[key]
 
 
@@ -174,7 +175,7 @@ def request(lm, route: str, kw: dict, **fields: Any) -> dict:
             if name in body:
                 value = body.pop(name)
                 body["structured_outputs"] = {field: list(value) if name == "choice" else value}
-    if "logits_processors" in body:  # JSON can name no Python callable: the field's refusal is the cell
+    if "logits_processors" in body:  # JSON names a processor the server registered (/v1/traces)
         body["logits_processors"] = ["no_top_token"]
     if "choice" in body:
         body["choice"] = list(body["choice"])
@@ -246,9 +247,9 @@ OBSERVERS = {"uncertainty", "attribution"}  # this round's observers
 REFUSES = {
     "stream": {"echo"},  # a stream has no trace for the prompt's logprobs
     "branch": {"compile"},
-    "batch local": {"echo", "waterfall", "processor", "attribution", "compile"},
+    "batch local": {"compile"},
     "kv-lab reference": set(),
-    "server /v1/traces": {"echo", "waterfall", "processor", "attribution", "compile"},
+    "server /v1/traces": {"compile"},
     "server completions": {"lens", "attention", "waterfall", "processor", "compile", *OBSERVERS},
     "server chat": {"lens", "attention", "echo", "waterfall", "processor", "compile", *OBSERVERS},
 }

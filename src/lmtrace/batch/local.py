@@ -12,7 +12,10 @@ from typing import Any
 from lmtrace.batch.lines import InputLine
 from lmtrace.batch.output import record_line
 from lmtrace.batch.prepare import Job, prepare
+from lmtrace.decode import attribution as attributing
 from lmtrace.decode.continuous import RowSpec, generate_rows
+from lmtrace.decode.observers import build
+from lmtrace.logits import named
 from lmtrace.model.draft import draft_for
 from lmtrace.model.lm import LM
 
@@ -42,13 +45,12 @@ def batches(jobs: Sequence[Job], batch_size: int) -> Iterator[list[Job]]:
         yield ordered[start : start + batch_size]
 
 
-def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None) -> list[Outcome]:
+def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None, known: dict) -> list[Outcome]:
     """Every line of the batch a row of one continuous batch (lmtrace.decode.continuous), each with
-    its own settings: plain, with the lens or the attention, with a draft."""
-    specs = [
-        RowSpec(j.ids, j.params, j.text, j.chat, None if on_step is None else _row_hook(on_step, r), **_asked(lm, j))
-        for r, j in enumerate(batch)
-    ]
+    its own settings: plain, with the lens or the attention, with a draft, with echo, the waterfall,
+    the attribution or the command's processors (`known`, by name)."""
+    hooks = [None if on_step is None else _row_hook(on_step, r) for r in range(len(batch))]
+    specs = [RowSpec(j.ids, j.params, j.text, j.chat, hook, **_asked(lm, j, known)) for j, hook in zip(batch, hooks)]
     found = dict(zip((id(j) for j in batch), generate_rows(lm, specs, max_batch=len(specs))))
     traces = [found[id(j)] for j in batch]
     outcomes = []
@@ -62,14 +64,24 @@ def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None
     return outcomes
 
 
-def _asked(lm: LM, job: Job) -> dict[str, Any]:
-    """The line's lens, attention, draft and uncertainty as a row's (the draft loaded once, kept on
-    the model)."""
+def _asked(lm: LM, job: Job, known: dict[str, Any]) -> dict[str, Any]:
+    """The line's lens, attention, draft, uncertainty, echo, waterfall, attribution and processors
+    (`known`: the command's, by name) as a row's (the draft loaded once, kept on the model)."""
     out: dict[str, Any] = {k: v for k, v in job.inside.items() if v}
+    x = job.extras
+    p = job.params
+    observers = build(waterfall=x.waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
     if job.uncertainty:
         from lmtrace.decode.uncertainty import Uncertainty
 
-        out["observers"] = [Uncertainty(vocab=lm.model.config.vocab_size)]
+        observers.append(Uncertainty(vocab=lm.model.config.vocab_size))
+    observers += attributing.wanted(lm, x.attribution, x.against)
+    if observers:
+        out["observers"] = observers
+    if x.echo:
+        out["echo"] = True
+    if x.logits_processors:
+        out["logits_processors"] = named.resolve(list(x.logits_processors), known)
     if job.draft is not None:
         out.update(draft=draft_for(lm, job.draft["draft"]), draft_tokens=job.draft["draft_tokens"])
     return out
@@ -79,14 +91,16 @@ def _row_hook(on_step: Callable[[int, Any], None], row: int) -> Callable[[Any], 
     return lambda step: on_step(row, step)
 
 
-def run_batch(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None = None) -> list[Outcome]:
+def run_batch(
+    lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None = None, known: dict | None = None
+) -> list[Outcome]:
     """Decodes a batch; when it fails, each line alone, so that one line's failure is that
-    line's error only."""
+    line's error only. `known`: the command's processors by name (lmtrace.logits.named)."""
     try:
-        return _decode(lm, batch, on_step)
+        return _decode(lm, batch, on_step, known or {})
     except Exception as e:
         if len(batch) > 1:
-            return [o for job in batch for o in run_batch(lm, [job], on_step)]
+            return [o for job in batch for o in run_batch(lm, [job], on_step, known)]
         return [error_outcome(batch[0].line, f"{type(e).__name__}: {' '.join(str(e).split())}")]
 
 
@@ -100,6 +114,7 @@ def trace_lines(
     """An Outcome for every line, in the order batches finish. `on_tokens(n)` is called as
     tokens are generated (for a live rate)."""
     on_step = (lambda row, step: on_tokens(1)) if on_tokens is not None else None
+    known = named.registry(defaults.get("logits_processors"))  # imported once, before any line
     it = iter(lines)
     while window := list(islice(it, batch_size * WINDOW_BATCHES)):
         jobs = []
@@ -110,7 +125,7 @@ def trace_lines(
             else:
                 jobs.append(job)
         for batch in batches(jobs, batch_size):
-            yield from run_batch(lm, batch, on_step)
+            yield from run_batch(lm, batch, on_step, known)
 
 
 def local_engine(

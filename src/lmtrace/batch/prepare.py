@@ -4,6 +4,7 @@ checked. A line that cannot be done gets its error message instead, and the othe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,15 +14,27 @@ from lmtrace.batch.lines import InputLine
 from lmtrace.decode import engine
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
-from lmtrace.logits import grammar
+from lmtrace.logits import grammar, named
 from lmtrace.model.lm import LM, require_chat_template
 from lmtrace.params import CONSTRAINTS, SamplingParams
 
 # the per-line fields that override the command's defaults (plus `chat`); a constraint's keys
 # (json_schema, regex, choice, grammar, json_whitespace) among them
 OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
-# generate's options that a batch line cannot have: refused, never silently dropped
-NOT_IN_A_LINE = ("echo", "waterfall", "compile", "logits_processors", "observers", "attribution", "against")
+# generate's options that a batch line cannot have: refused, never silently dropped (a line's
+# `logits_processors` names processors the command registered: --logits-processor NAME=module:function)
+NOT_IN_A_LINE = ("compile", "observers")
+
+
+@dataclass
+class Extras:
+    """A line's `echo`, `waterfall`, `attribution` / `against` and `logits_processors` (names)."""
+
+    echo: bool = False
+    waterfall: int | str | None = None
+    attribution: bool = False
+    against: str | int | None = None
+    logits_processors: tuple[str, ...] = ()
 
 
 @dataclass
@@ -38,10 +51,14 @@ class Job:
     inside: dict[str, bool | str] = field(default_factory=dict)  # lens / attention (lmtrace.inside.probe)
     draft: dict[str, Any] | None = None  # speculative decoding: {draft, draft_tokens} (lmtrace.model.draft)
     uncertainty: bool = False  # each step's and the trace's `uncertainty` (lmtrace.decode.uncertainty)
+    # what a line records or runs beside (generate's options of the same names): the prompt's own
+    # logprobs, the waterfall, the attribution, the command's processors it names
+    extras: Extras = field(default_factory=lambda: Extras())
     group: str = field(init=False)
 
     def __post_init__(self) -> None:
-        key = [{**self.params.to_dict(), "seed": None}, self.chat, self.inside, self.draft, self.uncertainty]
+        extras = dataclasses.asdict(self.extras)
+        key = [{**self.params.to_dict(), "seed": None}, self.chat, self.inside, self.draft, self.uncertainty, extras]
         self.group = json.dumps(key, sort_keys=True)
 
 
@@ -106,15 +123,38 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
         inside, draft = inside_of(line.data, defaults), draft_of(line.data, defaults)
         if draft is not None:  # hooks that expect one position a forward, as lmtrace generate says
             arguments.draft_alone(inside["lens"], inside["attention"])
+            if line.data.get("attribution"):
+                raise InvalidParameter(
+                    "draft: speculative decoding cannot be combined with attribution; drop one of them"
+                )
         # the engine's own check, so a line's error reads as `lmtrace generate` would say it
         engine.check_context(lm.model, [ids], params)
+        extras = extras_of(line.data, defaults, params)
     except InvalidParameter as e:
         return str(e)
     except (TypeError, ValueError) as e:  # a chat template missing or failing, odd field types
         return f"{type(e).__name__}: {' '.join(str(e).split())}"
     job = Job(line, text, ids, params, chat or messages is not None, messages, inside_of(line.data, defaults),
-              draft_of(line.data, defaults), uncertainty_of(line.data))  # fmt: skip
+              draft_of(line.data, defaults), uncertainty_of(line.data), extras)  # fmt: skip
     return job
+
+
+def extras_of(data: dict[str, Any], defaults: dict[str, Any], params: SamplingParams) -> Extras:
+    """The line's echo, waterfall, attribution and processors (over the command's --echo), checked
+    as generate checks them; a processor's name must be one the command registered."""
+    echo = data.get("echo", defaults.get("echo", False))
+    if not isinstance(echo, bool):
+        raise InvalidParameter(f"echo must be true or false, got {echo!r}")
+    waterfall = data.get("waterfall")
+    arguments.step_selector(waterfall, params.max_new_tokens)
+    attribution, against = data.get("attribution", False), data.get("against")
+    if not isinstance(attribution, bool):
+        raise InvalidParameter(f"attribution must be true or false, got {attribution!r}")
+    if against is not None and not attribution:
+        raise InvalidParameter(f"against needs attribution, got against={against!r} without it")
+    names = data.get("logits_processors")
+    named.resolve(names, named.registry(defaults.get("logits_processors")))
+    return Extras(echo, waterfall, attribution, against, tuple(names or ()))
 
 
 def uncertainty_of(data: dict[str, Any]) -> bool:
@@ -129,6 +169,9 @@ def not_for_vllm(job: Job) -> str | None:
     """The first of a line's options that the vLLM engine cannot run (None: it runs them all)."""
     asked = [k for k, v in job.inside.items() if v] + ["draft"] * (job.draft is not None)
     asked += ["uncertainty"] * job.uncertainty
+    x = job.extras
+    asked += ["waterfall"] * (x.waterfall is not None) + ["attribution"] * x.attribution
+    asked += ["logits_processors"] * bool(x.logits_processors)
     return asked[0] if asked else None
 
 

@@ -62,7 +62,7 @@ def trace_lines_vllm(
             p = job.params
             if not p.greedy and p.seed is None:  # as the local engine: a sampled line records its seed
                 p = make_params(p, seed=random.randrange(2**31))
-            requests.append(Request(job.text, job.ids, p, job.chat, echo))
+            requests.append(Request(job.text, job.ids, p, job.chat, echo or job.extras.echo))
         for job, result in zip(jobs, engine.trace(requests)):
             outcome = _outcome(job, result)
             if on_tokens is not None:

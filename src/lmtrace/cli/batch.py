@@ -18,6 +18,7 @@ from lmtrace.cli.options import (
     draft_from,
     draft_options,
     inside_options,
+    logits_processor_option,
     matmul_option,
     model_options,
     params_from,
@@ -125,7 +126,7 @@ def _engine(kw: dict, status: Console, defaults: dict):
                                            "batch_invariant")}  # fmt: skip
     source = kw["model"]
     if kw["engine"] != "vllm":
-        for name in (*VLLM_ONLY, "echo"):
+        for name in VLLM_ONLY:
             if kw[name] not in (None, False):
                 raise InvalidParameter(f"{name}: only with --engine vllm, got {kw[name]!r}")
     if kw["engine"] != "local" and defaults.get("draft") is not None:
@@ -205,9 +206,10 @@ def _report(status: Console, summary: Summary, out_path: str) -> None:
 )
 @click.option("--max-model-len", type=int, default=None, help="vLLM: context length (default: the model's).")
 @click.option("--kv-cache-gib", type=float, default=None, help="vLLM: memory for the paged KV cache (CPU default 1).")
-@click.option("--echo", is_flag=True, default=False, help="vLLM: also record the prompt's own logprobs.")
+@click.option("--echo", is_flag=True, default=False, help="Also record the prompt's own logprobs (every line).")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 @inside_options
+@logits_processor_option
 @draft_options
 @matmul_option
 @batch_invariant_option
@@ -223,11 +225,15 @@ def batch(in_path, out_path, no_color, **kw):
     from lmtrace.batch.job import run_job
     from lmtrace.batch.prepare import defaults_of
     from lmtrace.logits import grammar
+    from lmtrace.logits.named import registry
 
     grammar.check(params)  # the command's own constraint, before the model loads
 
     status = Console(stderr=True, no_color=no_color, highlight=False)
-    defaults = {**defaults_of(params, kw["chat"]), "lens": kw["lens"], "attention": kw["attention"]}
+    defaults = {**defaults_of(params, kw["chat"]), "lens": kw["lens"], "attention": kw["attention"], "echo": kw["echo"]}
+    if kw["logits_processor"]:  # the specs themselves travel (to Ray's workers too): imported where lines run
+        registry(kw["logits_processor"])  # a bad spec fails the command, before the model loads
+        defaults["logits_processors"] = list(kw["logits_processor"])
     if draft is not None:
         defaults.update(draft=draft, draft_tokens=draft_tokens)
     engine = _engine(kw, status, defaults)

@@ -292,6 +292,19 @@ def attribution_options(f):
 
 
 
+def logits_processor_option(f):
+    """Adds --logits-processor NAME=module:function (repeatable): the command's processors by name,
+    as vLLM v1's --logits-processors (lmtrace.logits.named); the command gets `logits_processor`."""
+    return click.option(
+        "--logits-processor",
+        "logits_processor",
+        multiple=True,
+        metavar="NAME=module:function",
+        help="Register a logits processor fn(token_ids, logits) -> logits under NAME (the module is imported): "
+        'requests or lines name it in "logits_processors". Repeatable.',
+    )(f)
+
+
 def draft_options(f):
     """--draft SPEC and --draft-tokens K: speculative decoding (lmtrace.model.draft), checked as
     they are parsed; the command gets `draft` (None: off) and `draft_tokens`."""

@@ -9,7 +9,14 @@ import json
 import click
 
 from lmtrace.cli.common import cli, load_draft, load_model
-from lmtrace.cli.options import batch_invariant_option, draft_from, draft_options, matmul_option, model_options
+from lmtrace.cli.options import (
+    batch_invariant_option,
+    draft_from,
+    draft_options,
+    logits_processor_option,
+    matmul_option,
+    model_options,
+)
 from lmtrace.errors import InvalidParameter
 
 
@@ -184,6 +191,7 @@ def check_sizes(max_batch: int, prefix_cache_mb: int, max_body_mb: float, max_ro
 @click.option("--allow-credentials", is_flag=True,
               help="Let such a page send the browser's credentials (cookies, HTTP auth); not with origin *.")
 @click.option("--no-docs", is_flag=True, help="Do not serve the OpenAPI document (/openapi.json, /docs, /redoc).")
+@logits_processor_option
 @draft_options
 @matmul_option
 @batch_invariant_option
@@ -238,6 +246,7 @@ def serve(
         docs=not no_docs,
         max_body_bytes=max(1, int(max_body_mb * (1 << 20))),
         max_rows=max_rows_per_request,
+        logits_processors=kw["logits_processor"],
         **cors,
     )
     name = app.state.lmtrace.name

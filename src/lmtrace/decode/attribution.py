@@ -31,6 +31,7 @@ class Attribution(Observer):
         self.text = TokenBytes(lm.tokenizer).text
         self.anatomy: dla.Anatomy | None = None
         self.parts: dla.Parts | None = None
+        self.own: dla.Parts | None = None  # a continuous batch's row: what its last forward captured for it
 
     @contextlib.contextmanager
     def attached(self, model: Any) -> Iterator[None]:
@@ -40,8 +41,11 @@ class Attribution(Observer):
             yield
 
     def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> list[dict]:
+        return self._records(self.parts, logits, tokens)
+
+    def _records(self, parts: dla.Parts, logits: torch.Tensor, tokens: torch.Tensor) -> list[dict]:
         other = dla.against_ids(self.against, logits, tokens)
-        records = dla.attribute(self.anatomy, self.parts, logits, tokens, other)
+        records = dla.attribute(self.anatomy, parts, logits, tokens, other)
         for r in records:
             r["against_text"] = self.text(r["against_token_id"])
         return records
@@ -63,6 +67,36 @@ class Attribution(Observer):
         for name in ("attn", "mlp", "heads_in", "post_in"):
             getattr(self.parts, name)[:] = getattr(saved, name)
         self.parts.embed, self.parts.final = saved.embed, saved.final
+
+    # a row of a continuous batch (decode/inside_rows.py): the instance is that row's own; the
+    # forward that makes its next distribution runs with the hooks, and the row keeps its part
+
+    def prepared(self, model: Any) -> dla.Anatomy:
+        """The model's anatomy, found once (before any hook goes on: it runs the norms)."""
+        if self.anatomy is None:
+            self.anatomy = dla.anatomy(model)
+        return self.anatomy
+
+    def keep(self, parts: dla.Parts) -> None:
+        """The row's own captures ((1, ...) tensors) of the forward that made its next distribution."""
+        self.own = parts
+
+    def observe_rows(
+        self,
+        step: BatchStep,
+        logits: torch.Tensor,
+        tokens: torch.Tensor,
+        how: Choosing,
+        rows: Sequence[int],
+        indices: Sequence[int],
+    ) -> list | None:
+        """The asking row's record from its own captures (generate's whole batch where it has none)."""
+        if self.own is None:
+            return self.observe(step, logits, tokens, how)
+        out: list = [None] * len(tokens)
+        for r in rows:
+            out[r] = self._records(self.own, logits[r : r + 1], tokens[r : r + 1])[0]
+        return out
 
 
 def wanted(lm: Any, attribution: bool, against: str | int | None, *, draft: Any = None,

@@ -45,7 +45,7 @@ from lmtrace.detokenize import TokenBytes
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger
 from lmtrace.kv import rows as kv_rows
-from lmtrace.logits import processors
+from lmtrace.logits import forced, measure, processors
 from lmtrace.model.lm import LM
 from lmtrace.records import Trace
 
@@ -113,18 +113,34 @@ class ContinuousBatch:
         rows = [row for row in joined if not drafted(row.spec)]
         if not rows:
             return joined
+        echoing = [row for row in rows if row.spec.echo]
+        if echoing and len(echoing) < len(rows):  # the prompts measured in a forward of their own
+            self._prefill([row for row in rows if not row.spec.echo])
+            rows = echoing
+        self._prefill(rows)
+        return joined
+
+    def _prefill(self, rows: list[Row]) -> None:
+        """The rows' prompts in one left-padded forward (with echo, every position's logits kept:
+        their own numbers, as generate's), merged into the batch."""
         model = self.lm.model
         started = time.perf_counter()
         cache = ledger.new_cache(model)
         ids, mask = engine.left_pad([r.spec.ids for r in rows], self.lm.pad_token_id, model.device)  # (k, width)
         padded = bool((mask == 0).any())
+        echo = rows[0].spec.echo
         with torch.inference_mode(), inside_rows.around(model, rows, mask):
-            logits = engine.prefill(model, ids, mask if padded else None, cache)  # (k, vocab)
+            logits = engine.prefill(model, ids, mask if padded else None, cache, all_positions=echo)
+            if echo:  # (k, width, vocab): the prompt's own numbers, then the next token's distribution
+                for k, row in enumerate(rows):
+                    start = int((mask[k] == 0).sum())  # left padding
+                    numbers = measure.targets(logits[k, start:-1], ids[k, start + 1 :], row.params.top_logprobs)
+                    _echoed(self.lm, row, row.spec.ids, numbers, self.tb)
+                logits = logits[:, -1, :]
         for row in rows:
             row.seen = _seen(model, row, row.spec.ids)
             row.step_ms = (time.perf_counter() - started) * 1000
         self._merge(rows, cache, logits, mask)
-        return joined
 
     def join_prefilled(self, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]) -> list[Row]:
         """Adds rows whose prompts were prefilled elsewhere (lmtrace.decode.prefill: batched,
@@ -143,6 +159,7 @@ class ContinuousBatch:
             mask[k, width - len(p.ids) :] = 1
             row.seen = _seen(model, row, p.ids)
             row.step_ms, row.cached = p.ms, p.cached
+            _echoed(self.lm, row, p.ids, p.numbers, self.tb)
         self._merge(rows, cache, torch.stack([p.logits for p in prefilled]), mask)
         return rows
 
@@ -215,10 +232,7 @@ class ContinuousBatch:
             row.step_ms = (time.perf_counter() - started) * 1000
 
     def _how(self) -> Choosing:
-        rows = self.rows
-        grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
-        return Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows],
-                        grammars=grammars)  # fmt: skip
+        return choosing(self.rows)
 
     def _overlapped(self, joining: Joining | None) -> list[Row]:
         """`step` with the numbers measured and the rows recorded beside the forward: the tokens
@@ -336,8 +350,29 @@ def _ends(row: Row, token: int, eos: Sequence[int]) -> bool:
 
 def _plain(row: Row) -> bool:
     """A row whose step can be measured beside the next forward: no grammar to move past its token,
-    no observers or lens or attention reading the forward."""
-    return row.grammar is None and not row.spec.observers and not inside_rows.wants(row.spec)
+    no observers or lens or attention reading the forward, no processors of the user's."""
+    s = row.spec
+    return row.grammar is None and not s.observers and not inside_rows.wants(s) and not s.logits_processors
+
+
+def choosing(rows: Sequence[Row]) -> Choosing:
+    """How the rows choose: each with its own params, generator, penalty, grammar and processors
+    (handed the row's tokens generated so far)."""
+    grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
+    how = Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows], grammars=grammars)
+    if any(r.spec.logits_processors for r in rows):
+        how.own_user = [r.spec.logits_processors for r in rows]
+        how.history = [[s.token_id for s in r.record.steps] for r in rows]
+    return how
+
+
+def _echoed(lm: LM, row: Row, ids: Sequence[int], numbers: measure.Forced | None, tb: TokenBytes) -> None:
+    """A row with echo: its prompt's own numbers (its prefill's) as its trace's prompt_logprobs."""
+    if not row.spec.echo:
+        return
+    if numbers is None:
+        raise ValueError("a row with echo joins with its prompt measured (PromptRow's top_n)")
+    row.record.prompt_logprobs = forced.token_scores(lm.tokenizer, list(ids), 0, numbers, tb)
 
 
 def _seen(model, row: Row, ids: Sequence[int]) -> torch.Tensor | None:
@@ -359,8 +394,10 @@ def first_steps(lm: LM, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]
     started = time.perf_counter()
     formula = engine.expected_bytes(lm.model, 1)
     states = {id(p): ledger.state(ledger.cache_of(lm.model, p.kv), formula) for p in prefilled}
-    grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
-    how = Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows], grammars=grammars)
+    tb = TokenBytes(lm.tokenizer)
+    for row, p in zip(rows, prefilled):
+        _echoed(lm, row, p.ids, p.numbers, tb)
+    how = choosing(rows)
     with torch.inference_mode():
         logits = torch.stack([p.logits for p in prefilled])  # (k, vocab)
         watch = Watch(wanted=[r.spec.observers for r in rows], failed={})
@@ -368,7 +405,6 @@ def first_steps(lm: LM, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]
         for r, error in watch.failed.items():
             rows[r].error = error
     choose_ms = (time.perf_counter() - started) * 1000
-    tb = TokenBytes(lm.tokenizer)
     for r, (row, p) in enumerate(zip(rows, prefilled)):
         record(lm, row, bs, r, states[id(p)].to_dict(), choose_ms, tb)
     return rows
@@ -409,12 +445,17 @@ def rides(spec: RowSpec) -> bool:
     return not drafted(spec) and not inside_rows.wants(spec)
 
 
+def _measured(spec: RowSpec) -> int | None:
+    """How a row's prompt is measured in its prefill: with echo, its alternatives (None: not at all)."""
+    return spec.params.top_logprobs if spec.echo else None
+
+
 def prefilling(lm: LM, specs: Sequence[RowSpec]) -> Joining:
     """Prompts joining at a step, prefilled together in the batch's decode forward (each as if
     alone: no prefix cache)."""
 
     def prefill(ride: Ride | None) -> tuple[Sequence[RowSpec], list[Prefilled]]:
-        rows = [PromptRow(list(spec.ids), share=False) for spec in specs]
+        rows = [PromptRow(list(spec.ids), _measured(spec), share=False) for spec in specs]
         return specs, prefill_many(lm.model, rows, pad_id=lm.pad_token_id, keep_kv=True, ride=ride)
 
     return prefill

@@ -13,9 +13,11 @@ from typing import Any
 import torch
 
 from lmtrace.decode import engine, speculative
+from lmtrace.decode.observers import Echo
 from lmtrace.decode.rows import Row, record
 from lmtrace.detokenize import TokenBytes
 from lmtrace.errors import GenerationError
+from lmtrace.logits import forced
 from lmtrace.model.lm import LM
 
 
@@ -32,7 +34,8 @@ class DraftedRow:
         def fed(_: int, token: int) -> bool:  # the row's record sees each token as the loop judges it
             return row.record.add(token, token in eos)
 
-        setup = engine.Setup(eos, lm.pad_token_id, fed, False, list(spec.observers), grammars)
+        observers = [*([Echo(p.top_logprobs)] if spec.echo else []), *spec.observers]
+        setup = engine.Setup(eos, lm.pad_token_id, fed, False, observers, grammars, tuple(spec.logits_processors))
         self.run = speculative.Speculation(lm.model, spec.draft.model, spec.ids, p, row.generator, setup,
                                            spec.draft_tokens, self.tally)  # fmt: skip
         with torch.inference_mode():
@@ -58,6 +61,9 @@ class DraftedRow:
         if bs.crop is not None:  # the caches cut back after a rejection
             kv["crop"] = bs.crop
         self.row.step_ms = 0.0
+        if bs.entries.get("prompt") is not None:  # echo: the prompt's numbers, from the row's prefill
+            numbers = bs.entries.pop("prompt")[0]
+            self.row.record.prompt_logprobs = forced.token_scores(self.lm.tokenizer, self.row.spec.ids, 0, numbers, tb)
         left = record(self.lm, self.row, bs, 0, kv, bs.time_ms, tb, hit=bs.finish[0] == "stop")
         if left and self.row.trace is not None:
             self.row.trace.speculative = self.tally.to_dict()

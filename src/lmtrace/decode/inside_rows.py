@@ -1,5 +1,6 @@
-"""The logit lens and the attention over the cache for the rows of a continuous batch that asked
-for them (`RowSpec.lens`, `RowSpec.attention`), beside rows that did not.
+"""The logit lens, the attention over the cache and the attribution (an observer of the row's,
+decode/attribution.py) for the rows of a continuous batch that asked for them (`RowSpec.lens`,
+`RowSpec.attention`, `RowSpec.observers`), beside rows that did not.
 
 While any row of a forward wants them, the forward runs with the lens's hooks and the capturing
 attention function (lmtrace.inside.lens, lmtrace.inside.attention): neither changes the logits (the
@@ -18,7 +19,9 @@ from typing import Any
 
 import torch
 
+from lmtrace.decode.attribution import Attribution
 from lmtrace.inside import attention, lens
+from lmtrace.inside import attribution as dla
 from lmtrace.inside.probe import DEFAULT_TOP, name_positions
 
 
@@ -31,7 +34,13 @@ class RowInside:
 
 
 def wants(spec: Any) -> bool:
-    return bool(getattr(spec, "lens", False) or getattr(spec, "attention", False))
+    """Whether the row hooks its forwards: the lens, the attention, the attribution."""
+    return bool(getattr(spec, "lens", False) or getattr(spec, "attention", False) or attributing(spec))
+
+
+def attributing(spec: Any) -> list[Attribution]:
+    """The row's attribution observer (decode/attribution.py), if it asked for one."""
+    return [o for o in getattr(spec, "observers", ()) if isinstance(o, Attribution)]
 
 
 def top_n(spec: Any) -> int:
@@ -46,11 +55,16 @@ def around(model: Any, rows: Sequence[Any], mask: torch.Tensor) -> Iterator[None
     if not asking:
         yield
         return
+    attributed = [(r, o) for r in asking for o in attributing(rows[r].spec)]
+    anatomy = attributed[0][1].prepared(model) if attributed else None  # before any hook goes on
     with ExitStack() as stack:
         specs = [rows[r].spec for r in asking]
         residuals = stack.enter_context(lens.capturing(model)) if any(s.lens for s in specs) else None
         weights = stack.enter_context(attention.capturing(model)) if any(s.attention for s in specs) else None
+        parts = stack.enter_context(dla.capturing(anatomy)) if anatomy is not None else None
         yield
+    for r, o in attributed:  # the last position of each row: its next distribution's
+        o.keep(dla.row_of(parts, r))
     total = mask.shape[1]
     for r in asking:
         row, spec, own = rows[r], rows[r].spec, RowInside()
@@ -88,4 +102,3 @@ def take(
             seq = list(row.spec.ids) + [s.token_id for s in row.record.steps]
             att_rows[r] = {"layers": name_positions(own.attention, seq)}
     return lens_rows, att_rows
-

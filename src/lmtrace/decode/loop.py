@@ -97,21 +97,24 @@ def _watched(step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: C
             if entry is not None:
                 step.entries[observer.name] = entry
     else:
-        _observe_rows(step, logits, tokens, how, watch.wanted)
+        _observe_rows(step, logits, tokens, how, watch)
     if watch.finish is not None:
         f = watch.finish
         one_step.finish(step, f.eos_token_ids, f.params, f.on_token)
 
 
-def _observe_rows(step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing,
-                  wanted: Sequence[Sequence[Observer]]) -> None:  # fmt: skip
-    """Each observer some row asked for, run over the batch; only the asking rows keep its entry."""
+def _observe_rows(step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing, watch: Watch) -> None:
+    """Each observer some row asked for, run over the batch (`observe_rows`: told which rows asked
+    and each row's own step number); only the asking rows keep its entry."""
+    wanted = watch.wanted or ()
+    indices = watch.indices if watch.indices is not None else [step.index] * len(wanted)
     chosen: dict[int, Observer] = {}
     for own in wanted:
         for o in own:
             chosen[id(o)] = o
     for o in chosen.values():
-        entries = o.observe(step, logits, tokens, how)
+        rows = [r for r, own in enumerate(wanted) if any(x is o for x in own)]
+        entries = o.observe_rows(step, logits, tokens, how, rows, indices)
         if entries is None:
             continue
         # rows may ask for observers of one name through instances of their own (two requests
@@ -120,4 +123,3 @@ def _observe_rows(step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, h
         for r, (e, own) in enumerate(zip(entries, wanted)):
             if any(x is o for x in own):
                 kept[r] = e
-

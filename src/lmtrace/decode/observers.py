@@ -59,6 +59,20 @@ class Observer:
         """Step `step.index`: its raw `logits` (batch, vocab) and chosen `tokens` (batch,)."""
         return None
 
+    def observe_rows(
+        self,
+        step: BatchStep,
+        logits: torch.Tensor,
+        tokens: torch.Tensor,
+        how: Choosing,
+        rows: Sequence[int],
+        indices: Sequence[int],
+    ) -> list[Any] | None:
+        """`observe` in a batch of rows at different steps (continuous batching): `rows` are the
+        rows that asked for this observer, `indices` every row's own step number. The default
+        observes the whole batch (the other rows' entries are dropped)."""
+        return self.observe(step, logits, tokens, how)
+
     def summarize(self, steps: list[Step]) -> Any:
         """The trace's entry from a finished row's steps (None: no trace-level entry)."""
         return None
@@ -141,6 +155,37 @@ class Waterfall(Observer):
             return None
         return waterfall.stages(logits, how.params[0], how.batch_seen(), tokens, self.top_n, step.allowed,
                                 how.user, how.history)  # fmt: skip
+
+    def observe_rows(
+        self,
+        step: BatchStep,
+        logits: torch.Tensor,
+        tokens: torch.Tensor,
+        how: Choosing,
+        rows: Sequence[int],
+        indices: Sequence[int],
+    ) -> list | None:
+        """Each asking row's waterfall at its own selected steps, under its own params, penalty,
+        grammar and processors (each row of a continuous batch as alone)."""
+        out: list = [None] * len(tokens)
+        for r in rows:
+            if not self.at(indices[r]):
+                continue
+            one = slice(r, r + 1)
+            constrained = step.allowed is not None and how.grammars is not None and how.grammars[r] is not None
+            history = how.history[one] if how.history is not None else None
+            params = how.params[0 if how.shared else r]
+            out[r] = waterfall.stages(
+                logits[one],
+                params,
+                how.seen_of(r),
+                tokens[one],
+                self.top_n,
+                step.allowed[one] if constrained else None,
+                how.user_of(r),
+                history,
+            )[0]
+        return out if any(e is not None for e in out) else None
 
 
 class Inside(Observer):

@@ -99,7 +99,9 @@ def plan(lm: LM, options: GenerateOptions, ids: Sequence[list[int]]) -> Plan:
     own += attributing.wanted(lm, o.attribution, o.against, draft=o.draft, compile=o.compile)
     user = processors.user_processors(o.logits_processors)
     built = build(probe, echo=o.echo, waterfall=o.waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
-    watchers = built + own
+    # the attribution observes before the lens, which runs the final norm again (the norm's hook
+    # would keep the lens's input instead of the forward's)
+    watchers = own + built
     kind = compiled(lm, o.compile, p, user, watchers, chosen)
     return Plan(o, p, chosen, user, own, probe, watchers, kind)
 

@@ -51,6 +51,10 @@ class RowSpec:
     # `draft_tokens` a block; the row decodes one block per batch step beside the batch
     draft: Any = None
     draft_tokens: int = 4
+    # the prompt's own logprobs (`trace.prompt_logprobs`, as generate's `echo`), from its prefill
+    echo: bool = False
+    # the user's processors (lmtrace.logits.processors.UserProcessor), run first on this row alone
+    logits_processors: Sequence[Any] = ()
 
 
 class StopRow(Exception):
@@ -311,6 +315,8 @@ def record(
         probe = inside.Probe([s.ids], p.top_logprobs, s.lens, s.attention) if s.lens or s.attention else None
         row.trace = to_trace(lm, s.text, s.ids, p, row.record, s.chat, probe=probe, watchers=s.observers)
         row.trace.timing["cached_tokens"] = row.cached
+        if s.logits_processors:  # as generate names them: the user's processors that ran, in order
+            row.trace.params["logits_processors"] = [u.name for u in s.logits_processors]
         if stopped is not None and finish is None:
             row.trace.finish_reason = stopped
         return True

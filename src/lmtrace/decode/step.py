@@ -114,6 +114,9 @@ class Choosing:
     # so far, which they are handed (kept up to date by `saw`)
     user: Sequence[processors.UserProcessor] = ()
     history: list[list[int]] | None = None
+    # continuous batching: each row's own processors instead of `user` (rows of different
+    # requests; a row without any is left as it is)
+    own_user: Sequence[Sequence[processors.UserProcessor]] | None = None
 
     @property
     def shared(self) -> bool:
@@ -129,7 +132,12 @@ class Choosing:
             return self.seen
         return self.seen[0] if len(self.seen) == 1 else None
 
-    def _seen(self, row: int) -> torch.Tensor | None:
+    def user_of(self, row: int) -> Sequence[processors.UserProcessor]:
+        """The user's processors of this row."""
+        return self.user if self.own_user is None else self.own_user[row]
+
+    def seen_of(self, row: int) -> torch.Tensor | None:
+        """This row's penalty mask (1, vocab) (None: no penalty)."""
         if self.seen is None or isinstance(self.seen, torch.Tensor):
             return None if self.seen is None else self.seen[row : row + 1]
         return self.seen[row]
@@ -147,19 +155,32 @@ class Choosing:
         without a logit bias, penalty or grammar (one distribution, measured once)."""
         if allowed is not None:
             logits = grammar.mask(logits, allowed)
-        if self.user:  # first, once (the waterfall, an observer, calls them again: they must be pure)
-            logits = user_only(logits, self.user, self.history)
-            if not torch.isfinite(logits).any(-1).all():
-                names = ", ".join(u.name for u in self.user)
-                raise GenerationError(f"logits_processors: {names} left no token to choose (every logit -inf)")
+        if self.user or self.own_user is not None:  # first, once (the waterfall runs them again)
+            logits = self._users(logits)
         if self.shared:
             return sampling.process_logits(logits, self.params[0], self.batch_seen())
         if all(p.greedy and not p.logit_bias for p in self.params) and all(
-            self._seen(r) is None for r in range(len(self.params))
+            self.seen_of(r) is None for r in range(len(self.params))
         ):
             return logits
-        rows = [sampling.process_logits(logits[r : r + 1], p, self._seen(r)) for r, p in enumerate(self.params)]
+        rows = [sampling.process_logits(logits[r : r + 1], p, self.seen_of(r)) for r, p in enumerate(self.params)]
         return torch.cat(rows)
+
+    def _users(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits after the user's processors (each row's own, with `own_user`)."""
+        if self.own_user is None:
+            out = user_only(logits, self.user, self.history)
+        else:
+            history = self.history or [[] for _ in self.own_user]
+            rows = [logits[r : r + 1] for r in range(len(self.own_user))]
+            for r, own in enumerate(self.own_user):
+                if own:
+                    rows[r] = user_only(rows[r], own, history[r : r + 1])
+            out = torch.cat(rows)
+        if not torch.isfinite(out).any(-1).all():
+            names = ", ".join(dict.fromkeys(u.name for r in range(len(out)) for u in self.user_of(r)))
+            raise GenerationError(f"logits_processors: {names} left no token to choose (every logit -inf)")
+        return out
 
     def choose(self, processed: torch.Tensor) -> torch.Tensor:
         """Token ids (batch,): the forced ones, the judged proposal, else each row's argmax or draw."""

@@ -52,6 +52,17 @@ class Parts:
     final: torch.Tensor | None = None  # the residual entering the final norm
 
 
+def row_of(parts: Parts, r: int) -> Parts:
+    """Row r of a forward's captures (each tensor (1, ...)): a continuous batch's row keeps its own
+    until its token is chosen, whatever forwards run meanwhile."""
+
+    def one(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[r : r + 1]
+
+    lists = [[one(t) for t in slot] for slot in (parts.attn, parts.mlp, parts.heads_in, parts.post_in)]
+    return Parts(one(parts.embed), *lists, one(parts.final))
+
+
 def blocks(model: Any) -> list[Block]:
     """Each decoder layer's attention, MLP and output projection (Llama-like and GPT-2-like)."""
     un = lens.unembedding(model)

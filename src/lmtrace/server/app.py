@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from lmtrace import __version__
+from lmtrace.logits import named
 from lmtrace.model.lm import LM
 from lmtrace.server import (
     chat,
@@ -65,6 +66,7 @@ def create_app(
     allowed_methods: Iterable[str] = ("*",),
     allowed_headers: Iterable[str] = ("*",),
     allow_credentials: bool = False,
+    logits_processors: Mapping[str, Any] | None = None,
 ) -> FastAPI:
     """The server for one loaded model. `max_concurrency` requests are admitted at once; their
     rows (a choice of a prompt each) decode together, up to `max_batch` rows, a request that
@@ -83,13 +85,10 @@ def create_app(
     none by default) are the web pages' origins that may call the server from a browser (CORS,
     Starlette's CORSMiddleware): their preflights are answered before the key check (a browser
     sends no key with one), the Host check still first; `allowed_methods`, `allowed_headers`
-    and `allow_credentials` as vLLM's (credentials never with the origin "*")."""
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    if prefix_cache_bytes < 0:
-        raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
-    if max_body_bytes < 1 or max_rows < 1:
-        raise ValueError(f"max_body_bytes and max_rows must be >= 1, got {max_body_bytes} and {max_rows}")
+    and `allow_credentials` as vLLM's (credentials never with the origin "*"). `logits_processors`
+    ({name: function or "module:function"}, as vLLM v1's --logits-processors) are the processors a
+    /v1/traces request may name in its `logits_processors`."""
+    _check_sizes(max_batch, prefix_cache_bytes, max_body_bytes, max_rows)
     origins = check_cors(allowed_origins, allow_credentials)
     if draft is not None:  # a spec ("packed", "layers:N", a path) loaded once, here
         from lmtrace.model.draft import draft_for
@@ -100,6 +99,7 @@ def create_app(
     else:
         worker = ModelWorker(max_concurrency)
     state = ServerState(lm, name or served_name(lm), worker, draft=draft, draft_tokens=draft_tokens, max_rows=max_rows)
+    state.processors = named.registry(logits_processors)
     longest_token(state.front.tokenizer)  # the length bound, computed now rather than in the first request
 
     @asynccontextmanager
@@ -125,6 +125,15 @@ def create_app(
             "allow_credentials": allow_credentials}  # fmt: skip
     guard(app, api_key, allowed_hosts, max_body_bytes, cors)
     return app
+
+
+def _check_sizes(max_batch: int, prefix_cache_bytes: int, max_body_bytes: int, max_rows: int) -> None:
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    if prefix_cache_bytes < 0:
+        raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
+    if max_body_bytes < 1 or max_rows < 1:
+        raise ValueError(f"max_body_bytes and max_rows must be >= 1, got {max_body_bytes} and {max_rows}")
 
 
 def guard(app: FastAPI, api_key: str | None, hosts: Iterable[str], max_body_bytes: int, cors: dict) -> None:

@@ -24,6 +24,7 @@ from lmtrace.decode.prefill import Prefilled
 from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
 from lmtrace.server.lane import DEFAULT_PREFIX_CACHE_BYTES, Lane
+from lmtrace.server.prepare import row_options
 from lmtrace.server.worker import Cancelled, Handle, ModelWorker, ShuttingDown, Work
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ class BatchingWorker(ModelWorker):
             params = job.params
             if params.seed is not None and j:
                 params = dataclasses.replace(params, seed=(params.seed + j) % 2**64)
-            inside = {k: v for k, v in job.inside.items() if k in ("lens", "attention", "observers") and v}
+            inside = row_options(self.lm, job)
             out.append((req, RowSpec(p.ids, params, p.text, job.chat, req.on_step(choice), (req, choice), **inside,
                                      draft=job.draft, draft_tokens=job.draft_tokens or 4)))  # fmt: skip
         return out
@@ -326,6 +327,6 @@ class BatchingWorker(ModelWorker):
 
 
 def _own_prefill(job: Job) -> bool:
-    """Rows that join the batch with a prefill of their own: a draft (its own caches), the lens or
-    the attention (their hooks watch the prefill)."""
-    return job.draft is not None or bool(job.inside.get("lens") or job.inside.get("attention"))
+    """Rows that join the batch with a prefill of their own: a draft (its own caches), the lens,
+    the attention or the attribution (their hooks watch the prefill)."""
+    return job.draft is not None or any(job.inside.get(k) for k in ("lens", "attention", "attribution"))

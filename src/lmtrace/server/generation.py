@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from lmtrace import __version__
+from lmtrace.decode.continuous import RowSpec, generate_rows
 from lmtrace.decode.prefill import PromptRow, prefill_many
 from lmtrace.decode.tracing import generate_ids
 from lmtrace.model.lm import LM
@@ -25,7 +26,7 @@ from lmtrace.records import Step, Trace
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.errors import APIError, bad_request, failure
 from lmtrace.server.logprobs import PromptToken, prompt_tokens
-from lmtrace.server.prepare import Job
+from lmtrace.server.prepare import Job, row_options
 from lmtrace.server.sse import DONE, ChoiceStream, sse
 from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, ShuttingDown, Work
 
@@ -45,6 +46,8 @@ class ServerState:
     draft: Any = None
     draft_tokens: int = 4
     max_rows: int = 1024  # rows (prompts times n) one request may ask for
+    # the processors requests may name (lmtrace serve --logits-processor NAME=module:function)
+    processors: dict[str, Any] = field(default_factory=dict)
     front: LM = field(init=False)
     front_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     # OpenAI's system_fingerprint of chat and completion answers (`fingerprint(lm)`)
@@ -85,6 +88,9 @@ def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
     [PromptToken]) for echo of prompt i, ("step", choice, Step) per token, ("done", [Trace]) at
     the end (one Trace per choice, choice i * n + j being prompt i's j-th)."""
 
+    if rowwise(job):
+        return _rows_work(lm, job, draft, draft_tokens)
+
     def run(emit: Emit, check) -> None:
         if job.echo:  # the prompts scored together, in one padded forward where they fit
             top_n = job.top_n if job.logprobs else 0
@@ -106,6 +112,34 @@ def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
                 **job.inside, **({"draft": draft, "draft_tokens": draft_tokens} if draft is not None else {}),
             )  # fmt: skip
         emit(("done", traces))
+
+    return run
+
+
+def rowwise(job: Job) -> bool:
+    """A trace request with echo, a waterfall, the attribution or processors: each row decoded as
+    the batching worker's rows are (lmtrace.decode.continuous), here one at a time."""
+    keys = ("echo", "waterfall", "attribution", "logits_processors")
+    return any(job.inside.get(k) not in (None, False, ()) for k in keys)
+
+
+def _rows_work(lm: LM, job: Job, draft: Any, draft_tokens: int) -> Work:
+    """`work` for a `rowwise` job: its prompts decoded one after another as rows of their own."""
+
+    def run(emit: Emit, check) -> None:
+        def on_step(i: int):
+            def hook(step: Step) -> None:
+                check()  # raises Cancelled when the client has gone: the generation stops here
+                emit(("step", i, step))
+
+            return hook
+
+        drafted = {"draft": draft, "draft_tokens": draft_tokens} if draft is not None else {}
+        specs = [
+            RowSpec(p.ids, job.params, p.text, job.chat, on_step(i), **row_options(lm, job), **drafted)
+            for i, p in enumerate(job.prompts)
+        ]
+        emit(("done", generate_rows(lm, specs, max_batch=1)))
 
     return run
 
@@ -146,7 +180,7 @@ def check_draft(state: ServerState, draft_tokens: int | None, inside: dict) -> d
         return {}
     if draft_tokens == 0:
         return {}
-    asked = [name for name in ("lens", "attention") if inside.get(name)]
+    asked = [name for name in ("lens", "attention", "attribution") if inside.get(name)]
     if asked:
         message = (f"{asked[0]}: cannot be combined with this server's draft (lmtrace serve --draft); "
                    "send draft_tokens 0 to decode this request without it")  # fmt: skip

@@ -8,10 +8,10 @@ prompt scored, nothing generated) and `max_tokens` 1 (lm-evaluation-harness's sc
 requests: the one token is chosen from the prefill's distribution). The others' rows join the
 running batch with the KV their prefill made (ContinuousBatch.join_prefilled).
 
-Only the prompts of echo requests (whose prompt is scored: evaluation, perplexity) share the
-prefix cache and each other's beginnings: their numbers equal lone teacher forcing within float
-noise. A generation is computed as before any cache, so its answer does not depend on what was
-asked before it.
+Only the prompts of echo requests (whose prompt is scored: evaluation, perplexity; not a trace's,
+which records every number as alone) share the prefix cache and each other's beginnings: their
+numbers equal lone teacher forcing within float noise. A generation is computed as before any
+cache, so its answer does not depend on what was asked before it.
 
 Events a request gets from here, besides its steps: ("prompt", i, [PromptToken]) with echo and
 ("cached", i, tokens), how many of prompt i's tokens were not computed again (taken from the
@@ -67,7 +67,7 @@ class Lane:
             job = req.job
             keys[key] = None
             top_n = (job.top_n if job.logprobs else 0) if job.echo else None
-            rows.append(PromptRow(job.prompts[i].ids, top_n, share=job.echo))
+            rows.append(PromptRow(job.prompts[i].ids, top_n, share=job.echo and job.share))
         done = prefill_many(
             self.lm.model, rows, pad_id=self.lm.pad_token_id, cache=self.cache, keep_kv=keep_kv and self.reuse_kv,
             ride=ride,

@@ -7,10 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmtrace import arguments
 from lmtrace.arguments import MAX_DRAFT_TOKENS
+from lmtrace.decode import attribution as attributing
+from lmtrace.decode.observers import build
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
-from lmtrace.logits import processors
+from lmtrace.logits import named, processors
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.server import constraints, messages, tools
@@ -52,6 +55,8 @@ class Job:
     draft_tokens: int | None = None  # speculative decoding on a server with a draft (None: its default; 0: none)
     draft: Any = None  # the server's draft (lmtrace.model.draft.Draft) this request decodes with
     tools: ToolPlan | None = None  # chat with tools: the answer's calls are read back (lmtrace.server.tools)
+    # echoed prompts share the prefix cache (an evaluation's); a trace's are computed as alone
+    share: bool = True
 
     @property
     def top_n(self) -> int:
@@ -264,7 +269,7 @@ def chat_job(lm: LM, body: ChatRequest) -> Job:
     return job
 
 
-def trace_job(lm: LM, body: TraceRequest) -> Job:
+def trace_job(lm: LM, body: TraceRequest, known: dict[str, Any] | None = None) -> Job:
     check_common(body)
     if body.n != 1:
         raise bad_request(f"n must be 1 for /v1/traces, got {body.n}", "n")
@@ -291,5 +296,37 @@ def trace_job(lm: LM, body: TraceRequest) -> Job:
         from lmtrace.decode.uncertainty import Uncertainty
 
         job.inside["observers"] = [Uncertainty(vocab=lm.model.config.vocab_size)]
+    job.inside.update(recorded(lm, body, params, known or {}))
+    job.echo, job.share = body.echo, False  # the prompts measured in their prefill, as alone (lane.py)
     job.draft_tokens, job.tools = body.draft_tokens, plan
     return job
+
+
+def recorded(lm: LM, body: TraceRequest, params: SamplingParams, known: dict[str, Any]) -> dict[str, Any]:
+    """A trace request's echo, waterfall, attribution and processors (names the server registered),
+    checked as generate checks them; errors name the request's field."""
+    try:
+        arguments.step_selector(body.waterfall, params.max_new_tokens)
+        if body.against is not None and not body.attribution:
+            raise InvalidParameter(f"against needs attribution, got against={body.against!r} without it")
+        if body.attribution:
+            attributing.wanted(lm, True, body.against)  # a bad `against` before the request waits
+        user = named.resolve(body.logits_processors, known)
+    except InvalidParameter as e:
+        raise from_invalid(e) from e
+    chosen = {"echo": body.echo, "waterfall": body.waterfall, "attribution": body.attribution}
+    return {**chosen, "against": body.against, "logits_processors": user}
+
+
+def row_options(lm: LM, job: Job) -> dict[str, Any]:
+    """A row's RowSpec options from its request: the lens, the attention, echo, the processors and
+    the observers (built for each row: an attribution is a row's own)."""
+    x = job.inside
+    out = {k: x[k] for k in ("lens", "attention", "echo", "logits_processors") if x.get(k)}
+    p = job.params
+    observers = list(x.get("observers", ()))
+    observers += build(waterfall=x.get("waterfall"), max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
+    observers += attributing.wanted(lm, bool(x.get("attribution")), x.get("against"))
+    if observers:
+        out["observers"] = observers
+    return out
