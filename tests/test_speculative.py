@@ -197,8 +197,26 @@ def test_bad_drafts(tiny_lm, tiny_dir):
         lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft="layers:2")
     with pytest.raises(InvalidParameter, match="layers:N"):
         lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft="layers:x")
-    with pytest.raises(InvalidParameter, match="cannot be combined with lens"):
-        lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft="layers:1", lens=True)
+    with pytest.raises(InvalidParameter, match="cannot be combined with attribution"):
+        lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft="layers:1", attribution=True)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_lens_and_the_attention_of_a_drafted_run_are_the_plain_runs(tiny_lm, k):
+    """The verify forward keeps every position's captures: each accepted step's lens and attention
+    are those of the plain run's step (within the speculative bound), the first block's first
+    step the prefill's."""
+    kw = {**GREEDY, "max_new_tokens": 10, "lens": True, "attention": "heads"}
+    plain = lmtrace.generate(tiny_lm, PROMPT, **kw)
+    drafted = lmtrace.generate(tiny_lm, PROMPT, **kw, draft="layers:1", draft_tokens=k)
+    assert drafted.token_ids == plain.token_ids and drafted.speculative["blocks"] < len(plain.steps)
+    for d, p in zip(drafted.steps, plain.steps):
+        for a, b in zip(d.lens["layers"], p.lens["layers"]):
+            assert [t["token_id"] for t in a["top"]] == [t["token_id"] for t in b["top"]]
+            assert all(abs(x["logprob"] - y["logprob"]) < 1e-4 for x, y in zip(a["top"], b["top"]))
+        for a, b in zip(d.attention["layers"], p.attention["layers"]):
+            assert [t["position"] for t in a["top"]] == [t["position"] for t in b["top"]]
+            assert all(abs(x["weight"] - y["weight"]) < 1e-5 for x, y in zip(a["top"], b["top"]))
 
 
 def other_vocabulary_lm() -> LM:

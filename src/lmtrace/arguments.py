@@ -136,14 +136,6 @@ def draft_tokens(k: int) -> int:
     return k
 
 
-def draft_alone(lens: bool = False, attention: bool | str = False) -> None:
-    """What speculative decoding does not combine with: hooks that expect one position a forward
-    (with a draft, `compile` compiles the draft's step)."""
-    for name, on in (("lens", lens), ("attention", attention)):
-        if on:
-            raise InvalidParameter(f"draft: speculative decoding cannot be combined with {name}; drop one of them")
-
-
 def against(value: str | int) -> tuple[str, int | str]:
     """--against: ("rank", N) for `rank:N` (N >= 1), ("id", i) for a token id, ("text", t) for a
     token's text (the tokenizer decides later whether it is one token)."""
@@ -162,3 +154,15 @@ def against(value: str | int) -> tuple[str, int | str]:
     if not text:
         raise InvalidParameter("against: needs a token text, a token id or rank:N, got ''")
     return ("text", text)
+
+
+def draft_in_batch(lens: bool = False, attention: bool | str = False) -> None:
+    """A row of a continuous batch (a batch line, a server's request) decodes its speculative
+    blocks beside the batch's forward, whose lens and attention hooks capture the batch's rows:
+    a drafted row's own forwards are not captured, so lens and attention are refused with a draft."""
+    for name, on in (("lens", lens), ("attention", attention)):
+        if on:
+            raise InvalidParameter(
+                f"draft and {name}: a drafted row of a continuous batch is not captured by the batch's "
+                f"{name} hooks (lmtrace generate takes both); drop one of them"
+            )

@@ -122,7 +122,7 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
         text, ids, messages = _encode(lm, line.data, chat or "messages" in line.data)
         inside, draft = inside_of(line.data, defaults), draft_of(line.data, defaults)
         if draft is not None:  # hooks that expect one position a forward, as lmtrace generate says
-            arguments.draft_alone(inside["lens"], inside["attention"])
+            arguments.draft_in_batch(inside["lens"], inside["attention"])
             if line.data.get("attribution"):
                 raise InvalidParameter(
                     "draft: speculative decoding cannot be combined with attribution; drop one of them"

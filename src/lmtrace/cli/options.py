@@ -327,11 +327,8 @@ def draft_options(f):
 
 
 def draft_from(kw: dict) -> tuple[str | None, int]:
-    """(draft, draft_tokens) from draft_options: --draft-tokens needs --draft, and a draft goes
-    without --lens and --attention."""
+    """(draft, draft_tokens) from draft_options: --draft-tokens needs --draft."""
     draft, k = kw.pop("draft"), kw.pop("draft_tokens")
     if draft is None and k is not None:
         raise InvalidParameter(f"draft_tokens: only with --draft, got {k}")
-    if draft is not None:
-        arguments.draft_alone(kw.get("lens", False), kw.get("attention", False))
     return draft, 4 if k is None else k

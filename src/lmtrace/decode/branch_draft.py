@@ -15,6 +15,7 @@ import torch
 
 from lmtrace.decode import engine, speculative
 from lmtrace.decode.loop import Finish, Watch, advance
+from lmtrace.decode.observers import Observer
 from lmtrace.decode.rows import RowRecord, records, to_trace
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.errors import InvalidParameter
@@ -25,7 +26,7 @@ from lmtrace.params import SamplingParams
 from lmtrace.records import Trace
 
 
-class Fork:
+class Fork(Observer):
     """An observer that keeps step `at`'s raw logits (1, vocab), its penalty mask before the
     step's token and the random stream after its draw."""
 
@@ -114,4 +115,3 @@ def _steps(
     for step in speculative.generate_steps(lm.model, draft.model, prefix, rest, rng, setup, k, tally):
         step.index += at + 1
         yield step
-

@@ -85,6 +85,17 @@ class Observer:
     def restore(self, saved: Any, seqs: Sequence[Sequence[int]]) -> None:
         """Back to a `snapshot`, each row's tokens so far `seqs`."""
 
+    def start(self, prompt_ids: Sequence[Sequence[int]]) -> None:
+        """A generation over these prompts starts (with a draft, the prompts of a batch decode one
+        after another, each its own generation)."""
+
+    def positions(self, n: int) -> None:
+        """The next forward computes `n` steps at once (a speculative block's verify forward):
+        hooks that keep what a forward left keep its last `n` positions."""
+
+    def select(self, at: int) -> None:
+        """The step observed next is the kept position `at` (0: the first) of the last forward."""
+
 
 def summaries(observers: Sequence[Observer], steps: list[Step]) -> dict[str, Any]:
     """The trace-level entries of a finished row: {name: summary} for every observer that has one."""
@@ -211,6 +222,15 @@ class Inside(Observer):
 
     def restore(self, saved: Any, seqs: Sequence[Sequence[int]]) -> None:
         self.probe.restore(saved, seqs)
+
+    def start(self, prompt_ids: Sequence[Sequence[int]]) -> None:
+        self.probe.rebase(prompt_ids)
+
+    def positions(self, n: int) -> None:
+        self.probe.positions(n)
+
+    def select(self, at: int) -> None:
+        self.probe.select(at)
 
 
 # the entries the built-in observers write (records.Step keeps them as fields of their own)

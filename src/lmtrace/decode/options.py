@@ -111,7 +111,6 @@ def _draft(lm: LM, options: GenerateOptions) -> drafts.Draft | None:
     if options.draft is None:
         return None
     arguments.draft_tokens(options.draft_tokens)
-    arguments.draft_alone(options.lens, options.attention)
     return drafts.draft_for(lm, options.draft)
 
 

@@ -51,6 +51,7 @@ class Packed:
     def __post_init__(self) -> None:
         self.past = self.reuse
 
+
 @dataclass
 class Ride:
     """A running batch's next decode step, computed in a pack's forward. The batch's cache

@@ -113,7 +113,12 @@ def _ridden(model, rows: Sequence[PromptRow], indices: list[int], ride: packed.R
 
 
 def _shared(
-    model, rows: Sequence[PromptRow], indices: list[int], cache: PrefixCache, out: list, limits: tuple,
+    model,
+    rows: Sequence[PromptRow],
+    indices: list[int],
+    cache: PrefixCache,
+    out: list,
+    limits: tuple,
     ride: packed.Ride | None = None,
 ) -> None:
     """Rows that share the cache, in packed forwards of at most `limits[2]` new tokens: each
@@ -140,7 +145,12 @@ def _shared(
 
 
 def _run_pack(
-    model, rows: Sequence[PromptRow], pack: list, cache: PrefixCache, out: list, limits: tuple,
+    model,
+    rows: Sequence[PromptRow],
+    pack: list,
+    cache: PrefixCache,
+    out: list,
+    limits: tuple,
     ride: packed.Ride | None = None,
 ) -> bool:
     """One packed forward (the riding step's too); each row kept in the cache after it (the

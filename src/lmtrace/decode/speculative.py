@@ -179,6 +179,7 @@ class Speculation:
         self.loop = _Loop(self.target, self.proposer, params, rng, setup, tally, engine.expected_bytes(model, 1),
                           [[]] if setup.user else None)  # fmt: skip
         self.held: torch.Tensor | None = None  # the prefill's distribution, owed to the first block
+        self.held_saved: list = []  # the observers' captures of the prefill, for that step
         self.width = 0  # the target's vocabulary: a draft's logits are fitted to it
 
     @property
@@ -195,6 +196,7 @@ class Speculation:
                                             self.setup.observers)  # fmt: skip
         self.target.forwards += 1
         self.width = self.held.shape[-1]
+        self.held_saved = [o.snapshot() for o in self.setup.observers]
 
     def block(self) -> Iterator[BatchStep]:
         """The draft's proposals and the target's verification forward now; the block's steps
@@ -203,9 +205,20 @@ class Speculation:
         matcher = self.setup.grammars[0] if self.setup.grammars else None
         proposals = propose(self.proposer, self.seq, k_now, self.params, self.rng, self.seen, len(self.tally.blocks),
                             self.width, matcher, self.setup.user, self.loop.history)  # fmt: skip
+        observers = self.setup.observers
+        fed = len(proposals) + (1 if self.held is None else 0)  # the verify forward's steps
+        for o in observers:
+            o.positions(fed)
         rows = verify(self.target, self.seq, proposals, self.held)  # (k_now + 1, vocab)
+        saved = [o.snapshot() for o in observers]
+        for o in observers:
+            o.positions(1)
+        # each step's captures: the prefill's for a first block's first step, else the verify forward's
+        captured = [(saved, i) for i in range(fed)]
+        if self.held is not None:
+            captured.insert(0, (self.held_saved, 0))
         self.held = None
-        return self.loop.block(self.seq, self.made, proposals, rows, self.seen)
+        return self.loop.block(self.seq, self.made, proposals, rows, self.seen, captured)
 
 
 def generate_steps(
@@ -237,13 +250,29 @@ class _Loop:
     done: bool = False
     started: float = field(default_factory=time.perf_counter)
 
+    def _observe_at(self, captured: tuple[list, int], seq: list[int]) -> None:
+        """The observers back to the forward that made this step, at its position there."""
+        saved, at = captured
+        for o, state in zip(self.setup.observers, saved):
+            o.restore(state, [list(seq)])
+            o.select(at)
+
     def block(
-        self, seq: list[int], index: int, proposals: list[Proposal], rows: torch.Tensor, seen: torch.Tensor | None
+        self,
+        seq: list[int],
+        index: int,
+        proposals: list[Proposal],
+        rows: torch.Tensor,
+        seen: torch.Tensor | None,
+        captured: Sequence[tuple[list, int]] = (),
     ) -> Iterator[BatchStep]:
         """The block's steps: each proposal judged in turn until one is rejected, then the bonus;
-        `seq` gets the emitted tokens."""
+        `seq` gets the emitted tokens. `captured`: each step's observer snapshots and its position
+        among the positions they kept."""
         verdicts: list[bool] = []
         for i in range(len(proposals) + 1):
+            if i < len(captured):
+                self._observe_at(captured[i], seq)
             proposal = proposals[i] if i < len(proposals) else None
             how = Choosing([self.params], self.rng, seen, grammars=self.setup.grammars, draft=proposal,
                            user=self.setup.user, history=self.history)  # fmt: skip
@@ -291,10 +320,11 @@ def iter_rows(
         def hook(row: int, token: int, r: int = r) -> bool:
             return rows[r].add(token, token in eos)
 
+        for o in watchers:  # each prompt its own generation
+            o.start([ids])
         tally = Tally(draft.spec, k, draft.describe())
         setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, False, list(watchers),
                              constrained.matchers(lm, [params]), user)  # fmt: skip
         steps = generate_steps(lm.model, draft.model, ids, params, rng, setup, k, tally, compile)
         for _, step in records(lm, [ids], steps, [rows[r]]):
             yield r, step, tally
-

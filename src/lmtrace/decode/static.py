@@ -59,8 +59,9 @@ def check(model: Any, option: str = "compile") -> None:
         )
     matmul = getattr(model, "lmtrace_matmul", None)
     if matmul is not None:
-        raise InvalidParameter(f"{option}: compile cannot be combined with matmul {matmul.split()[0]}; "
-                               "load without matmul to compile")
+        raise InvalidParameter(
+            f"{option}: compile cannot be combined with matmul {matmul.split()[0]}; load without matmul to compile"
+        )
 
 
 def whole_step(constrained: bool, user: Any, observers: Any) -> bool:
@@ -84,8 +85,14 @@ def forward_of(model: Any) -> Callable[..., torch.Tensor]:
     name = next(iter(ledger.cache_kwargs(model, None)))
 
     def forward(tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any) -> torch.Tensor:
-        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, logits_to_keep=1,
-                    use_cache=True, **{name: cache})  # (batch,) -> (batch, 1): one new token a row
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=mask,
+            position_ids=positions,
+            logits_to_keep=1,
+            use_cache=True,
+            **{name: cache},
+        )  # (batch,) -> (batch, 1): one new token a row
         return out.logits[:, -1, :].float()  # (batch, 1, vocab) -> (batch, vocab)
 
     return forward
@@ -118,8 +125,15 @@ class StaticStep:
         self._numbers = torch.compile(numbers, mode=how, dynamic=False)
         self.graphs = how == "reduce-overhead"
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any,
-                 seen: torch.Tensor | None, rng: sampling.Rng) -> Out:
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: Any,
+        seen: torch.Tensor | None,
+        rng: sampling.Rng,
+    ) -> Out:
         """One step from the fed tokens (batch,) at `positions` (batch, 1): the next tokens and
         their numbers, all on the device."""
         if self.graphs:  # a new iteration: the graphs may overwrite the last step's outputs
@@ -168,8 +182,9 @@ def compiled_forward(model: Any) -> Callable[..., torch.Tensor]:
         model.__dict__["_lmtrace_compiled_forward"] = (id(model), forward)
     graphs = mode(model.device) == "reduce-overhead"
 
-    def decode(model: Any, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any,
-               cache: Any) -> torch.Tensor:
+    def decode(
+        model: Any, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any, cache: Any
+    ) -> torch.Tensor:
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
         return forward(token_ids, position_ids, attention_mask, cache).clone()

@@ -13,7 +13,7 @@ only the most recent keys, so its column j is position (total - kv_len + j)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -61,6 +61,8 @@ def value_weighted(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     kv_heads, kv_len, head_dim) -> (batch, heads, kv_len)."""
     norms = value.float().norm(dim=-1)  # (batch, kv_heads, kv_len)
     norms = norms.repeat_interleave(weights.shape[1] // norms.shape[1], dim=1)  # -> (batch, heads, kv_len)
+    if weights.dim() == 4:  # (batch, heads, queries, kv_len): a verify forward's kept queries
+        norms = norms[:, :, None, :]
     scaled = weights * norms
     return scaled / scaled.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
 
@@ -69,19 +71,23 @@ def _forward(kind: str):
     def forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
         softcap = kwargs.get("softcap")
         sink = getattr(module, "_lmtrace_attention", None)
+        n = module._lmtrace_keep() if sink is not None else 1  # the last queries kept (a verify forward: several)
         if kind == "eager":  # the model's own arithmetic, weights included
             out, weights = eager_weights(module, query, key, value, attention_mask, scaling, softcap)
-        else:  # the model's own kernel's output (the same logits, bit for bit); the last query's weights aside
+        else:  # the model's own kernel's output (the same logits, bit for bit); the last queries' weights aside
             out, _ = KERNELS[kind](
                 module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
             )
             weights = None
             if sink is not None:
-                last = attention_mask[..., -1:, :] if attention_mask is not None else None
-                _, weights = eager_weights(module, query[:, :, -1:], key, value, last, scaling, softcap)
+                last = attention_mask[..., -n:, :] if attention_mask is not None else None
+                if last is None and n > 1:  # plain causal: each kept query sees the keys up to its own
+                    kv = key.shape[2]
+                    last = torch.ones(n, kv, dtype=torch.bool, device=query.device).tril(kv - n)[None, None]
+                _, weights = eager_weights(module, query[:, :, -n:], key, value, last, scaling, softcap)
         if sink is not None:
-            last = weights[:, :, -1, :].float()  # (batch, heads, q, kv) -> (batch, heads, kv)
-            sink[module.layer_idx] = (last, value_weighted(last, value))
+            kept = weights[:, :, -1, :].float() if n == 1 else weights[:, :, -n:, :].float()
+            sink[module.layer_idx] = (kept, value_weighted(kept, value))  # (batch, heads, [n,] kv)
         return out, weights
 
     return forward
@@ -93,9 +99,11 @@ for _kind, _name in CAPTURE.items():
 
 
 @contextmanager
-def capturing(model) -> Iterator[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+def capturing(model, keep: Callable[[], int] = lambda: 1) -> Iterator[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
     """Switches the model to the capturing attention; yields the dict each forward fills with
-    {layer index: (weights, value-weighted weights)} of the last query, each (batch, heads, kv_len)."""
+    {layer index: (weights, value-weighted weights)} of the last query, each (batch, heads, kv_len);
+    where `keep()` is more than one (a speculative block's verify forward), of the last `keep()`
+    queries, each (batch, heads, keep, kv_len)."""
     original = model.config._attn_implementation
     if original not in CAPTURE:
         raise InvalidParameter(
@@ -105,12 +113,12 @@ def capturing(model) -> Iterator[dict[int, tuple[torch.Tensor, torch.Tensor]]]:
     modules = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "config")]
     model.set_attn_implementation(CAPTURE[original])
     for m in modules:
-        m._lmtrace_attention = sink
+        m._lmtrace_attention, m._lmtrace_keep = sink, keep
     try:
         yield sink
     finally:
         for m in modules:
-            del m._lmtrace_attention
+            del m._lmtrace_attention, m._lmtrace_keep
         model.set_attn_implementation(original)
 
 

@@ -9,7 +9,7 @@ records leave the device: top tokens, the chosen token's rank and logprob, entro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -76,20 +76,23 @@ def _tied(head: Any, embed: Any) -> bool:
 
 
 @contextmanager
-def capturing(model) -> Iterator[list[torch.Tensor | None]]:
+def capturing(model, keep: Callable[[], int] = lambda: 1) -> Iterator[list[torch.Tensor | None]]:
     """Yields a list that each forward fills with (batch, hidden) last-position rows:
-    [embedding output, layer 0's output, ..., last layer's output]."""
+    [embedding output, layer 0's output, ..., last layer's output]; where `keep()` is more than
+    one (a speculative block's verify forward), the last `keep()` positions (batch, keep, hidden)."""
     un = unembedding(model)
     rows: list[torch.Tensor | None] = [None] * (len(un.layers) + 1)
 
+    def last(h: torch.Tensor) -> torch.Tensor:
+        n = keep()
+        return h[:, -1, :].clone() if n == 1 else h[:, -n:, :].clone()  # (batch, seq, hidden) -> (batch, [n,] hidden)
+
     def first(module, args, kwargs):
-        h = args[0] if args else kwargs["hidden_states"]
-        rows[0] = h[:, -1, :].clone()  # (batch, seq, hidden) -> (batch, hidden)
+        rows[0] = last(args[0] if args else kwargs["hidden_states"])
 
     def after(i: int):
         def hook(module, args, output):
-            h = output[0] if isinstance(output, tuple) else output
-            rows[i + 1] = h[:, -1, :].clone()
+            rows[i + 1] = last(output[0] if isinstance(output, tuple) else output)
 
         return hook
 

@@ -30,12 +30,19 @@ class Probe:
             raise InvalidParameter(f"attention must be true, false or 'heads', got {attention!r}")
         self.lens, self.attention, self.heads = bool(lens), bool(attention), attention == "heads"
         self.top_n = top_n or DEFAULT_TOP
-        self.width = max(len(p) for p in prompt_ids)
-        self.pads = [self.width - len(p) for p in prompt_ids]
-        self.seqs = [list(p) for p in prompt_ids]  # each row's tokens by absolute position
+        self.rebase(prompt_ids)
         self._rows: list | None = None
         self._weights: dict | None = None
         self._un: lens.Unembedding | None = None
+        self.keep = 1  # the last positions the next forward's captures keep (a verify forward: several)
+        self.at = 0  # which of the kept positions the next `take` reads
+
+    def rebase(self, prompt_ids: Sequence[Sequence[int]]) -> None:
+        """The rows of the generation that starts now (speculative decoding decodes the prompts of
+        a batch one after another): their left padding and their tokens by absolute position."""
+        self.width = max(len(p) for p in prompt_ids)
+        self.pads = [self.width - len(p) for p in prompt_ids]
+        self.seqs = [list(p) for p in prompt_ids]
 
     @property
     def wanted(self) -> bool:
@@ -47,20 +54,47 @@ class Probe:
         with ExitStack() as stack:
             if self.lens:
                 self._un = lens.unembedding(model)
-                self._rows = stack.enter_context(lens.capturing(model))
+                self._rows = stack.enter_context(lens.capturing(model, lambda: self.keep))
             if self.attention:
-                self._weights = stack.enter_context(attention.capturing(model))
+                self._weights = stack.enter_context(attention.capturing(model, lambda: self.keep))
             yield
+
+    def positions(self, n: int) -> None:
+        """The next forward's captures keep its last `n` positions (one a step: a verify forward
+        of speculative decoding makes the steps of a block); `take` reads the first until `select`."""
+        self.keep, self.at = n, 0
+
+    def select(self, at: int) -> None:
+        """Which of the last forward's kept positions the next `take` reads (0: the first kept)."""
+        self.at = at
+
+    def _lens_rows(self) -> list:
+        """The lens's (batch, hidden) rows of the selected position."""
+        rows = self._rows or []
+        return [r if r is None or r.dim() == 2 else r[:, self.at, :] for r in rows]
+
+    def _attention_weights(self) -> dict:
+        """The selected query's weights (batch, heads, kv_len), the keys after it (a later
+        position of the same verify forward) cut off."""
+        out = {}
+        for layer, (w, vw) in (self._weights or {}).items():
+            if w.dim() == 3:
+                out[layer] = (w, vw)
+                continue
+            n = w.shape[2]
+            seen = w.shape[-1] - (n - 1 - self.at)
+            out[layer] = (w[:, :, self.at, :seen], vw[:, :, self.at, :seen])
+        return out
 
     def take(self, index: int, logits: torch.Tensor, tokens: torch.Tensor) -> tuple[list | None, list | None]:
         """(lens records, attention records), one per row, for the forward that produced step
         `index`'s raw `logits` (batch, vocab), whose chosen tokens are `tokens` (batch,)."""
         lens_rows = att_rows = None
         if self.lens:
-            lens_rows = lens.measure(self._un, self._rows, logits, tokens, self.top_n)
+            lens_rows = lens.measure(self._un, self._lens_rows(), logits, tokens, self.top_n)
         if self.attention:
             total = self.width + index  # columns of the padded sequence the query sees
-            att_rows = attention.summarize(self._weights, total, self.pads, self.top_n, self.heads)
+            att_rows = attention.summarize(self._attention_weights(), total, self.pads, self.top_n, self.heads)
             for row, layers in enumerate(att_rows):
                 name_positions(layers, self.seqs[row])
         for row, token in enumerate(tokens.tolist()):
