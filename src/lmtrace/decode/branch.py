@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from lmtrace import arguments
 from lmtrace.decode import branch_draft, constrained, engine, observers
 from lmtrace.decode.loop import Finish, Watch, advance
 from lmtrace.decode.observers import Observer
@@ -29,7 +28,6 @@ from lmtrace.decode.tracing import encode_prompt, traced
 from lmtrace.errors import GenerationError, InvalidParameter
 from lmtrace.kv import ledger
 from lmtrace.logits import processors
-from lmtrace.model.draft import draft_for
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams, check_integer
 from lmtrace.records import Trace
@@ -292,10 +290,7 @@ def _drafted(
     if options.params.constraint is not None:
         name = options.params.constraint
         raise InvalidParameter(f"draft and {name}: a drafted branch decodes unconstrained; drop {name} or the draft")
-    arguments.draft_tokens(options.draft_tokens)
-    chosen = draft_for(lm, options.draft)
-    ranks, fan = ranked
+    the_plan = plan(lm, options, [ids])  # the draft loaded, its arguments checked
     with torch.inference_mode():
-        p, chat, k = options.params, options.chat, options.draft_tokens
-        traces, ranks = branch_draft.branches(lm, ids, prompt, at, ranks, fan, p, chat, chosen, k)
+        traces, ranks = branch_draft.branches(lm, prompt, ids, at, ranked, the_plan)
     return Branches(at, [None, *ranks], traces)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,7 +21,6 @@ from lmtrace.decode.rows import RowRecord, records, to_trace
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger
-from lmtrace.model.draft import Draft
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.records import Trace
@@ -51,15 +51,31 @@ class Fork(Observer):
             self.rng_state = None if how.rng is None else how.rng.get_state()
 
 
+@dataclass
+class _Run:
+    """What every drafted branch shares: the model, the prompt (text and ids), the plan (its params,
+    its draft and draft_tokens, chat)."""
+
+    lm: LM
+    prompt: str
+    ids: list[int]
+    plan: Any
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.plan.params
+
+
 def branches(
-    lm: LM, ids: list[int], prompt: str, at: int, ranks: list[int], fan: bool, p: SamplingParams, chat: bool,
-    draft: Draft, k: int,
-) -> tuple[list[Trace], list[int]]:  # fmt: skip
-    """(the original and one trace per branch, the ranks branched on)."""
+    lm: LM, prompt: str, ids: list[int], at: int, ranked: tuple[list[int], bool], plan: Any
+) -> tuple[list[Trace], list[int]]:
+    """(the original and one trace per branch, the ranks branched on), decoded with `plan`'s draft
+    (decode/options.py Plan); `ranked`: the ranks asked for, and whether they are a fan."""
+    run, (ranks, fan), p = _Run(lm, prompt, ids, plan), ranked, plan.params
     fork = Fork(at)
     row = RowRecord(lm, p.stop)
-    tallies = [tally for _, _, tally in speculative.iter_rows(lm, draft, [ids], p, [row], k, [fork])]
-    original = to_trace(lm, prompt, ids, p, row, chat)
+    tallies = [tally for _, _, tally in speculative.iter_rows(lm, plan, [ids], [row], [fork])]
+    original = to_trace(lm, prompt, ids, p, row, plan.options.chat)
     original.speculative = tallies[-1].to_dict() if tallies else None
     if fork.logits is None:
         raise InvalidParameter(f"at must be a step the decoding reached (0..{len(original.steps) - 1}), got {at}")
@@ -68,15 +84,12 @@ def branches(
         ranks = [r for r in ranks if order[r - 1] != original.steps[at].token_id]
     traces = [original]
     for rank in ranks:
-        traces.append(_branch(lm, ids, prompt, original, fork, order[rank - 1], p, chat, draft, k))
+        traces.append(_branch(run, original, fork, order[rank - 1]))
     return traces, ranks
 
 
-def _branch(
-    lm: LM, ids: list[int], prompt: str, original: Trace, fork: Fork, token: int, p: SamplingParams, chat: bool,
-    draft: Draft, k: int,
-) -> Trace:  # fmt: skip
-    at = fork.at
+def _branch(run: _Run, original: Trace, fork: Fork, token: int) -> Trace:
+    lm, p, at, draft, k = run.lm, run.params, fork.at, run.plan.draft, run.plan.options.draft_tokens
     row = RowRecord(lm, p.stop)
     for s in original.steps[:at]:  # replays the detokenizer; the original stopped at none of these
         row.add(s.token_id, False)
@@ -84,18 +97,19 @@ def _branch(
     eos = set(lm.eos_token_ids) if p.stop_on_eos else set()
     hook = lambda r, t: row.add(t, t in eos)  # noqa: E731
     tally = speculative.Tally(draft.spec, k, draft.describe())
-    for _ in records(lm, [ids], _steps(lm, ids, original, fork, token, p, draft, k, hook, tally), [row]):
+    for _ in records(lm, [run.ids], _steps(run, original, fork, token, (hook, tally)), [row]):
         pass
-    trace = to_trace(lm, prompt, ids, p, row, chat)
+    trace = to_trace(lm, run.prompt, run.ids, p, row, run.plan.options.chat)
     trace.speculative = tally.to_dict()
     return trace
 
 
 def _steps(
-    lm: LM, ids: list[int], original: Trace, fork: Fork, token: int, p: SamplingParams, draft: Draft, k: int,
-    hook: Any, tally: speculative.Tally,
-) -> Iterator[BatchStep]:  # fmt: skip
-    """The forced step at `at`, then the speculative continuation (steps numbered on from it)."""
+    run: _Run, original: Trace, fork: Fork, token: int, counted: tuple[Any, speculative.Tally]
+) -> Iterator[BatchStep]:
+    """The forced step at `at`, then the speculative continuation (steps numbered on from it);
+    `counted`: the hook that sees each token and the branch's Tally."""
+    lm, p, (hook, tally) = run.lm, run.params, counted
     at, rng = fork.at, None
     if fork.rng_state is not None:
         rng = torch.Generator(device=lm.model.device)
@@ -109,9 +123,10 @@ def _steps(
     yield step
     if step.finish[0] is not None:
         return
-    prefix = ids + [s.token_id for s in original.steps[:at]] + [token]
+    prefix = run.ids + [s.token_id for s in original.steps[:at]] + [token]
     rest = dataclasses.replace(p, max_new_tokens=p.max_new_tokens - at - 1)
     setup = engine.Setup(eos, lm.pad_token_id, hook)
-    for step in speculative.generate_steps(lm.model, draft.model, prefix, rest, rng, setup, k, tally):
+    drafting = speculative.Drafting(run.plan.draft.model, run.plan.options.draft_tokens, tally)
+    for step in speculative.generate_steps(lm.model, prefix, rest, rng, setup, drafting):
         step.index += at + 1
         yield step

@@ -36,8 +36,8 @@ class DraftedRow:
 
         observers = [*([Echo(p.top_logprobs)] if spec.echo else []), *spec.observers]
         setup = engine.Setup(eos, lm.pad_token_id, fed, False, observers, grammars, tuple(spec.logits_processors))
-        self.run = speculative.Speculation(lm.model, spec.draft.model, spec.ids, p, row.generator, setup,
-                                           spec.draft_tokens, self.tally)  # fmt: skip
+        drafting = speculative.Drafting(spec.draft.model, spec.draft_tokens, self.tally)
+        self.run = speculative.Speculation(lm.model, spec.ids, p, row.generator, setup, drafting)
         with torch.inference_mode():
             self.run.prefill()
 

@@ -23,12 +23,11 @@ import torch
 
 from lmtrace.decode import constrained, engine, static
 from lmtrace.decode.loop import Finish, Watch, advance
-from lmtrace.decode.observers import attached
+from lmtrace.decode.observers import Observer, attached
 from lmtrace.decode.rows import RowRecord, generator, records
 from lmtrace.decode.step import BatchStep, Choosing, Proposal
 from lmtrace.kv import ledger
 from lmtrace.logits import grammar, processors
-from lmtrace.model.draft import Draft
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.records import Step
@@ -75,6 +74,17 @@ def _rate(flags: list[bool]) -> float | None:
 
 def _leading(verdicts: list[bool]) -> int:
     return next((i for i, v in enumerate(verdicts) if not v), len(verdicts))
+
+
+@dataclass
+class Drafting:
+    """The draft side of a speculative run: the draft model, the tokens it proposes a block (K),
+    what is counted, whether its one-token step runs compiled on a static cache."""
+
+    model: Any
+    k: int
+    tally: Tally
+    compile: bool = False
 
 
 class Side:
@@ -166,15 +176,23 @@ class Speculation:
     block's steps, lazily) until `done`. It holds no context across calls: the caller runs each
     under torch.inference_mode (generate_steps below; a continuous batch's drafted row)."""
 
-    def __init__(self, model: Any, draft: Any, prompt_ids: Sequence[int], params: SamplingParams, rng: Any,
-                 setup: engine.Setup, k: int, tally: Tally, compile: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        rng: Any,
+        setup: engine.Setup,
+        drafting: Drafting,
+    ):
         engine.check_context(model, [prompt_ids], params)
+        k, tally = drafting.k, drafting.tally
         self.model, self.params, self.rng, self.setup, self.k, self.tally = model, params, rng, setup, k, tally
         self.prompt_len, self.seq = len(prompt_ids), list(prompt_ids)
         length = None
-        if compile:  # room for the prompt, the tokens and a block past them, in whole buckets
+        if drafting.compile:  # room for the prompt, the tokens and a block past them, in whole buckets
             length = static.capacity(len(self.seq) + params.max_new_tokens + k + 1)
-        self.target, self.proposer = Side(model), Side(draft, length)
+        self.target, self.proposer = Side(model), Side(drafting.model, length)
         self.seen = processors.seen_mask(params, [self.seq], model.config.vocab_size, model.device)
         self.loop = _Loop(self.target, self.proposer, params, rng, setup, tally, engine.expected_bytes(model, 1),
                           [[]] if setup.user else None)  # fmt: skip
@@ -222,13 +240,12 @@ class Speculation:
 
 
 def generate_steps(
-    model: Any, draft: Any, prompt_ids: Sequence[int], params: SamplingParams, rng: Any, setup: engine.Setup,
-    k: int, tally: Tally, compile: bool = False,
-) -> Iterator[BatchStep]:  # fmt: skip
-    """Decodes one prompt with `draft` proposing `k` tokens a block; yields one BatchStep per
+    model: Any, prompt_ids: Sequence[int], params: SamplingParams, rng: Any, setup: engine.Setup, drafting: Drafting
+) -> Iterator[BatchStep]:
+    """Decodes one prompt with the draft proposing K tokens a block; yields one BatchStep per
     token, as engine.generate_steps does, with the step's `draft` verdict (None: a bonus token).
-    `compile`: the draft's step runs torch.compile'd on a static cache (a one-off compile)."""
-    run = Speculation(model, draft, prompt_ids, params, rng, setup, k, tally, compile)
+    With `drafting.compile` the draft's step runs torch.compile'd on a static cache (a one-off compile)."""
+    run = Speculation(model, prompt_ids, params, rng, setup, drafting)
     with torch.inference_mode(), attached(setup.observers, model):
         run.prefill()
         while not run.done:
@@ -307,12 +324,13 @@ def _crop(target: Side, draft: Side, keep: int) -> dict[str, Any] | None:
 
 
 def iter_rows(
-    lm: LM, draft: Draft, prompts: Sequence[list[int]], params: SamplingParams, rows: list[RowRecord], k: int,
-    watchers: Sequence[Any] = (), compile: bool = False, user: Sequence[processors.UserProcessor] = (),
-) -> Iterator[tuple[int, Step, Tally]]:  # fmt: skip
-    """Each prompt decoded alone with the draft, one after another, drawing from one generator
-    seeded by the params (the first prompt draws as it would alone); yields (row, Step, the
-    row's Tally) as steps are produced."""
+    lm: LM, plan: Any, prompts: Sequence[list[int]], rows: list[RowRecord], extra: Sequence[Observer] = ()
+) -> Iterator[tuple[int, Step, Tally]]:
+    """Each prompt decoded alone with the plan's draft (decode/options.py Plan), one after another,
+    drawing from one generator seeded by the params (the first prompt draws as it would alone);
+    yields (row, Step, the row's Tally) as steps are produced. `extra`: observers of the caller's
+    beside the plan's."""
+    params, draft, watchers = plan.params, plan.draft, [*plan.watchers, *extra]
     eos = set(lm.eos_token_ids) if params.stop_on_eos else set()
     rng = generator(lm, params)
     for r, ids in enumerate(prompts):
@@ -322,9 +340,10 @@ def iter_rows(
 
         for o in watchers:  # each prompt its own generation
             o.start([ids])
-        tally = Tally(draft.spec, k, draft.describe())
-        setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, False, list(watchers),
-                             constrained.matchers(lm, [params]), user)  # fmt: skip
-        steps = generate_steps(lm.model, draft.model, ids, params, rng, setup, k, tally, compile)
+        k = plan.options.draft_tokens
+        drafting = Drafting(draft.model, k, Tally(draft.spec, k, draft.describe()), plan.options.compile)
+        grammars = constrained.matchers(lm, [params])
+        setup = engine.Setup(sorted(eos), lm.pad_token_id, hook, False, watchers, grammars, plan.user)
+        steps = generate_steps(lm.model, ids, params, rng, setup, drafting)
         for _, step in records(lm, [ids], steps, [rows[r]]):
-            yield r, step, tally
+            yield r, step, drafting.tally

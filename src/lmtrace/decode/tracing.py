@@ -82,10 +82,7 @@ def produced(
     """(row, Step, the row's speculative Tally or None) as the steps come: the prompts decoded as
     one batch, or with a draft one after another (decode/speculative.py)."""
     if plan.draft is not None:
-        o = plan.options
-        yield from speculative.iter_rows(
-            lm, plan.draft, ids, plan.params, rows, o.draft_tokens, plan.watchers, o.compile, plan.user
-        )
+        yield from speculative.iter_rows(lm, plan, ids, rows)
         return
     for r, step in _iter_rows(lm, ids, plan, rows, rng):
         yield r, step, None
