@@ -191,10 +191,19 @@ def via_traces(lm, kw: dict) -> dict:
     return request(lm, "/v1/traces", kw, prompt=PROMPT)
 
 
-def _logprob_steps(tokens: list[int], logprobs: list[float], tops: list[list[float]]) -> dict:
-    """What an OpenAI answer tells of the steps: each token's raw logprob and its alternatives'."""
-    return {"steps": [{"logprob": lp, "top": [{"logprob": t} for t in top]} for lp, top in zip(logprobs, tops)],
-            "n": len(tokens)}  # fmt: skip
+def _logprob_steps(
+    tokens: list[int], logprobs: list[float], tops: list[list[float]], observed: list[dict] | None = None
+) -> dict:
+    """What an OpenAI answer tells of the steps: each token's raw logprob and its alternatives',
+    and with the `observed` extension each step's observer entries."""
+    steps = [{"logprob": lp, "top": [{"logprob": t} for t in top]} for lp, top in zip(logprobs, tops)]
+    for step, entries in zip(steps, observed or []):
+        step.update(entries or {})
+    return {"steps": steps, "n": len(tokens)}
+
+
+# the answer's `observed` extension: the observer fields a request sends (lmtrace.server.observed)
+OBSERVED = ("lens", "attention", "uncertainty")
 
 
 def via_completions(lm, kw: dict) -> dict:
@@ -204,7 +213,8 @@ def via_completions(lm, kw: dict) -> dict:
     got, skip = answer["choices"][0]["logprobs"], answer["usage"]["prompt_tokens"] if kw.get("echo") else 0
     # OpenAI's completions list the chosen token among the alternatives too: the n best are the n first
     tops = [sorted((x for x in (t or {}).values()), reverse=True)[:n] for t in got["top_logprobs"][skip:]]
-    return _logprob_steps(got["tokens"][skip:], got["token_logprobs"][skip:], tops)
+    observed = (got.get("observed") or [])[skip:]
+    return _logprob_steps(got["tokens"][skip:], got["token_logprobs"][skip:], tops, observed)
 
 
 def via_chat(lm, kw: dict) -> dict:
@@ -212,14 +222,19 @@ def via_chat(lm, kw: dict) -> dict:
     fields = {k: v for k, v in kw.items() if k != "top_logprobs"}
     got = request(lm, "/v1/chat/completions", fields, messages=[{"role": "user", "content": PROMPT}],
                   logprobs=True, top_logprobs=n)["choices"][0]["logprobs"]["content"]  # fmt: skip
-    return _logprob_steps(got, [c["logprob"] for c in got], [[t["logprob"] for t in c["top_logprobs"]] for c in got])
+    tops = [[t["logprob"] for t in c["top_logprobs"]] for c in got]
+    return _logprob_steps(got, [c["logprob"] for c in got], tops, [c.get("observed") for c in got])
 
 
 def openai_view(trace: dict) -> dict:
-    """The reference as an OpenAI answer shows it (raw logprobs, alternatives in order)."""
-    steps = trace["steps"]
-    return {"steps": [{"logprob": s["logprob"], "top": [{"logprob": a["logprob"]} for a in s["top"]]} for s in steps],
-            "n": len(steps)}  # fmt: skip
+    """The reference as an OpenAI answer shows it (raw logprobs, alternatives in order, and the
+    observer entries the `observed` extension carries)."""
+    steps = []
+    for s in trace["steps"]:
+        step = {"logprob": s["logprob"], "top": [{"logprob": a["logprob"]} for a in s["top"]]}
+        step.update({k: s[k] for k in OBSERVED if k in s})
+        steps.append(step)
+    return {"steps": steps, "n": len(steps)}
 
 
 ENTRIES: dict[str, Callable[[Any, dict], dict]] = {
@@ -250,8 +265,8 @@ REFUSES = {
     "batch local": {"compile"},
     "kv-lab reference": set(),
     "server /v1/traces": {"compile"},
-    "server completions": {"lens", "attention", "waterfall", "processor", "compile", *OBSERVERS},
-    "server chat": {"lens", "attention", "echo", "waterfall", "processor", "compile", *OBSERVERS},
+    "server completions": {"waterfall", "processor", "compile", "attribution"},
+    "server chat": {"echo", "waterfall", "processor", "compile", "attribution"},
 }
 # generate itself: a draft with attribution (its hooks keep one position a forward); the compiled step with
 # hooks inside the forward (lens, attention, attribution)

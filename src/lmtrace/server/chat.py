@@ -1,7 +1,8 @@
 """POST /v1/chat/completions, as OpenAI's: `messages` through the model's chat template,
 `logprobs: true` (+ `top_logprobs` N) gives choices[].logprobs.content[] = {token, logprob,
 bytes, top_logprobs: [{token, logprob, bytes}]}; `tools` and `tool_choice` give
-message.tool_calls (lmtrace.server.tools)."""
+message.tool_calls (lmtrace.server.tools); `lens`, `attention`, `uncertainty` (as /v1/traces
+takes them) add each token's entries beside its logprobs (lmtrace.server.observed)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lmtrace.records import Trace
-from lmtrace.server import tools
+from lmtrace.server import observed, tools
 from lmtrace.server.errors import failure
 from lmtrace.server.generation import Part, ServerState, collect, new_id, openai_chunks, start, usage
 from lmtrace.server.logprobs import chat_entry
@@ -29,7 +30,7 @@ router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded 
 async def create_chat_completion(body: ChatRequest, request: Request) -> Any:
     state: ServerState = request.app.state.lmtrace
     check_model(body, state.name)
-    job = await state.prepare(chat_job, body)
+    job = observed.observe(state.lm, await state.prepare(chat_job, body), body, "logprobs")
     handle = start(state, job)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": state.name,
             "system_fingerprint": state.fingerprint}  # fmt: skip
@@ -50,8 +51,11 @@ def choice(job: Job, index: int, trace: Trace) -> dict[str, Any]:
     arguments as written, finish_reason "length"), and the extension `tool_call_fields` gives
     each argument's confidence."""
     out: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": trace.text}}
-    out["logprobs"] = {"content": [chat_entry(s, job.sampled) for s in trace.steps]} if job.logprobs else None
+    observe = observed.observing(job)
+    out["logprobs"] = {"content": [chat_entry(s, job.sampled, observe) for s in trace.steps]} if job.logprobs else None
     out["finish_reason"] = trace.finish_reason
+    if observe:
+        out[observed.NAME] = observed.trace_entries(trace)
     if job.tools is not None:
         calls, before = tools.read_calls(job.tools, trace.text)
         if calls:
@@ -77,8 +81,9 @@ async def _whole(job: Job, handle: Handle, request: Request, head: dict, with_us
             first = {"index": i, "delta": delta, "logprobs": whole["logprobs"], "finish_reason": None}
             yield sse({**head, "choices": [first]})
             last = {"index": i, "delta": {}, "logprobs": None, "finish_reason": whole["finish_reason"]}
-            if "tool_call_fields" in whole:
-                last["tool_call_fields"] = whole["tool_call_fields"]
+            for name in ("tool_call_fields", observed.NAME):
+                if name in whole:
+                    last[name] = whole[name]
             yield sse({**head, "choices": [last]})
         if with_usage:
             yield sse({**head, "choices": [], "usage": usage(job, answer.traces, answer.cached)})
@@ -99,8 +104,11 @@ def _chunks(
             first = {"role": "assistant", "content": ""}
             yield {**head, "choices": [{"index": part.choice, "delta": first, "logprobs": None, "finish_reason": None}]}
         delta = {"content": part.text} if part.text or part.finish_reason is None else {}
-        logprobs = {"content": [chat_entry(s, job.sampled) for s, _ in part.steps]} if job.logprobs else None
+        observe = observed.observing(job)
+        logprobs = {"content": [chat_entry(s, job.sampled, observe) for s, _ in part.steps]} if job.logprobs else None
         choice = {"index": part.choice, "delta": delta, "logprobs": logprobs, "finish_reason": part.finish_reason}
+        if part.finish_reason is not None and observe:  # the trace's own entries, at its end
+            choice[observed.NAME] = observed.trace_entries(part.trace)
         yield {**head, "choices": [choice]}
 
     return openai_chunks(state, job, handle, request, head, with_usage, render)

@@ -2,7 +2,8 @@
 string, token ids, a list of strings, a list of token-id lists; choice `i * n + j` is prompt
 i's j-th, each with the logprobs and echo of its own prompt), `logprobs` N gives {tokens,
 token_logprobs, top_logprobs, text_offset}, `echo` puts the prompt
-(and its tokens, the first with a null logprob) before the completion."""
+(and its tokens, the first with a null logprob) before the completion. `lens`, `attention`,
+`uncertainty` (as /v1/traces takes them) add each token's entries: lmtrace.server.observed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from lmtrace.records import Trace
+from lmtrace.server import observed
 from lmtrace.server.generation import Part, ServerState, collect, new_id, openai_chunks, start, usage
 from lmtrace.server.logprobs import CompletionLogprobs, PromptToken
 from lmtrace.server.prepare import Job, check_model, completion_job
@@ -28,7 +30,7 @@ router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded 
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     state: ServerState = request.app.state.lmtrace
     check_model(body, state.name)
-    job = await state.prepare(completion_job, body)
+    job = observed.observe(state.lm, await state.prepare(completion_job, body), body, "logprobs")
     handle = start(state, job)
     head = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": state.name,
             "system_fingerprint": state.fingerprint}  # fmt: skip
@@ -46,7 +48,7 @@ def _choice(job: Job, index: int, trace: Trace | None, prompt: list[PromptToken]
     prompt_text = job.prompt_of(index).text
     logprobs = None
     if job.logprobs:
-        lp = CompletionLogprobs(0 if job.echo else len(prompt_text))
+        lp = CompletionLogprobs(0 if job.echo else len(prompt_text), observed.observing(job))
         if job.echo:
             lp.add_prompt(prompt or [], prompt_text)
             lp.offset = len(prompt_text)
@@ -54,12 +56,15 @@ def _choice(job: Job, index: int, trace: Trace | None, prompt: list[PromptToken]
         for step, piece in zip(steps, answer_pieces(steps, text)):
             lp.add_step(step, piece, job.sampled)
         logprobs = lp.to_dict()
-    return {
+    out = {
         "index": index,
         "text": (prompt_text if job.echo else "") + text,
         "logprobs": logprobs,
         "finish_reason": trace.finish_reason if trace else "length",
     }
+    if observed.observing(job):
+        out[observed.NAME] = observed.trace_entries(trace)
+    return out
 
 
 def _chunks(
@@ -70,7 +75,7 @@ def _chunks(
     def render(part: Part) -> Iterator[dict[str, Any]]:
         logprobs = None
         if job.logprobs and (part.steps or part.prompt is not None):
-            lp = CompletionLogprobs(0 if part.prompt is not None else offsets[part.choice])
+            lp = CompletionLogprobs(0 if part.prompt is not None else offsets[part.choice], observed.observing(job))
             if part.prompt is not None:
                 lp.add_prompt(part.prompt, job.prompt_of(part.choice).text)
             else:
@@ -79,6 +84,8 @@ def _chunks(
                 offsets[part.choice] = lp.offset
             logprobs = lp.to_dict()
         choice = {"index": part.choice, "text": part.text, "logprobs": logprobs, "finish_reason": part.finish_reason}
+        if part.finish_reason is not None and observed.observing(job):  # the trace's own entries, at its end
+            choice[observed.NAME] = observed.trace_entries(part.trace)
         yield {**head, "choices": [choice]}
 
     return openai_chunks(state, job, handle, request, head, with_usage, render)

@@ -16,6 +16,7 @@ from lmtrace.logits import measure
 from lmtrace.model.lm import LM
 from lmtrace.records import Alternative, Step
 from lmtrace.records.alternatives import alternatives
+from lmtrace.server import observed
 
 FLOOR = -9999.0  # OpenAI's stand-in for a token too unlikely to have a number
 
@@ -72,28 +73,35 @@ def prompt_logprobs(lm: LM, ids: list[int], top_n: int) -> list[PromptToken]:
     return prompt_tokens(lm, ids, done.numbers)
 
 
-def chat_entry(step: Step, sampled: bool) -> dict[str, Any]:
-    """One `choices[].logprobs.content[]` item: {token, logprob, bytes, top_logprobs}."""
+def chat_entry(step: Step, sampled: bool, observe: bool = False) -> dict[str, Any]:
+    """One `choices[].logprobs.content[]` item: {token, logprob, bytes, top_logprobs}; with
+    `observe`, also the step's observer entries (lmtrace.server.observed)."""
     key = "sampled_logprob" if sampled else "logprob"
-    return {
+    out = {
         "token": token_str(step.bytes),
         "logprob": _lp(getattr(step, key)),
         "bytes": list(step.bytes),
         "top_logprobs": [{"token": a.text, "logprob": _lp(getattr(a, key)), "bytes": list(a.bytes)} for a in step.top],
     }
+    if observe:
+        out[observed.NAME] = observed.step_entries(step)
+    return out
 
 
 class CompletionLogprobs:
     """`choices[].logprobs` of /v1/completions: {tokens, token_logprobs, top_logprobs,
     text_offset}. Offsets count characters from the start of the prompt, also without echo
-    (as OpenAI), so `(prompt + text)[text_offset[i]:]` starts with what token i added."""
+    (as OpenAI), so `(prompt + text)[text_offset[i]:]` starts with what token i added. With
+    `observe`, also `observed`: each token's observer entries (null for an echoed prompt token;
+    lmtrace.server.observed)."""
 
-    def __init__(self, offset: int):
+    def __init__(self, offset: int, observe: bool = False):
         self.offset = offset
         self.tokens: list[str] = []
         self.token_logprobs: list[float | None] = []
         self.top_logprobs: list[dict[str, float] | None] = []
         self.text_offset: list[int] = []
+        self.observed: list[dict[str, Any] | None] | None = [] if observe else None
 
     def _add(self, raw: list[int], piece: str, lp: float | None, top: dict[str, float] | None) -> None:
         self.tokens.append(completion_token(raw))
@@ -111,19 +119,26 @@ class CompletionLogprobs:
             top = None if t.logprob is None else _top_dict(t.top, t.bytes, t.logprob, "logprob")
             added = text is not None and not text.startswith(t.piece, self.offset - start)
             self._add(t.bytes, "" if added else t.piece, t.logprob, top)
+            if self.observed is not None:
+                self.observed.append(None)
 
     def add_step(self, step: Step, piece: str, sampled: bool) -> None:
         """`piece` is the text the step adds to the answer ("" past a stop string or at EOS)."""
         key = "sampled_logprob" if sampled else "logprob"
         self._add(step.bytes, piece, getattr(step, key), _top_dict(step.top, step.bytes, getattr(step, key), key))
+        if self.observed is not None:
+            self.observed.append(observed.step_entries(step))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "tokens": self.tokens,
             "token_logprobs": self.token_logprobs,
             "top_logprobs": self.top_logprobs,
             "text_offset": self.text_offset,
         }
+        if self.observed is not None:
+            out[observed.NAME] = self.observed
+        return out
 
 
 def _top_dict(top: list[Alternative], own: list[int], own_lp: float, key: str) -> dict[str, float]:

@@ -136,7 +136,21 @@ class Sampling(BaseModel):
         return [v] if isinstance(v, str) else v
 
 
-class CompletionRequest(Sampling):
+class Observing(BaseModel):
+    """What each step records beside its logprobs, the same fields on /v1/traces (the step's
+    own entries) and on completions and chat (lmtrace.server.observed: an extension object
+    beside each token's logprobs)."""
+
+    # Record every layer's prediction per step (the logit lens) / the attention over the cache
+    # (true: the mean over heads; "heads": also each head's own).
+    lens: bool = False
+    attention: bool | Literal["heads"] = False
+    # Record each step's confidence, margin, varentropy and the trace's sequence scores (the
+    # CLI's --uncertainty, DeepConf's k 20 and window/tail 2048; docs/uncertainty.md).
+    uncertainty: bool = False
+
+
+class CompletionRequest(Observing, Sampling):
     # A string, or a list of token ids.
     prompt: Any = Field(...)
     # Return the logprob of each token and of this many alternatives (0-20).
@@ -251,7 +265,7 @@ class Tools(BaseModel):
     parallel_tool_calls: bool | None = None
 
 
-class ChatRequest(Tools, Sampling):
+class ChatRequest(Observing, Tools, Sampling):
     # The conversation, rendered with the model's chat template.
     messages: list[Message]
     # Extension (as vLLM's): extra variables for the model's chat template, such as
@@ -270,20 +284,13 @@ class ChatRequest(Tools, Sampling):
     max_completion_tokens: Int | None = None
 
 
-class TraceRequest(Tools, Sampling):
+class TraceRequest(Observing, Tools, Sampling):
     # One of: a prompt (string or token ids) or chat messages (with chat_template_kwargs, as chat's).
     prompt: Any = None
     messages: list[Message] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     # Alternatives recorded per step (0-100, as the CLI's --top-logprobs).
     top_logprobs: Int = 5
-    # Record every layer's prediction per step (the logit lens) / the attention over the cache
-    # (true: the mean over heads; "heads": also each head's own).
-    lens: bool = False
-    attention: bool | Literal["heads"] = False
-    # Record each step's confidence, margin, varentropy and the trace's sequence scores (the
-    # CLI's --uncertainty, DeepConf's k 20 and window/tail 2048; docs/uncertainty.md).
-    uncertainty: bool = False
     # The prompt's own logprobs in the trace (`prompt_logprobs`, the CLI's --echo).
     echo: bool = False
     # The distribution after each sampling stage at a step index, or at "all" steps (--waterfall).

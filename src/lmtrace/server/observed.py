@@ -1,0 +1,68 @@
+"""The observers on the OpenAI routes (an lmtrace extension): completions and chat take the
+fields /v1/traces takes for what each step records beside its logprobs (`lens`, `attention`,
+`uncertainty`: schemas.Observing), decode them in the same batch as a trace, and answer each
+step's entries as the trace's step has them, in an object `observed` beside the token's logprobs:
+`choices[].logprobs.content[].observed` (chat), `choices[].logprobs.observed[]` (completions, one
+per token, null for an echoed prompt token), and the trace's own entries (uncertainty's sequence
+scores) as `choices[].observed`.
+
+Which entries: whatever the step record holds from its observers (Step.entries, and the fields
+the built-in ones write), so an observer added to the decoding reaches these routes with no edit
+here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmtrace.model.lm import LM
+from lmtrace.records import Step, Trace
+from lmtrace.server.errors import bad_request
+from lmtrace.server.prepare import Job
+from lmtrace.server.schemas import Observing
+
+NAME = "observed"
+# the Step fields the built-in observers write (the others write Step.entries)
+FIELDS = ("waterfall", "lens", "attention")
+
+
+def inside(lm: LM, body: Observing) -> dict[str, Any]:
+    """The request's observer fields as the decoding's keyword arguments (Job.inside): lens and
+    attention as they are, the others as Observers."""
+    out: dict[str, Any] = {"lens": body.lens, "attention": body.attention}
+    if body.uncertainty:  # an observer: the engine's own batch, as lens and attention
+        from lmtrace.decode.uncertainty import Uncertainty
+
+        out["observers"] = [Uncertainty(vocab=lm.model.config.vocab_size)]
+    return out
+
+
+def asked(body: Observing) -> list[str]:
+    """The observer fields the request set."""
+    return [name for name in Observing.model_fields if getattr(body, name)]
+
+
+def observe(lm: LM, job: Job, body: Observing, logprobs_name: str) -> Job:
+    """The job with the request's observers; they need the answer's logprobs, which carry their
+    entries (a 400 naming both otherwise)."""
+    wanted = asked(body)
+    if wanted and not job.logprobs:
+        message = f"{wanted[0]} needs {logprobs_name}: its entries go beside each token's logprobs"
+        raise bad_request(message, wanted[0])
+    job.inside = inside(lm, body) if wanted else {}
+    return job
+
+
+def observing(job: Job) -> bool:
+    """Whether the answer carries the observers' entries."""
+    return any(bool(v) for v in job.inside.values())
+
+
+def step_entries(step: Step) -> dict[str, Any]:
+    """The step's observer entries, as its JSON in a trace writes them."""
+    d = step.to_dict()
+    return {name: d[name] for name in (*FIELDS, *step.entries) if name in d}
+
+
+def trace_entries(trace: Trace | None) -> dict[str, Any]:
+    """The trace's own observer entries (uncertainty's sequence scores), as its JSON writes them."""
+    return {} if trace is None else dict(trace.entries)
