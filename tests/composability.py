@@ -203,7 +203,7 @@ def _logprob_steps(
 
 
 # the answer's `observed` extension: the observer fields a request sends (lmtrace.server.observed)
-OBSERVED = ("lens", "attention", "uncertainty")
+OBSERVED = ("lens", "attention", "uncertainty", "waterfall", "attribution")
 
 
 def via_completions(lm, kw: dict) -> dict:
@@ -265,8 +265,8 @@ REFUSES = {
     "batch local": {"compile"},
     "kv-lab reference": set(),
     "server /v1/traces": {"compile"},
-    "server completions": {"waterfall", "processor", "compile", "attribution"},
-    "server chat": {"echo", "waterfall", "processor", "compile", "attribution"},
+    "server completions": {"compile"},
+    "server chat": {"echo", "compile"},
 }
 # generate itself: a draft with attribution (its hooks keep one position a forward); the compiled step with
 # hooks inside the forward (lens, attention, attribution)

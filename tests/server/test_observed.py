@@ -117,12 +117,12 @@ def test_echo_keeps_the_prompt_tokens_without_entries(client):
     [
         ("/v1/chat/completions", {"messages": USER, "lens": True}, "lens", "lens needs logprobs"),
         ("/v1/completions", {"prompt": PROMPT, "uncertainty": True}, "uncertainty", "uncertainty needs logprobs"),
-        ("/v1/completions", {"prompt": PROMPT, "logprobs": 1, "waterfall": "all"}, "waterfall", "waterfall"),
+        ("/v1/completions", {"prompt": PROMPT, "waterfall": "all"}, "waterfall", "waterfall needs logprobs"),
         (
-            "/v1/chat/completions",
-            {"messages": USER, "logprobs": True, "attribution": True},
-            "attribution",
-            "attribution",
+            "/v1/completions",
+            {"prompt": PROMPT, "logprobs": 1, "logits_processors": ["nope"]},
+            "logits_processors",
+            "nope",
         ),
         ("/v1/chat/completions", {"messages": USER, "logprobs": True, "echo": True}, "echo", "echo"),
     ],
@@ -132,3 +132,15 @@ def test_refused_in_one_line(client, route, fields, param, words):
     error = answer.json()["error"]
     assert answer.status_code == 400 and error["param"] == param and words in error["message"], answer.text
     assert "\n" not in error["message"]
+
+
+def test_waterfall_and_attribution_on_the_openai_routes(client):
+    """The waterfall and attribution, as /v1/traces takes them, beside each token's logprobs."""
+    answer = client.post(
+        "/v1/chat/completions",
+        json={"messages": USER, "max_tokens": 3, "logprobs": True, "waterfall": "all", "attribution": True},
+    )
+    assert answer.status_code == 200, answer.text
+    content = answer.json()["choices"][0]["logprobs"]["content"]
+    assert all({"waterfall", "attribution"} <= set(c["observed"]) for c in content)
+    assert all(c["observed"]["attribution"]["token_id"] is not None for c in content)

@@ -17,7 +17,7 @@ from typing import Any
 from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
 from lmtrace.server.errors import bad_request
-from lmtrace.server.prepare import Job
+from lmtrace.server.prepare import Job, recorded
 from lmtrace.server.schemas import Observing
 
 NAME = "observed"
@@ -25,36 +25,45 @@ NAME = "observed"
 FIELDS = ("waterfall", "lens", "attention")
 
 
-def inside(lm: LM, body: Observing) -> dict[str, Any]:
+def inside(lm: LM, body: Observing, params: Any, known: dict[str, Any]) -> dict[str, Any]:
     """The request's observer fields as the decoding's keyword arguments (Job.inside): lens and
-    attention as they are, the others as Observers."""
+    attention as they are, uncertainty as an Observer, the waterfall, attribution and processors
+    (names the server registered) as /v1/traces takes them (prepare.recorded; an OpenAI route's
+    `echo` is its own: the prompt before the completion)."""
     out: dict[str, Any] = {"lens": body.lens, "attention": body.attention}
     if body.uncertainty:  # an observer: the engine's own batch, as lens and attention
         from lmtrace.decode.uncertainty import Uncertainty
 
         out["observers"] = [Uncertainty(vocab=lm.model.config.vocab_size)]
+    out.update({k: v for k, v in recorded(lm, body, params, known).items() if k != "echo"})
     return out
 
 
+# the fields that record beside each token (the others, the processors, change the decoding)
+RECORDING = ("lens", "attention", "uncertainty", "waterfall", "attribution", "against")
+# the job's entries whose observers write the answer's `observed`
+WRITING = ("lens", "attention", "observers", "waterfall", "attribution")
+
+
 def asked(body: Observing) -> list[str]:
-    """The observer fields the request set."""
-    return [name for name in Observing.model_fields if getattr(body, name)]
+    """The recording fields the request set."""
+    return [name for name in RECORDING if getattr(body, name) not in (None, False)]
 
 
-def observe(lm: LM, job: Job, body: Observing, logprobs_name: str) -> Job:
+def observe(lm: LM, job: Job, body: Observing, logprobs_name: str, known: dict[str, Any]) -> Job:
     """The job with the request's observers; they need the answer's logprobs, which carry their
-    entries (a 400 naming both otherwise)."""
+    entries (a 400 naming both otherwise). `known`: the processors the server registered."""
     wanted = asked(body)
     if wanted and not job.logprobs:
         message = f"{wanted[0]} needs {logprobs_name}: its entries go beside each token's logprobs"
         raise bad_request(message, wanted[0])
-    job.inside = inside(lm, body) if wanted else {}
+    job.inside = inside(lm, body, job.params, known) if wanted or body.logits_processors else {}
     return job
 
 
 def observing(job: Job) -> bool:
     """Whether the answer carries the observers' entries."""
-    return any(bool(v) for v in job.inside.values())
+    return any(bool(job.inside.get(name)) for name in WRITING)
 
 
 def step_entries(step: Step) -> dict[str, Any]:

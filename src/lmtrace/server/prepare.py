@@ -302,7 +302,7 @@ def trace_job(lm: LM, body: TraceRequest, known: dict[str, Any] | None = None) -
     return job
 
 
-def recorded(lm: LM, body: TraceRequest, params: SamplingParams, known: dict[str, Any]) -> dict[str, Any]:
+def recorded(lm: LM, body: Any, params: SamplingParams, known: dict[str, Any]) -> dict[str, Any]:
     """A trace request's echo, waterfall, attribution and processors (names the server registered),
     checked as generate checks them; errors name the request's field."""
     try:
@@ -314,7 +314,7 @@ def recorded(lm: LM, body: TraceRequest, params: SamplingParams, known: dict[str
         user = named.resolve(body.logits_processors, known)
     except InvalidParameter as e:
         raise from_invalid(e) from e
-    chosen = {"echo": body.echo, "waterfall": body.waterfall, "attribution": body.attribution}
+    chosen = {"echo": getattr(body, "echo", False), "waterfall": body.waterfall, "attribution": body.attribution}
     return {**chosen, "against": body.against, "logits_processors": user}
 
 

@@ -148,6 +148,15 @@ class Observing(BaseModel):
     # Record each step's confidence, margin, varentropy and the trace's sequence scores (the
     # CLI's --uncertainty, DeepConf's k 20 and window/tail 2048; docs/uncertainty.md).
     uncertainty: bool = False
+    # The distribution after each sampling stage at a step index, or at "all" steps (--waterfall).
+    waterfall: Int | Literal["all"] | None = None
+    # Each step's logit difference against `against` split over the layers and heads (--attribution,
+    # --against: "rank:N", a token id or a token's text).
+    attribution: bool = False
+    against: Int | Text | None = None
+    # Processors the server registered by name (lmtrace serve --logits-processor NAME=module:function),
+    # run first, in this order.
+    logits_processors: list[Text] | None = None
 
 
 class CompletionRequest(Observing, Sampling):
@@ -293,15 +302,6 @@ class TraceRequest(Observing, Tools, Sampling):
     top_logprobs: Int = 5
     # The prompt's own logprobs in the trace (`prompt_logprobs`, the CLI's --echo).
     echo: bool = False
-    # The distribution after each sampling stage at a step index, or at "all" steps (--waterfall).
-    waterfall: Int | Literal["all"] | None = None
-    # Each step's logit difference against `against` split over the layers and heads (--attribution,
-    # --against: "rank:N", a token id or a token's text).
-    attribution: bool = False
-    against: Int | Text | None = None
-    # Processors the server registered by name (lmtrace serve --logits-processor NAME=module:function),
-    # run first, in this order.
-    logits_processors: list[Text] | None = None
     # The CLI's constraint keys (as on a batch line): a JSON schema, a regular expression, the
     # options of a choice, an EBNF grammar; and the whitespace a JSON schema allows.
     json_schema: dict[str, Any] | None = None
