@@ -83,8 +83,15 @@ def _record(i: int, tok: Token, token_id: int, raw: torch.Tensor, used: torch.Te
     }
 
 
-def compare(lm: LM, response: Reported | dict, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-            threshold: float = 0.1) -> Comparison:  # fmt: skip
+def compare(
+    lm: LM,
+    response: Reported | dict,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    threshold: float = 0.1,
+) -> Comparison:
     """Compares a response (parsed, or a dict in any shape parse_response reads) with the model."""
     from lmtrace.comparison.parse import parse_response
 

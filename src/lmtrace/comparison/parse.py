@@ -93,10 +93,15 @@ def _lmtrace(d: dict[str, Any]) -> Reported:
     # a trace of model.generate's scores only (lmtrace.from_generate) reports the processed numbers
     key = "sampled_logprob" if d.get("distributions") == "processed" else "logprob"
     tokens = [
-        Token(s["text"], _lp(s[key]), s["bytes"], s["token_id"],
-              [Token(a["text"], _lp(a[key]), a["bytes"], a["token_id"]) for a in s["top"]])
+        Token(
+            s["text"],
+            _lp(s[key]),
+            s["bytes"],
+            s["token_id"],
+            [Token(a["text"], _lp(a[key]), a["bytes"], a["token_id"]) for a in s["top"]],
+        )
         for s in d["steps"]
-    ]  # fmt: skip
+    ]
     settings = {k: d["params"].get(k) for k in ("temperature", "top_k", "top_p", "min_p")}
     return Reported("lmtrace", tokens, d["prompt"]["text"], prompt_ids=d["prompt"]["token_ids"], settings=settings)
 
@@ -119,8 +124,7 @@ def parse_response(data: dict[str, Any]) -> Reported:
     if isinstance(choices, list) and choices and isinstance(choices[0].get("logprobs"), dict):
         lp = choices[0]["logprobs"]
         if "content" in lp:
-            return Reported("openai-chat", _openai_chat(choices[0]), prompt, request.get("messages"),
-                            settings=settings)  # fmt: skip
+            return Reported("openai-chat", _openai_chat(choices[0]), prompt, request.get("messages"), settings=settings)
         if "tokens" in lp:
             tokens = _openai_completion(choices[0])
             echo = bool(tokens) and tokens[0].logprob is None

@@ -30,11 +30,19 @@ def fit_temperature(rows: torch.Tensor, chosen: torch.Tensor, engine: list[float
     return {"temperature": best, "mean_abs_diff": error(best)}
 
 
-def judge(records: list[dict[str, Any]], engine: list[float | None], threshold: float,
-          fit: dict[str, float] | None, processed: bool = False) -> dict[str, Any]:  # fmt: skip
+def judge(
+    records: list[dict[str, Any]],
+    engine: list[float | None],
+    threshold: float,
+    fit: dict[str, float] | None,
+    processed: bool = False,
+) -> dict[str, Any]:
     diffs = [abs(r["diff"]) for r in records if r["diff"] is not None and math.isfinite(r["diff"])]
-    proc = [abs(r["engine_logprob"] - r["model_processed_logprob"]) for r in records
-            if r["engine_logprob"] is not None and math.isfinite(r["model_processed_logprob"])]  # fmt: skip
+    proc = [
+        abs(r["engine_logprob"] - r["model_processed_logprob"])
+        for r in records
+        if r["engine_logprob"] is not None and math.isfinite(r["model_processed_logprob"])
+    ]
     kls = [r["kl_top"] for r in records if r["kl_top"] is not None]
     mean_raw = sum(diffs) / len(diffs) if diffs else None
     mean_proc = sum(proc) / len(proc) if proc and processed else None
@@ -65,8 +73,10 @@ def _verdict(raw: float | None, proc: float | None, fit: dict | None, threshold:
         if raw <= proc and raw <= threshold:
             return "raw", f"the raw distribution fits better ({raw:.4f} vs {proc:.4f} nats)"
     if fit is not None and abs(fit["temperature"] - 1.0) > 0.05 and fit["mean_abs_diff"] < 0.5 * raw:
-        return "processed", (f"temperature {fit['temperature']:.2f} explains the numbers "
-                             f"({fit['mean_abs_diff']:.4f} vs {raw:.4f} nats raw)")  # fmt: skip
+        return "processed", (
+            f"temperature {fit['temperature']:.2f} explains the numbers "
+            f"({fit['mean_abs_diff']:.4f} vs {raw:.4f} nats raw)"
+        )
     if raw <= threshold:
         return "raw", f"mean |difference| {raw:.4f} nats against the raw distribution"
     return "unclear", f"mean |difference| {raw:.4f} nats; neither raw nor a temperature explains it"

@@ -44,8 +44,9 @@ class InterventionResult:
         return next(a for a in self.arms if a["intervention"] == spec)
 
 
-def forced_logits(lm: LM, ids: list[int], tokens: list[int],
-                  changes: Sequence[hooks.Intervention] = ()) -> torch.Tensor:  # fmt: skip
+def forced_logits(
+    lm: LM, ids: list[int], tokens: list[int], changes: Sequence[hooks.Intervention] = ()
+) -> torch.Tensor:
     """float32 logits (len(tokens), vocab) predicting each of `tokens` after `ids`: one full
     forward (no cache) with the changes' hooks on."""
     seq = torch.tensor([ids + tokens], device=lm.model.device)  # (1, prompt + tokens)
@@ -63,18 +64,30 @@ def step_numbers(ref: torch.Tensor, arm: torch.Tensor, tokens: list[int]) -> lis
     kl = (ref_lp.exp() * (ref_lp - arm_lp)).sum(-1).clamp(min=0.0)  # KL(reference ‖ arm), nats
     agree = (arm_lp.argmax(-1) == idx[:, 0]).tolist()
     rows = zip(chosen.tolist(), (chosen - ref_chosen).tolist(), kl.tolist(), agree)
-    return [{"index": i, "token_id": t, "logprob": lp, "delta": d, "kl": k, "top1_agree": bool(a)}
-            for i, (t, (lp, d, k, a)) in enumerate(zip(tokens, rows))]  # fmt: skip
+    return [
+        {"index": i, "token_id": t, "logprob": lp, "delta": d, "kl": k, "top1_agree": bool(a)}
+        for i, (t, (lp, d, k, a)) in enumerate(zip(tokens, rows))
+    ]
 
 
 def summary(steps: list[dict[str, Any]], divergence: int | None) -> dict[str, Any]:
     n = len(steps)
     if n == 0:
-        return {"mean_kl": None, "max_kl": None, "top1_agreement": None, "mean_delta": None,
-                "divergence_step": divergence}  # fmt: skip
+        return {
+            "mean_kl": None,
+            "max_kl": None,
+            "top1_agreement": None,
+            "mean_delta": None,
+            "divergence_step": divergence,
+        }
     kls = [s["kl"] for s in steps]
-    return {"mean_kl": sum(kls) / n, "max_kl": max(kls), "top1_agreement": sum(s["top1_agree"] for s in steps) / n,
-            "mean_delta": sum(s["delta"] for s in steps) / n, "divergence_step": divergence}  # fmt: skip
+    return {
+        "mean_kl": sum(kls) / n,
+        "max_kl": max(kls),
+        "top1_agreement": sum(s["top1_agree"] for s in steps) / n,
+        "mean_delta": sum(s["delta"] for s in steps) / n,
+        "divergence_step": divergence,
+    }
 
 
 def _first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -94,8 +107,13 @@ def parse_patch(lm: LM, spec: str, prompt_ids: list[int]) -> hooks.Intervention:
     return hooks.Intervention("patch", int(layer), vector=vector, spec=spec, position=len(prompt_ids) - 1)
 
 
-def changes_for(lm: LM, ablate: Sequence[str] = (), steer: Sequence[str | tuple] = (), patch: Sequence[str] = (),
-                prompt_ids: list[int] | None = None) -> list[hooks.Intervention]:  # fmt: skip
+def changes_for(
+    lm: LM,
+    ablate: Sequence[str] = (),
+    steer: Sequence[str | tuple] = (),
+    patch: Sequence[str] = (),
+    prompt_ids: list[int] | None = None,
+) -> list[hooks.Intervention]:
     """The arms' interventions, checked against the model; a steer is a spec `L:FILE:ALPHA` or
     (layer, vector, alpha), a patch `L:TEXT` (at the last of `prompt_ids`)."""
     out = [hooks.parse_ablate(s, lm.model) for s in ablate]
@@ -113,9 +131,18 @@ def changes_for(lm: LM, ablate: Sequence[str] = (), steer: Sequence[str | tuple]
     return out
 
 
-def intervene(lm: LM, prompt: str, ablate: Sequence[str] = (), steer: Sequence[str | tuple] = (),
-              patch: Sequence[str] = (), *, chat: bool = False, free: bool = True, params: Any = None,
-              **sampling: Any) -> InterventionResult:  # fmt: skip
+def intervene(
+    lm: LM,
+    prompt: str,
+    ablate: Sequence[str] = (),
+    steer: Sequence[str | tuple] = (),
+    patch: Sequence[str] = (),
+    *,
+    chat: bool = False,
+    free: bool = True,
+    params: Any = None,
+    **sampling: Any,
+) -> InterventionResult:
     """The reference generation and one arm per intervention (each alone): `ablate` specs
     `L.attn`, `L.mlp`, `L.hH`; `steer` specs `L:FILE.pt:ALPHA` or (layer, vector, alpha).
     `sampling` (max_new_tokens, temperature, seed, ...) or `params` set the reference's decoding,

@@ -188,9 +188,17 @@ def _layer_entry(index: int, layer: Any, seen: int | None = None) -> dict[str, A
     qkeys, qvalues = quantized_storage(layer)
     quantized = _nbytes(qkeys) + _nbytes(qvalues)
     if quantized:  # a quantized layer: packed storage plus its full-precision residual, all in use
-        entry = {"layer": index, "kind": FULL, "window": None, "keys": _shape(keys), "values": _shape(values),
-                 "dtype": _quantized_dtype(qkeys), "bytes": allocated + quantized,
-                 "bytes_used": allocated + quantized, "quantized_bytes": quantized}  # fmt: skip
+        entry = {
+            "layer": index,
+            "kind": FULL,
+            "window": None,
+            "keys": _shape(keys),
+            "values": _shape(values),
+            "dtype": _quantized_dtype(qkeys),
+            "bytes": allocated + quantized,
+            "bytes_used": allocated + quantized,
+            "quantized_bytes": quantized,
+        }
         return entry
     return {
         "layer": index,
@@ -258,8 +266,15 @@ def prefix_state(cache: Any, length: int, expected: Any = None) -> KVState:
         held = e["keys"][2] if e["keys"] else 0
         keep = min(length, (e["window"] - 1) if e["window"] else length, held) if held else 0
         per_position = e["bytes_used"] // held if held else 0
-        layers.append({**e, "keys": _resized(e["keys"], keep), "values": _resized(e["values"], keep),
-                       "bytes": per_position * keep, "bytes_used": per_position * keep})  # fmt: skip
+        layers.append(
+            {
+                **e,
+                "keys": _resized(e["keys"], keep),
+                "values": _resized(e["values"], keep),
+                "bytes": per_position * keep,
+                "bytes_used": per_position * keep,
+            }
+        )
     total = sum(e["bytes"] for e in layers) if layers else now.bytes * length // seen
     return KVState(length, total, expected(length) if expected is not None else None, layers, total)
 

@@ -80,8 +80,9 @@ class Anatomy:
             if s.kind == "none":
                 continue
             key = (s.kind, s.window, s.kv_heads, s.head_dim)
-            group = out.setdefault(key, {"kind": s.kind, "window": s.window, "kv_heads": s.kv_heads,
-                                         "head_dim": s.head_dim, "layers": []})  # fmt: skip
+            group = out.setdefault(
+                key, {"kind": s.kind, "window": s.window, "kv_heads": s.kv_heads, "head_dim": s.head_dim, "layers": []}
+            )
             group["layers"].append(i)
         return list(out.values())
 
@@ -90,8 +91,10 @@ class Anatomy:
         tail = f" × {self.batch} batch × {self.bytes_per_element} bytes ({self.dtype})"
         groups = sorted(self.groups(), key=lambda g: bool(g["window"]))  # full layers first
         if len(groups) == 1 and not groups[0]["window"] and len(groups[0]["layers"]) == self.layers:
-            return (f"bytes = 2 × {self.layers} layers × {self.kv_heads} kv_heads × {self.head_dim} head_dim"
-                    f" × positions" + tail)  # fmt: skip
+            return (
+                f"bytes = 2 × {self.layers} layers × {self.kv_heads} kv_heads × {self.head_dim} head_dim"
+                f" × positions" + tail
+            )
         terms = [
             f"{len(g['layers'])} {'sliding' if g['window'] else 'full'} layers × {g['kv_heads']} kv_heads"
             f" × {g['head_dim']} head_dim × " + (f"min(positions, {g['window'] - 1})" if g["window"] else "positions")

@@ -139,8 +139,9 @@ class Compiler:
         try:
             if name == "json_schema":
                 lenient = params.json_whitespace == "any"
-                return c.compile_json_schema(json.dumps(params.json_schema), any_whitespace=lenient,
-                                             separators=None if lenient else COMPACT)  # fmt: skip
+                return c.compile_json_schema(
+                    json.dumps(params.json_schema), any_whitespace=lenient, separators=None if lenient else COMPACT
+                )
             if name == "regex":
                 return c.compile_regex(params.regex)
             return c.compile_grammar(choice_grammar(params.choice) if name == "choice" else params.grammar)

@@ -148,17 +148,27 @@ class Processor:
 PROCESSORS = {
     p.name: p
     for p in (
-        Processor("logit_bias", lambda p, _: bool(p.logit_bias), lambda x, p, _: apply_logit_bias(x, p.logit_bias),
-                  always=False),
-        Processor("repetition_penalty", lambda p, seen: p.repetition_penalty != 1.0 and seen is not None,
-                  lambda x, p, seen: apply_repetition_penalty(x, seen, p.repetition_penalty)),
-        Processor("temperature", lambda p, _: not p.greedy and p.temperature != 1.0,
-                  lambda x, p, _: apply_temperature(x, p.temperature)),
+        Processor(
+            "logit_bias",
+            lambda p, _: bool(p.logit_bias),
+            lambda x, p, _: apply_logit_bias(x, p.logit_bias),
+            always=False,
+        ),
+        Processor(
+            "repetition_penalty",
+            lambda p, seen: p.repetition_penalty != 1.0 and seen is not None,
+            lambda x, p, seen: apply_repetition_penalty(x, seen, p.repetition_penalty),
+        ),
+        Processor(
+            "temperature",
+            lambda p, _: not p.greedy and p.temperature != 1.0,
+            lambda x, p, _: apply_temperature(x, p.temperature),
+        ),
         Processor("top_k", lambda p, _: not p.greedy and p.top_k > 0, lambda x, p, _: apply_top_k(x, p.top_k)),
         Processor("top_p", lambda p, _: not p.greedy and p.top_p < 1.0, lambda x, p, _: apply_top_p(x, p.top_p)),
         Processor("min_p", lambda p, _: not p.greedy and p.min_p > 0, lambda x, p, _: apply_min_p(x, p.min_p)),
     )
-}  # fmt: skip
+}
 ORDER = ("logit_bias", "repetition_penalty", "temperature", "top_k", "top_p", "min_p")  # transformers'
 VLLM_ORDER = ("logit_bias", "repetition_penalty", "temperature", "min_p", "top_k", "top_p")  # vLLM's sampler
 
@@ -182,8 +192,9 @@ class UserProcessor:
             out = self.fn(list(history[r]), logits[r].clone())
             if not isinstance(out, torch.Tensor) or out.shape != logits[r].shape:
                 got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                raise GenerationError(f"logits_processors: {self.name} must return logits of shape "
-                                      f"{tuple(logits[r].shape)}, got {got}")  # fmt: skip
+                raise GenerationError(
+                    f"logits_processors: {self.name} must return logits of shape {tuple(logits[r].shape)}, got {got}"
+                )
             rows.append(out.to(logits.dtype))
         return torch.stack(rows)  # (batch, vocab)
 
@@ -193,8 +204,9 @@ def user_processors(fns: Sequence[Any] | None) -> tuple[UserProcessor, ...]:
     out = []
     for fn in fns or ():
         if not callable(fn):
-            raise InvalidParameter(f"logits_processors: each must be a callable (token_ids, logits) -> logits, "
-                                   f"got {type(fn).__name__}")  # fmt: skip
+            raise InvalidParameter(
+                f"logits_processors: each must be a callable (token_ids, logits) -> logits, got {type(fn).__name__}"
+            )
         out.append(UserProcessor(fn, str(getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__))))
     return tuple(out)
 
@@ -210,24 +222,30 @@ class Stage:
 
 
 def plan(
-    params: SamplingParams, seen: torch.Tensor | None, order: Sequence[str] = ORDER,
-    user: Sequence[UserProcessor] = (), history: Sequence[Sequence[int]] | None = None,
-) -> list[Stage]:  # fmt: skip
+    params: SamplingParams,
+    seen: torch.Tensor | None,
+    order: Sequence[str] = ORDER,
+    user: Sequence[UserProcessor] = (),
+    history: Sequence[Sequence[int]] | None = None,
+) -> list[Stage]:
     """The stages for these params, in order: the user's processors, then the built-in ones."""
     stages = [Stage(u.name, "user", True, lambda x, u=u: u(x, history or [[]] * x.shape[0])) for u in user]
     for name in order:
         p = PROCESSORS[name]
         if not p.always and not p.applies(params, seen):
             continue
-        stages.append(Stage(name, p.setting(params), p.applies(params, seen),
-                            lambda x, p=p: p.apply(x, params, seen)))  # fmt: skip
+        stages.append(Stage(name, p.setting(params), p.applies(params, seen), lambda x, p=p: p.apply(x, params, seen)))
     return stages
 
 
 def process(
-    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None, order: Sequence[str] = ORDER,
-    user: Sequence[UserProcessor] = (), history: Sequence[Sequence[int]] | None = None,
-) -> torch.Tensor:  # fmt: skip
+    logits: torch.Tensor,
+    params: SamplingParams,
+    seen: torch.Tensor | None,
+    order: Sequence[str] = ORDER,
+    user: Sequence[UserProcessor] = (),
+    history: Sequence[Sequence[int]] | None = None,
+) -> torch.Tensor:
     """The distribution a token is chosen from, as logits (batch, vocab): the fold of the plan."""
     out = logits
     for stage in plan(params, seen, order, user, history):
@@ -237,9 +255,13 @@ def process(
 
 
 def scan(
-    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None, order: Sequence[str] = ORDER,
-    user: Sequence[UserProcessor] = (), history: Sequence[Sequence[int]] | None = None,
-) -> list[tuple[str, Any, bool, torch.Tensor]]:  # fmt: skip
+    logits: torch.Tensor,
+    params: SamplingParams,
+    seen: torch.Tensor | None,
+    order: Sequence[str] = ORDER,
+    user: Sequence[UserProcessor] = (),
+    history: Sequence[Sequence[int]] | None = None,
+) -> list[tuple[str, Any, bool, torch.Tensor]]:
     """[(stage, setting, applied, logits after it)] for every stage of the plan (the waterfall)."""
     out, x = [], logits
     for stage in plan(params, seen, order, user, history):

@@ -12,9 +12,12 @@ from lmtrace.params import SamplingParams
 
 
 def process_logits(
-    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None,
-    user: Sequence[processors.UserProcessor] = (), history: Sequence[Sequence[int]] | None = None,
-) -> torch.Tensor:  # fmt: skip
+    logits: torch.Tensor,
+    params: SamplingParams,
+    seen: torch.Tensor | None,
+    user: Sequence[processors.UserProcessor] = (),
+    history: Sequence[Sequence[int]] | None = None,
+) -> torch.Tensor:
     """The distribution a token is chosen from, as logits: the processors in their one order
     (lmtrace.logits.processors). Greedy applies only the logit bias and the penalty (and the user's
     processors)."""

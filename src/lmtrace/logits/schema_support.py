@@ -12,11 +12,37 @@ from __future__ import annotations
 from typing import Any
 
 # keywords ignored wherever they appear
-IGNORED = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas", "uniqueItems", "contains",
-           "minContains", "maxContains", "$dynamicRef", "multipleOf")  # fmt: skip
+IGNORED = (
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "$dynamicRef",
+    "multipleOf",
+)
 # the string formats xgrammar enforces
-FORMATS = {"email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid", "uri",
-           "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"}  # fmt: skip
+FORMATS = {
+    "email",
+    "date",
+    "time",
+    "date-time",
+    "duration",
+    "ipv4",
+    "ipv6",
+    "hostname",
+    "uuid",
+    "uri",
+    "uri-reference",
+    "uri-template",
+    "json-pointer",
+    "relative-json-pointer",
+}
 # keywords holding one schema, a list of schemas, or a name -> schema mapping
 ONE = ("additionalProperties", "items", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 MANY = ("anyOf", "oneOf", "allOf", "prefixItems")

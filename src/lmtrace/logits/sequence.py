@@ -59,8 +59,13 @@ def deepconf(confidences: Sequence[float], window: int, tail: int) -> dict[str, 
     g = groups(confidences, window)
     lowest = sorted(g)[: math.ceil(0.1 * len(g))]
     last = confidences[-min(tail, len(confidences)) :]
-    return {"mean": _mean(confidences), "bottom10": _mean(lowest), "lowest_group": min(g),
-            "tail": _mean(last), "groups": g}  # fmt: skip
+    return {
+        "mean": _mean(confidences),
+        "bottom10": _mean(lowest),
+        "lowest_group": min(g),
+        "tail": _mean(last),
+        "groups": g,
+    }
 
 
 def likelihood(logprobs: Sequence[float], entropies: Sequence[float]) -> dict[str, Any]:
@@ -68,8 +73,13 @@ def likelihood(logprobs: Sequence[float], entropies: Sequence[float]) -> dict[st
     if not logprobs:
         return {"msp": None, "mean_nll": None, "perplexity": None, "mean_entropy": None, "max_entropy": None}
     mean_nll = -_mean(logprobs)
-    return {"msp": -math.fsum(logprobs), "mean_nll": mean_nll, "perplexity": _exp(mean_nll),
-            "mean_entropy": _mean(entropies), "max_entropy": max(entropies)}  # fmt: skip
+    return {
+        "msp": -math.fsum(logprobs),
+        "mean_nll": mean_nll,
+        "perplexity": _exp(mean_nll),
+        "mean_entropy": _mean(entropies),
+        "max_entropy": max(entropies),
+    }
 
 
 def lowest_token(logprobs: Sequence[float], token_ids: Sequence[int], texts: Sequence[str]) -> dict[str, Any] | None:
@@ -86,8 +96,13 @@ def pmi_terms(logprobs: Sequence[float], unconditioned: Sequence[float]) -> list
     return [lp - (u if t > 0 else 0.0) for t, (lp, u) in enumerate(zip(logprobs, unconditioned))]
 
 
-def cpmi_terms(logprobs: Sequence[float], unconditioned: Sequence[float], entropies: Sequence[float],
-               tau: float = CPMI_TAU, lambd: float = CPMI_LAMBDA) -> list[float]:  # fmt: skip
+def cpmi_terms(
+    logprobs: Sequence[float],
+    unconditioned: Sequence[float],
+    entropies: Sequence[float],
+    tau: float = CPMI_TAU,
+    lambd: float = CPMI_LAMBDA,
+) -> list[float]:
     """Conditional PMI's token terms: log p(y|x) - lambda log p(y) where t > 0 and the step's
     entropy is at least tau, else log p(y|x)."""
     out = []

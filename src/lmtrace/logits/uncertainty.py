@@ -59,8 +59,9 @@ def varentropy(logprobs: torch.Tensor) -> torch.Tensor:
     return (p * finite**2).sum(-1) - (p * finite).sum(-1) ** 2
 
 
-def renyi(logprobs: torch.Tensor, alpha: float = RENYI_ALPHA, temperature: float = POLYGRAPH_TEMPERATURE
-          ) -> torch.Tensor:  # fmt: skip
+def renyi(
+    logprobs: torch.Tensor, alpha: float = RENYI_ALPHA, temperature: float = POLYGRAPH_TEMPERATURE
+) -> torch.Tensor:
     """Rényi divergence D_alpha(p_T || uniform) (batch,) of the distribution at `temperature`:
     1/(alpha-1) log sum p^alpha + log V (alpha 1: the KL divergence, log V - H)."""
     lp = torch.log_softmax(logprobs.double() / temperature, dim=-1)

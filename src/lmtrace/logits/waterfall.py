@@ -23,9 +23,13 @@ DEFAULT_TOKENS = 5  # raw top tokens followed through the stages when top_logpro
 
 
 def _stage_logits(
-    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None, allowed: torch.Tensor | None,
-    user: Sequence[processors.UserProcessor] = (), history: Sequence[Sequence[int]] | None = None,
-) -> list[tuple]:  # fmt: skip
+    logits: torch.Tensor,
+    params: SamplingParams,
+    seen: torch.Tensor | None,
+    allowed: torch.Tensor | None,
+    user: Sequence[processors.UserProcessor] = (),
+    history: Sequence[Sequence[int]] | None = None,
+) -> list[tuple]:
     """[(stage, setting, applied, logits (batch, vocab))]: raw, the grammar (where a grammar
     constrained the step), then the processors' own scan (the user's first, under their names)."""
     out = [("raw", None, True, logits)]

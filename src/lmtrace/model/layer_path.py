@@ -78,9 +78,16 @@ def forward(
 ) -> torch.Tensor:
     """LlamaDecoderLayer.forward's arithmetic, bit for bit (see the module's docstring)."""
     if not _plain(self, hidden_states, position_embeddings, kwargs):
-        return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
-                                  cache=cache, use_cache=use_cache, position_embeddings=position_embeddings,
-                                  **kwargs)  # fmt: skip
+        return type(self).forward(
+            self,
+            hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
     attn, mlp = self.self_attn, self.mlp
     b, s, d = hidden_states.shape
     heads, kv = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
@@ -160,8 +167,12 @@ def _shaped(layer: Any) -> bool:
 
 def _grouped(layer: Any) -> bool:
     attn, mlp = layer.self_attn, layer.mlp
-    return (matmul.grouped([attn.q_proj, attn.k_proj, attn.v_proj]) and matmul.grouped([mlp.gate_proj, mlp.up_proj])
-            and matmul.switched(attn.o_proj) and matmul.switched(mlp.down_proj))  # fmt: skip
+    return (
+        matmul.grouped([attn.q_proj, attn.k_proj, attn.v_proj])
+        and matmul.grouped([mlp.gate_proj, mlp.up_proj])
+        and matmul.switched(attn.o_proj)
+        and matmul.switched(mlp.down_proj)
+    )
 
 
 def _rotary(model: Any) -> Any:

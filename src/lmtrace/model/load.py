@@ -143,10 +143,13 @@ def _load_error(e: Exception, where: str | Path, extra: dict[str, Any], name: st
         return ModelLoadError(f"{name}: cannot load model ({type(e).__name__}: {_one_line(e)})")
     if not Path(where).exists():  # a hub id: only the local cache can serve it here
         if extra.get("local_files_only"):
-            return ModelLoadError(f"model {name!r}: the local Hugging Face cache ({checks.hub_cache()}) does not "
-                                  f"hold all of its files, and the hub cannot be reached to download them.")
-        return ModelLoadError(f"model {name!r}: not in the local Hugging Face cache and the hub did not serve it "
-                              f"({_first_sentence(e)}).")  # fmt: skip
+            return ModelLoadError(
+                f"model {name!r}: the local Hugging Face cache ({checks.hub_cache()}) does not "
+                f"hold all of its files, and the hub cannot be reached to download them."
+            )
+        return ModelLoadError(
+            f"model {name!r}: not in the local Hugging Face cache and the hub did not serve it ({_first_sentence(e)})."
+        )
     return ModelLoadError(f"{name}: cannot load ({_one_line(e)})")
 
 
@@ -183,6 +186,7 @@ def load(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from lmtrace.model.gguf.quiet import quiet_gguf
+
     imports = time.perf_counter() - started
     if device_map is not None and device != "auto":
         raise InvalidParameter(f"device_map: give a device or a device_map, not both (device {device!r})")
@@ -272,8 +276,9 @@ def _load_packed(
         raise
     except (ValueError, RuntimeError, NotImplementedError) as e:
         if status is not None:
-            status(f"{path.name}: cannot be packed straight from the file ({_one_line(e)}); "
-                   "loading its float32 copy first")  # fmt: skip
+            status(
+                f"{path.name}: cannot be packed straight from the file ({_one_line(e)}); loading its float32 copy first"
+            )
         return None
 
 
@@ -295,11 +300,14 @@ def _check_invariant(invariant: bool, matmul: str, weights: str, device: str, dt
     if not invariant:
         return
     if matmul != "default":
-        raise InvalidParameter(f"batch_invariant and matmul {matmul!r}: the invariant mode runs its own "
-                               "oneDNN products; drop matmul")  # fmt: skip
+        raise InvalidParameter(
+            f"batch_invariant and matmul {matmul!r}: the invariant mode runs its own oneDNN products; drop matmul"
+        )
     if weights != "float":
-        raise InvalidParameter(f"batch_invariant and weights {weights!r}: the packed GGUF layers have no "
-                               "invariant kernel; use weights 'float'")  # fmt: skip
+        raise InvalidParameter(
+            f"batch_invariant and weights {weights!r}: the packed GGUF layers have no "
+            "invariant kernel; use weights 'float'"
+        )
     if device not in ("auto", "cpu"):
         raise InvalidParameter(f"batch_invariant and device {device!r}: the invariant operations run on the CPU")
     if dtype not in ("auto", "float32"):

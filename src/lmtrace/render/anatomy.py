@@ -46,11 +46,15 @@ def dimensions(an: dict[str, Any], positions: int | None = None) -> list[Dimensi
     heads, kv_heads = an.get("attention_heads"), an.get("kv_heads")
     rows = [
         Dimension("layers", str(an.get("layers")), _field(src.get("layers"), an.get("layers"))),
-        Dimension("KV heads", str(kv_heads), _field(src.get("kv_heads"), kv_heads)
-                  + (f"; {heads} query heads share them: {an.get('attention')}" if heads != kv_heads else "")),
+        Dimension(
+            "KV heads",
+            str(kv_heads),
+            _field(src.get("kv_heads"), kv_heads)
+            + (f"; {heads} query heads share them: {an.get('attention')}" if heads != kv_heads else ""),
+        ),
         Dimension("head_dim", str(an.get("head_dim")), _field(src.get("head_dim"), an.get("head_dim"))),
         Dimension("batch", str(an.get("batch")), src.get("batch", "sequences decoded together")),
-    ]  # fmt: skip
+    ]
     sliding = an.get("sliding_layers") or []
     if positions is not None:
         counted = "prompt tokens + generated tokens" + (" (at most window − 1 on a sliding layer)" if sliding else "")
@@ -61,9 +65,13 @@ def dimensions(an: dict[str, Any], positions: int | None = None) -> list[Dimensi
         return rows
     windows = [w for w in an.get("windows") or [] if w]
     held = ", ".join(str(int(w) - 1) for w in windows)
-    rows.append(Dimension("sliding-window layers", f"{len(sliding)} of {an.get('layers')}",
-                          f"layers {spans(sliding)}; window {listed(windows)}: they hold window − 1 = {held}"
-                          " positions"))  # fmt: skip
+    rows.append(
+        Dimension(
+            "sliding-window layers",
+            f"{len(sliding)} of {an.get('layers')}",
+            f"layers {spans(sliding)}; window {listed(windows)}: they hold window − 1 = {held} positions",
+        )
+    )
     return rows
 
 
@@ -129,13 +137,16 @@ def formula(an: dict[str, Any], positions: int | None = None, measured: int | No
     return Formula(symbols, numbers, f"{total:,} bytes ({human(total)})", per_line, seen)
 
 
-def _windowed(an: dict[str, Any], parts: list[dict[str, Any]], positions: int, per_line: str,
-              seen: str | None) -> Formula:  # fmt: skip
+def _windowed(
+    an: dict[str, Any], parts: list[dict[str, Any]], positions: int, per_line: str, seen: str | None
+) -> Formula:
     """One term per group of layers: full layers × positions + sliding layers × min(positions,
     window − 1); KV heads and head_dim factored out where every layer shares them."""
     batch, bpe = int(an.get("batch") or 1), int(an.get("bytes_per_element") or 0)
-    words = " + ".join("sliding layers × min(positions, window − 1)" if w else "full layers × positions"
-                       for w in sorted({bool(g.get("window")) for g in parts}))  # fmt: skip
+    words = " + ".join(
+        "sliding layers × min(positions, window − 1)" if w else "full layers × positions"
+        for w in sorted({bool(g.get("window")) for g in parts})
+    )
     terms = [f"{len(g['layers'])} × {held(g, positions)}" for g in parts]
     if all((g["kv_heads"], g["head_dim"]) == (an.get("kv_heads"), an.get("head_dim")) for g in parts):
         symbols = f"bytes = 2 (keys and values) × KV heads × head_dim × bytes per element × batch × ({words})"
@@ -143,8 +154,11 @@ def _windowed(an: dict[str, Any], parts: list[dict[str, Any]], positions: int, p
         numbers += " × (" + " + ".join(terms) + ")"
     else:
         symbols = f"bytes = 2 (keys and values) × bytes per element × batch × Σ KV heads × head_dim × ({words})"
-        numbers = f"2 × {bpe} × {batch} × (" + " + ".join(
-            f"{g['kv_heads']} × {g['head_dim']} × {t}" for g, t in zip(parts, terms)) + ")"  # fmt: skip
+        numbers = (
+            f"2 × {bpe} × {batch} × ("
+            + " + ".join(f"{g['kv_heads']} × {g['head_dim']} × {t}" for g, t in zip(parts, terms))
+            + ")"
+        )
     total = 2 * bpe * batch * sum(g["kv_heads"] * g["head_dim"] * len(g["layers"]) * held(g, positions) for g in parts)
     return Formula(symbols, numbers, f"{total:,} bytes ({human(total)})", per_line, seen)
 
@@ -159,11 +173,20 @@ def growth_line(an: dict[str, Any], parts: list[dict[str, Any]], positions: int 
         return line
     bpe = int(an.get("bytes_per_element") or 0)
     full = sum(2 * g["kv_heads"] * g["head_dim"] * len(g["layers"]) for g in parts if not g.get("window")) * bpe
-    line = (f"{human(per_position)} per token while the windows fill (up to {windows[-1] - 1:,} positions), then "
-            f"{human(full)} per token ({full:,} bytes: only the full-attention layers grow)")  # fmt: skip
+    line = (
+        f"{human(per_position)} per token while the windows fill (up to {windows[-1] - 1:,} positions), then "
+        f"{human(full)} per token ({full:,} bytes: only the full-attention layers grow)"
+    )
     if positions is not None:
-        now = 2 * bpe * sum(g["kv_heads"] * g["head_dim"] * len(g["layers"]) for g in parts
-                            if held(g, positions) > held(g, positions - 1))  # fmt: skip
+        now = (
+            2
+            * bpe
+            * sum(
+                g["kv_heads"] * g["head_dim"] * len(g["layers"])
+                for g in parts
+                if held(g, positions) > held(g, positions - 1)
+            )
+        )
         line += f"; at {positions:,} positions: +{human(now)} per token"
     return line
 
@@ -184,8 +207,11 @@ def shape_line(an: dict[str, Any], positions: int | None) -> str:
         return f"{head} = ({an.get('batch')}, {an.get('kv_heads')}, {seq}, {an.get('head_dim')}) per layer"
     shapes = []
     for g in parts:
-        kept = held(g, positions) if positions is not None else (
-            f"min(seq_len, {int(g['window']) - 1})" if g.get("window") else "seq_len")  # fmt: skip
+        kept = (
+            held(g, positions)
+            if positions is not None
+            else (f"min(seq_len, {int(g['window']) - 1})" if g.get("window") else "seq_len")
+        )
         kind = "sliding" if g.get("window") else "full"
         n = len(g["layers"])
         shapes.append(

@@ -68,29 +68,36 @@ def attribution_heatmap(steps: list[dict[str, Any]], view: int = 0) -> Markup | 
     ch = max(5.0, min(14.0, 300 / layers))
     block = cw * n
     width, height = LEFT + 2 * block + GAP + 8, TOP + ch * layers + BOTTOM
-    out = [f'<svg class="heatmap" viewBox="0 0 {width:.0f} {height:.0f}" style="max-width: {1.6 * width:.0f}px" '
-           'role="img" aria-label="attention and MLP parts of the logit difference per layer and step">',
-           f'<text class="tick axis" x="4" y="{TOP - 16}">layer</text>']  # fmt: skip
+    out = [
+        f'<svg class="heatmap" viewBox="0 0 {width:.0f} {height:.0f}" style="max-width: {1.6 * width:.0f}px" '
+        'role="img" aria-label="attention and MLP parts of the logit difference per layer and step">',
+        f'<text class="tick axis" x="4" y="{TOP - 16}">layer</text>',
+    ]
     every = max(1, math.ceil(layers / 6))
     for k in sorted({0, *range(every, layers, every), layers - 1}):
         y = TOP + ch * (layers - 1 - k) + ch * 0.75
         out.append(f'<text class="tick" x="{LEFT - 4}" y="{y:.1f}" text-anchor="end">{k}</text>')
     for b, kind in enumerate(("attn", "mlp")):
         x0 = LEFT + b * (block + GAP)
-        out.append(f'<text class="tick axis" x="{x0:.1f}" y="{TOP - 6}">{"attention" if kind == "attn" else "MLP"}'
-                   "</text>")  # fmt: skip
+        out.append(
+            f'<text class="tick axis" x="{x0:.1f}" y="{TOP - 6}">{"attention" if kind == "attn" else "MLP"}</text>'
+        )
         for (k, layer, i), v in cells.items():
             if k != kind:
                 continue
             token = visible(steps[i].get("text", ""))
             title = f"step {steps[i].get('index', i)} {token!r} · L{layer}.{kind}: {v:+.4f}"
-            out.append(f'<rect class="cell" x="{x0 + cw * i:.1f}" y="{TOP + ch * (layers - 1 - layer):.1f}" '
-                       f'width="{cw:.1f}" height="{ch:.1f}" fill="{colour(v, top)}" data-v="{view}" data-i="{i}">'
-                       f"<title>{escape(title)}</title></rect>")  # fmt: skip
+            out.append(
+                f'<rect class="cell" x="{x0 + cw * i:.1f}" y="{TOP + ch * (layers - 1 - layer):.1f}" '
+                f'width="{cw:.1f}" height="{ch:.1f}" fill="{colour(v, top)}" data-v="{view}" data-i="{i}">'
+                f"<title>{escape(title)}</title></rect>"
+            )
         every_step = max(1, n // 8)
         for i in range(0, n, every_step):
-            out.append(f'<text class="tick" x="{x0 + cw * (i + 0.5):.1f}" y="{height - BOTTOM + 12:.0f}" '
-                       f'text-anchor="middle">{i}</text>')  # fmt: skip
+            out.append(
+                f'<text class="tick" x="{x0 + cw * (i + 0.5):.1f}" y="{height - BOTTOM + 12:.0f}" '
+                f'text-anchor="middle">{i}</text>'
+            )
     out.append("</svg>")
     return Markup("".join(out))
 

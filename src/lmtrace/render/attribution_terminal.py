@@ -34,8 +34,13 @@ def layer_of(component: str) -> int | None:
 
 def attribution_table(trace: Trace, width: int = 80, top: int = 3) -> Table:
     """One row per step: token, against, logit difference, the `top` largest parts."""
-    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left",
-                  title="attribution: logit(token) − logit(against), the largest parts")  # fmt: skip
+    table = Table(
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+        title_justify="left",
+        title="attribution: logit(token) − logit(against), the largest parts",
+    )
     table.add_column("step", justify="right")
     table.add_column("token")
     table.add_column("against")
@@ -46,8 +51,13 @@ def attribution_table(trace: Trace, width: int = 80, top: int = 3) -> Table:
         if not a:
             continue
         parts = ", ".join(f"{p['component']} {p['value']:+.2f}" for p in ranked(a, top))
-        table.add_row(str(step.index), Text(repr(escape(step.text))), Text(repr(escape(a.get("against_text", "")))),
-                      f"{a['logit_diff']:.3f}", parts)  # fmt: skip
+        table.add_row(
+            str(step.index),
+            Text(repr(escape(step.text))),
+            Text(repr(escape(a.get("against_text", "")))),
+            f"{a['logit_diff']:.3f}",
+            parts,
+        )
     return table
 
 

@@ -16,12 +16,21 @@ def as_score(d: dict[str, Any], source: str) -> dict[str, Any]:
     tokens = []
     for r in d["tokens"]:
         agreement = None if r["diff"] is None else -abs(r["diff"])
-        tokens.append({
-            "index": r["index"], "token_id": r["token_id"], "text": r["token"], "logprob": agreement,
-            "rank": r["model_rank"], "engine_logprob": r["engine_logprob"], "model_logprob": r["model_logprob"],
-            "model_processed_logprob": r["model_processed_logprob"], "diff": r["diff"], "kl_top": r["kl_top"],
-            "engine_top1": r["engine_top1"],
-        })  # fmt: skip
+        tokens.append(
+            {
+                "index": r["index"],
+                "token_id": r["token_id"],
+                "text": r["token"],
+                "logprob": agreement,
+                "rank": r["model_rank"],
+                "engine_logprob": r["engine_logprob"],
+                "model_logprob": r["model_logprob"],
+                "model_processed_logprob": r["model_processed_logprob"],
+                "diff": r["diff"],
+                "kl_top": r["kl_top"],
+                "engine_top1": r["engine_top1"],
+            }
+        )
     s = d["summary"]
     mean = s.get("mean_abs_diff")
     return {

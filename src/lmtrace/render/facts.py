@@ -12,8 +12,12 @@ from lmtrace.render.svg import human_bytes
 Group = tuple[str, list[tuple[str, str]]]
 
 _OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "logit_bias": {}}
-_ORIGINS = {"lmtrace": "lmtrace's own loop", "model.generate": "model.generate (from_generate)",
-            "watch": "a watched loop (watch, record=True)", "vllm": "vLLM (batch --engine vllm)"}  # fmt: skip
+_ORIGINS = {
+    "lmtrace": "lmtrace's own loop",
+    "model.generate": "model.generate (from_generate)",
+    "watch": "a watched loop (watch, record=True)",
+    "vllm": "vLLM (batch --engine vllm)",
+}
 _DISTRIBUTIONS = {"both": "raw and processed", "raw": "raw only", "processed": "processed only"}
 
 
@@ -142,10 +146,16 @@ def uncertainty_group(u: dict[str, Any]) -> Group:
             out += f" (processed {value(done)})"
         return out
 
-    rows = [("−Σ log p (msp)", both("msp")), ("mean NLL", both("mean_nll")), ("perplexity", both("perplexity")),
-            ("mean / max entropy", f"{both('mean_entropy')} / {both('max_entropy')}")]  # fmt: skip
-    rows += [(f"DeepConf {name.replace('_', ' ')}", both("deepconf", name))
-             for name in ("mean", "bottom10", "lowest_group", "tail")]  # fmt: skip
+    rows = [
+        ("−Σ log p (msp)", both("msp")),
+        ("mean NLL", both("mean_nll")),
+        ("perplexity", both("perplexity")),
+        ("mean / max entropy", f"{both('mean_entropy')} / {both('max_entropy')}"),
+    ]
+    rows += [
+        (f"DeepConf {name.replace('_', ' ')}", both("deepconf", name))
+        for name in ("mean", "bottom10", "lowest_group", "tail")
+    ]
     low = u.get("lowest_token")
     if low:
         rows.append(("least likely token", f"{low['text']!r} at step {low['index']} ({value(low['logprob'])})"))

@@ -111,8 +111,10 @@ def _column_label(x: float, y: float, i: int, token: str, named: bool) -> str:
     if named:
         shown = visible(token)
         shown = shown if len(shown) <= 10 else shown[:9] + "…"
-        out += (f'<text class="tick token" transform="translate({x + 3:.1f},{y + 6:.0f}) rotate(-60)" '
-                f'text-anchor="end">{escape(shown)}</text>')  # fmt: skip
+        out += (
+            f'<text class="tick token" transform="translate({x + 3:.1f},{y + 6:.0f}) rotate(-60)" '
+            f'text-anchor="end">{escape(shown)}</text>'
+        )
     return out
 
 
@@ -132,14 +134,18 @@ def lens_heatmap(steps: list[dict[str, Any]], view: int = 0) -> Markup | None:
     ch = max(5.0, min(16.0, 300 / max(n_layers, 1)))
     width, height = LEFT + cw * n + 8, TOP + ch * n_layers + bottom
     # drawn at most 1.6 times its viewBox: a short trace's heatmap is not blown up to the page's width
-    out = [f'<svg class="heatmap" viewBox="0 0 {width:.0f} {height:.0f}" style="max-width: {1.6 * width:.0f}px" '
-           f'role="img" aria-label="chosen token probability per layer and step">']  # fmt: skip
+    out = [
+        f'<svg class="heatmap" viewBox="0 0 {width:.0f} {height:.0f}" style="max-width: {1.6 * width:.0f}px" '
+        f'role="img" aria-label="chosen token probability per layer and step">'
+    ]
     out += _axes(n_layers, ch, height, bottom)
     if n > CELLS_UP_TO:  # drawn at its own size (the figure scrolls); the page finds the cell under the pointer
-        out[0] = (f'<svg class="heatmap painted" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
-                  f'height="{height:.0f}" role="img" aria-label="chosen token probability per layer and step" '
-                  f'data-v="{view}" data-x0="{LEFT}" data-y0="{TOP}" data-cw="{cw:.1f}" data-ch="{ch:.1f}" '
-                  f'data-steps="{n}" data-layers="{n_layers}">')  # fmt: skip
+        out[0] = (
+            f'<svg class="heatmap painted" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
+            f'height="{height:.0f}" role="img" aria-label="chosen token probability per layer and step" '
+            f'data-v="{view}" data-x0="{LEFT}" data-y0="{TOP}" data-cw="{cw:.1f}" data-ch="{ch:.1f}" '
+            f'data-steps="{n}" data-layers="{n_layers}">'
+        )
         out += _painted(steps, n_layers, cw, ch)
     for i, s in enumerate(steps):
         x = LEFT + cw * i
@@ -170,8 +176,9 @@ def _painted(steps: list[dict[str, Any]], n_layers: int, cw: float, ch: float) -
                 shapes.setdefault("settled", []).append(at + box)
     out = [f'<path class="cells" fill="{fill}" d="{"".join(d)}"/>' for fill, d in shapes.items() if fill != "settled"]
     if "settled" in shapes:
-        out.append(f'<path class="settled" fill="none" stroke="#1f2328" stroke-width="1.5" '
-                   f'd="{"".join(shapes["settled"])}"/>')  # fmt: skip
+        out.append(
+            f'<path class="settled" fill="none" stroke="#1f2328" stroke-width="1.5" d="{"".join(shapes["settled"])}"/>'
+        )
     return out
 
 

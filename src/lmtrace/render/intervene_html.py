@@ -26,9 +26,17 @@ def _fmt(x: float | None, spec: str) -> str:
 def _arm_steps(arm: dict[str, Any], ref_steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for step, ref in zip(arm["steps"], ref_steps):
-        record = {"index": step["index"], "token_id": ref["token_id"], "text": ref["text"], "bytes": ref["bytes"],
-                  "logprob": step["logprob"], "top": [], "Δ logprob vs reference": step["delta"],
-                  "KL(reference ‖ arm)": step["kl"], "top-1 agrees": step["top1_agree"]}  # fmt: skip
+        record = {
+            "index": step["index"],
+            "token_id": ref["token_id"],
+            "text": ref["text"],
+            "bytes": ref["bytes"],
+            "logprob": step["logprob"],
+            "top": [],
+            "Δ logprob vs reference": step["delta"],
+            "KL(reference ‖ arm)": step["kl"],
+            "top-1 agrees": step["top1_agree"],
+        }
         view = views.token_view(record, step["index"])
         view["style"] = f"background: {delta_colour(step['delta'])}"
         out.append(view)
@@ -37,18 +45,34 @@ def _arm_steps(arm: dict[str, Any], ref_steps: list[dict[str, Any]]) -> list[dic
 
 def _summary(arms: list[dict[str, Any]]) -> Markup:
     columns = ["intervention", "mean KL", "max KL", "top-1 agree", "mean Δlogprob", "diverges at"]
-    rows = [{"intervention": "reference", "mean KL": "0", "max KL": "0", "top-1 agree": "—",
-             "mean Δlogprob": "0", "diverges at": "—"}]  # fmt: skip
+    rows = [
+        {
+            "intervention": "reference",
+            "mean KL": "0",
+            "max KL": "0",
+            "top-1 agree": "—",
+            "mean Δlogprob": "0",
+            "diverges at": "—",
+        }
+    ]
     for a in arms:
         s, div = a["summary"], a["summary"].get("divergence_step")
         agree = s.get("top1_agreement")
-        rows.append({"intervention": a["intervention"], "mean KL": _fmt(s["mean_kl"], ".4f"),
-                     "max KL": _fmt(s["max_kl"], ".4f"), "top-1 agree": "—" if agree is None else f"{100 * agree:.1f}%",
-                     "mean Δlogprob": _fmt(s.get("mean_delta"), "+.4f"),
-                     "diverges at": "never" if div is None else f"step {div}"})  # fmt: skip
-    note = Markup("<p class='meta'>Teacher-forced on the reference's tokens: KL(reference ‖ arm) in nats, top-1 "
-                  "agree: the arm's most likely token is the reference's. Diverges at: the first step where the arm, "
-                  "generating alone with the reference's settings and seed, chose another token.</p>")  # fmt: skip
+        rows.append(
+            {
+                "intervention": a["intervention"],
+                "mean KL": _fmt(s["mean_kl"], ".4f"),
+                "max KL": _fmt(s["max_kl"], ".4f"),
+                "top-1 agree": "—" if agree is None else f"{100 * agree:.1f}%",
+                "mean Δlogprob": _fmt(s.get("mean_delta"), "+.4f"),
+                "diverges at": "never" if div is None else f"step {div}",
+            }
+        )
+    note = Markup(
+        "<p class='meta'>Teacher-forced on the reference's tokens: KL(reference ‖ arm) in nats, top-1 "
+        "agree: the arm's most likely token is the reference's. Diverges at: the first step where the arm, "
+        "generating alone with the reference's settings and seed, chose another token.</p>"
+    )
     return parts().table(rows, columns) + note
 
 
@@ -57,32 +81,45 @@ def _sections(d: dict[str, Any], tvs: list[list[dict[str, Any]]]) -> list[Sectio
     css = [f"c{k % 6}" for k in range(len(arms))]
 
     def series(key: str) -> list[Series]:
-        return [Series(a["intervention"], [s[key] for s in a["steps"]], c, k + 1)
-                for k, (a, c) in enumerate(zip(arms, css))]  # fmt: skip
+        return [
+            Series(a["intervention"], [s[key] for s in a["steps"]], c, k + 1) for k, (a, c) in enumerate(zip(arms, css))
+        ]
 
     named = [visible(s["text"]) for s in ref["steps"]]
-    charts = p.charts([
-        ("KL(reference ‖ arm) per step, nats", line_chart(series("kl"), "KL per step", labels=named)),
-        ("logprob change of the reference token per step", line_chart(series("delta"), "logprob change",
-                                                                       labels=named)),
-    ])  # fmt: skip
+    charts = p.charts(
+        [
+            ("KL(reference ‖ arm) per step, nats", line_chart(series("kl"), "KL per step", labels=named)),
+            (
+                "logprob change of the reference token per step",
+                line_chart(series("delta"), "logprob change", labels=named),
+            ),
+        ]
+    )
     under = Markup()
     for k, (a, tv) in enumerate(zip(arms, tvs[1:])):
         under += Markup(f"<h3><span class='swatch {css[k]}'></span>") + escape(a["intervention"]) + Markup("</h3>")
         under += p.tokens(tv, k + 1)
         free = a.get("free") or {}
         if free.get("first_divergence") is not None:
-            under += Markup("<p class='meta'>") + escape(f"alone, differs from step {free['first_divergence']}: "
-                                                         f"{free['text']}") + Markup("</p>")  # fmt: skip
+            under += (
+                Markup("<p class='meta'>")
+                + escape(f"alone, differs from step {free['first_divergence']}: {free['text']}")
+                + Markup("</p>")
+            )
     return [
         text_section(tvs[0], ref["prompt"]["text"], False),
         Section("summary", "Summary", _summary(arms)),
         Section("charts", "Per step", charts),
-        Section("arms", "The reference's tokens under each intervention", Markup(
-            "<p class='meta'>Each token of the reference, coloured by how much its logprob changed under the "
-            "intervention: red lower, green higher (full colour at 2 nats). Hover over a token for its numbers.</p>")
-            + under),
-    ]  # fmt: skip
+        Section(
+            "arms",
+            "The reference's tokens under each intervention",
+            Markup(
+                "<p class='meta'>Each token of the reference, coloured by how much its logprob changed under the "
+                "intervention: red lower, green higher (full colour at 2 nats). Hover over a token for its numbers.</p>"
+            )
+            + under,
+        ),
+    ]
 
 
 def render_intervene_html(result: Any) -> str:
@@ -94,19 +131,23 @@ def render_intervene_html(result: Any) -> str:
     model = ref.get("model") or {}
     about = [("reference", f"{len(ref['steps'])} tokens"), ("arms", ", ".join(a["intervention"] for a in d["arms"]))]
     js, source = static("report.js"), model.get("source", "")
-    return env().get_template("report.html.j2").render(
-        kind="kvlab",
-        title=f"lmtrace · intervene · {source}",
-        heading=f"Interventions: {source}",
-        subheading=f"{len(d['arms'])} interventions against the reference",
-        header=parts().facts([facts.model_group(model), ("Interventions", about)]),
-        sections=_sections(d, tvs),
-        footer="This file is self-contained: it loads nothing from anywhere.",
-        data=script_json({"kind": "kvlab", "sampled": False, "views": script}),
-        css=Markup(static("report.css")),
-        js=Markup(js),
-        script_hash=script_hash(js),
-        version=(ref.get("versions") or {}).get("lmtrace", ""),
+    return (
+        env()
+        .get_template("report.html.j2")
+        .render(
+            kind="kvlab",
+            title=f"lmtrace · intervene · {source}",
+            heading=f"Interventions: {source}",
+            subheading=f"{len(d['arms'])} interventions against the reference",
+            header=parts().facts([facts.model_group(model), ("Interventions", about)]),
+            sections=_sections(d, tvs),
+            footer="This file is self-contained: it loads nothing from anywhere.",
+            data=script_json({"kind": "kvlab", "sampled": False, "views": script}),
+            css=Markup(static("report.css")),
+            js=Markup(js),
+            script_hash=script_hash(js),
+            version=(ref.get("versions") or {}).get("lmtrace", ""),
+        )
     )
 
 

@@ -14,16 +14,33 @@ from rich.text import Text
 
 from lmtrace.files import write_atomic
 
-KLD_ROWS = (("max", "Maximum KLD"), ("p99_9", "99.9%   KLD"), ("p99", "99.0%   KLD"), ("median", "Median  KLD"),
-            ("mean", "Mean    KLD"))  # fmt: skip
-DP_ROWS = (("p99", "99.0%"), ("p95", "95.0%"), ("p90", "90.0%"), ("p75", "75.0%"), ("median", "Median"),
-           ("p25", "25.0%"), ("p10", "10.0%"), ("p5", " 5.0%"), ("p1", " 1.0%"))  # fmt: skip
+KLD_ROWS = (
+    ("max", "Maximum KLD"),
+    ("p99_9", "99.9%   KLD"),
+    ("p99", "99.0%   KLD"),
+    ("median", "Median  KLD"),
+    ("mean", "Mean    KLD"),
+)
+DP_ROWS = (
+    ("p99", "99.0%"),
+    ("p95", "95.0%"),
+    ("p90", "90.0%"),
+    ("p75", "75.0%"),
+    ("median", "Median"),
+    ("p25", "25.0%"),
+    ("p10", "10.0%"),
+    ("p5", " 5.0%"),
+    ("p1", " 1.0%"),
+)
 
 
 def summary_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) of every statistic, in llama.cpp's order and formats."""
-    rows = [("Mean PPL(A)", f"{r['ppl_a']:.6f}"), ("Mean PPL(B)", f"{r['ppl_b']:.6f}"),
-            ("Mean PPL(B)/PPL(A)", f"{r['ppl_ratio']:.6f}")]  # fmt: skip
+    rows = [
+        ("Mean PPL(A)", f"{r['ppl_a']:.6f}"),
+        ("Mean PPL(B)", f"{r['ppl_b']:.6f}"),
+        ("Mean PPL(B)/PPL(A)", f"{r['ppl_ratio']:.6f}"),
+    ]
     rows += [(label, f"{r['kld'][k]:.6f}") for k, label in KLD_ROWS]
     rows += [(f"{label} Δp", f"{100 * r['delta_p'][k]:.3f}%") for k, label in DP_ROWS]
     rows += [("Same top p", f"{100 * r['same_top']:.3f}%")]
@@ -38,8 +55,10 @@ def _visible(text: str) -> str:
 def terminal(r: dict[str, Any]) -> Group:
     from lmtrace.render.anatomy import title
 
-    where = Text(f"{r['tokens']:,} positions scored: {r['chunks']} chunks of {r['ctx']} tokens, the second half of "
-                 "each", style="dim")  # fmt: skip
+    where = Text(
+        f"{r['tokens']:,} positions scored: {r['chunks']} chunks of {r['ctx']} tokens, the second half of each",
+        style="dim",
+    )
     stats = Table.grid(padding=(0, 2))
     stats.add_column(style="cyan", no_wrap=True)
     stats.add_column(justify="right", no_wrap=True)
@@ -47,15 +66,30 @@ def terminal(r: dict[str, Any]) -> Group:
         stats.add_row(label, value)
     worst = Table(box=None, header_style="bold", pad_edge=False)
     for name in ("position", "KLD", "token", "p A", "p B", "top A / top B", "before it"):
-        worst.add_column(name, justify="right" if name in ("position", "KLD", "p A", "p B") else "left",
-                         overflow="fold")  # fmt: skip
+        worst.add_column(
+            name, justify="right" if name in ("position", "KLD", "p A", "p B") else "left", overflow="fold"
+        )
     for w in r["worst"]:  # Text cells: the corpus's and the model's "[...]" are not markup
-        cells = (str(w["position"]), f"{w['kld']:.4f}", repr(w["token"]), f"{w['p_a']:.3g}", f"{w['p_b']:.3g}",
-                 f"{_visible(w['top_a']['text'])!r} / {_visible(w['top_b']['text'])!r}",
-                 "…" + _visible(w["context"][-40:]))  # fmt: skip
+        cells = (
+            str(w["position"]),
+            f"{w['kld']:.4f}",
+            repr(w["token"]),
+            f"{w['p_a']:.3g}",
+            f"{w['p_b']:.3g}",
+            f"{_visible(w['top_a']['text'])!r} / {_visible(w['top_b']['text'])!r}",
+            "…" + _visible(w["context"][-40:]),
+        )
         worst.add_row(*(Text(c) for c in cells))
-    return Group(title("A", r["a"]), title("B", r["b"]), where, Text(), stats, Text(),
-                 Text("Worst positions (largest KL(A‖B))", style="bold"), worst)  # fmt: skip
+    return Group(
+        title("A", r["a"]),
+        title("B", r["b"]),
+        where,
+        Text(),
+        stats,
+        Text(),
+        Text("Worst positions (largest KL(A‖B))", style="bold"),
+        worst,
+    )
 
 
 PAGE = """<!doctype html>
@@ -86,14 +120,31 @@ def html(r: dict[str, Any]) -> str:
         Markup('<tr><th>{}</th><td class="n">{}</td></tr>').format(k, v) for k, v in summary_rows(r)
     )
     rows = Markup("").join(
-        Markup('<tr><td class="n">{}</td><td class="n">{:.4f}</td><td class="n">{:.4f}</td><td class="n">{:.4f}</td>'
-               '<td>{}</td><td>{}</td><td class="ctx">…{}<mark>{}</mark></td></tr>').format(
-            w["position"], w["kld"], w["p_a"], w["p_b"], repr(w["top_a"]["text"]), repr(w["top_b"]["text"]),
-            w["context"], w["token"])
+        Markup(
+            '<tr><td class="n">{}</td><td class="n">{:.4f}</td><td class="n">{:.4f}</td><td class="n">{:.4f}</td>'
+            '<td>{}</td><td>{}</td><td class="ctx">…{}<mark>{}</mark></td></tr>'
+        ).format(
+            w["position"],
+            w["kld"],
+            w["p_a"],
+            w["p_b"],
+            repr(w["top_a"]["text"]),
+            repr(w["top_b"]["text"]),
+            w["context"],
+            w["token"],
+        )
         for w in r["worst"]
-    )  # fmt: skip
-    return PAGE.format(title=escape(r["a"]), a=escape(r["a"]), b=escape(r["b"]), tokens=f"{r['tokens']:,}",
-                       chunks=r["chunks"], ctx=r["ctx"], stats=stats, worst=rows)  # fmt: skip
+    )
+    return PAGE.format(
+        title=escape(r["a"]),
+        a=escape(r["a"]),
+        b=escape(r["b"]),
+        tokens=f"{r['tokens']:,}",
+        chunks=r["chunks"],
+        ctx=r["ctx"],
+        stats=stats,
+        worst=rows,
+    )
 
 
 def write_html(r: dict[str, Any], path: str | Path) -> None:

@@ -87,12 +87,20 @@ def misuse_view(d: dict[str, Any]) -> Group:
     for name in ("round", "right: fed", "right: cache", "mistake: fed", "mistake: cache", "max |Δlogit|", "same token"):
         table.add_column(name, justify="right")
     for r in d["rounds"]:
-        table.add_row(str(r["round"]), str(r["correct_input_len"]), str(r["correct_cache_len"]),
-                      str(r["refeed_input_len"]), Text(str(r["refeed_cache_len"]), style="red" if r["round"] else ""),
-                      f"{r['max_logit_diff']:.3g}", "yes" if r["same_token"] else Text("no", style="red"))  # fmt: skip
+        table.add_row(
+            str(r["round"]),
+            str(r["correct_input_len"]),
+            str(r["correct_cache_len"]),
+            str(r["refeed_input_len"]),
+            Text(str(r["refeed_cache_len"]), style="red" if r["round"] else ""),
+            f"{r['max_logit_diff']:.3g}",
+            "yes" if r["same_token"] else Text("no", style="red"),
+        )
     n = d["prompt_len"]
-    note = Text(f"prompt of n = {n} tokens: the right loop's cache holds n + k positions after round k; the mistaken "
-                f"loop's holds (k+1)·n + k(k+1)/2.\n")  # fmt: skip
+    note = Text(
+        f"prompt of n = {n} tokens: the right loop's cache holds n + k positions after round k; the mistaken "
+        f"loop's holds (k+1)·n + k(k+1)/2.\n"
+    )
     problems = Text()
     for m in d["refeed_problems"][:1]:
         problems.append("watch: " + m + "\n", style="yellow")

@@ -23,8 +23,9 @@ def lab_png(result: Any, dpi: int = 110) -> bytes:
         steps = arm["steps"]
         for ax, key in zip(axes, ("kl", "delta")):
             ax.plot(range(len(steps)), [s[key] for s in steps], color=colour, linewidth=1.2, label=arm["policy"])
-        axes[2].plot(range(len(steps)), [s["bytes"] / 1024 for s in steps], color=colour, linewidth=1.2,
-                     label=arm["policy"])  # fmt: skip
+        axes[2].plot(
+            range(len(steps)), [s["bytes"] / 1024 for s in steps], color=colour, linewidth=1.2, label=arm["policy"]
+        )
     titles = ("KL(full ‖ policy), nats", "change of the reference token's logprob (nats)", "KV-cache bytes (KiB)")
     for ax, title in zip(axes, titles):
         ax.set_title(title, fontsize=9, loc="left")

@@ -44,14 +44,30 @@ def reference_perplexity(d: dict[str, Any]) -> float | None:
 
 def lab_table(d: dict[str, Any]) -> Table:
     """`d` is LabResult.to_dict(); compact enough for an 80-column terminal."""
-    table = Table(title="KV-cache lab: each policy against the full cache", title_justify="left",
-                  box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)  # fmt: skip
+    table = Table(
+        title="KV-cache lab: each policy against the full cache",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+    )
     table.add_column("policy", no_wrap=True)
     for name in ("kept", "bytes", "KL", "max", "top1", "ppl", "div", "evict"):
         table.add_column(name, justify="right", no_wrap=True)
     ref_bytes = d["reference_bytes"][-1] if d["reference_bytes"] else None
-    table.add_row("full (reference)", "100%", short_bytes(ref_bytes), "0", "0", "100%",
-                  _num(reference_perplexity(d), ".3g"), "—", "—", style="dim")  # fmt: skip
+    table.add_row(
+        "full (reference)",
+        "100%",
+        short_bytes(ref_bytes),
+        "0",
+        "0",
+        "100%",
+        _num(reference_perplexity(d), ".3g"),
+        "—",
+        "—",
+        style="dim",
+    )
     for arm in d["arms"]:
         s = arm["summary"]
         div = s.get("divergence_step")
@@ -80,10 +96,16 @@ def print_lab(result: Any, console: Console) -> None:
     for arm in d["arms"]:
         free = arm.get("free")
         if free and free["divergence_step"] is not None:
-            console.print(Text(f"{arm['policy']} alone from step {free['divergence_step']}: ", style="bold")
-                          + Text(repr(free["text"][:200])))  # fmt: skip
-    console.print(Text("kept: bytes measured on the arm's tensors / the full cache's, mean over steps; bytes: at "
-                       "the last step; KL(full || arm) in nats, mean and max; top1: steps where the arm's top token "
-                       "is the reference's; ppl: perplexity of the reference tokens; div: first step the arm's own "
-                       "choice differs; evict: attention the full cache put on positions the arm had evicted",
-                       style="dim"))  # fmt: skip
+            console.print(
+                Text(f"{arm['policy']} alone from step {free['divergence_step']}: ", style="bold")
+                + Text(repr(free["text"][:200]))
+            )
+    console.print(
+        Text(
+            "kept: bytes measured on the arm's tensors / the full cache's, mean over steps; bytes: at "
+            "the last step; KL(full || arm) in nats, mean and max; top1: steps where the arm's top token "
+            "is the reference's; ppl: perplexity of the reference tokens; div: first step the arm's own "
+            "choice differs; evict: attention the full cache put on positions the arm had evicted",
+            style="dim",
+        )
+    )

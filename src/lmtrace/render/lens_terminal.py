@@ -63,8 +63,11 @@ def inside_table(step: Step, positions: int | None = None, recent: int = 32) -> 
     table.caption_justify = "left"
     if step.attention:  # two short lines: a long caption would wrap back to the table's first column
         valued = any("value_weighted" in x for x in att.values())
-        table.caption = Text("layer n: decoder layer n's output (0: the embeddings)\np, rank: the chosen token's; "
-                             + ("looks at: value-weighted\n" if valued else "") + "sinks: the raw mass on the first 4")
+        table.caption = Text(
+            "layer n: decoder layer n's output (0: the embeddings)\np, rank: the chosen token's; "
+            + ("looks at: value-weighted\n" if valued else "")
+            + "sinks: the raw mass on the first 4"
+        )
     right = {"no_wrap": True, "justify": "right"}
     table.add_column("layer", **right)
     if step.lens:
@@ -80,8 +83,13 @@ def inside_table(step: Step, positions: int | None = None, recent: int = 32) -> 
             x = lens.get(n, {})
             p = _p(x.get("chosen_logprob"))
             shown = Text(f"{p:.3f}", style=colour(p)) if p is not None else Text("–")
-            row += [_top1(x), shown, str(x.get("chosen_rank", "–")), f"{x.get('entropy', 0):.2f}",
-                    f"{x.get('kl_to_final', 0):.1f}"]  # fmt: skip
+            row += [
+                _top1(x),
+                shown,
+                str(x.get("chosen_rank", "–")),
+                f"{x.get('entropy', 0):.2f}",
+                f"{x.get('kl_to_final', 0):.1f}",
+            ]
         if step.attention:
             a = att.get(n)
             keys = ("sink_mass", *(["recent_mass"] if longer else []), "entropy")
@@ -112,8 +120,9 @@ def pick_step(trace: Trace, index: int | None) -> Step:
     """The step to show: `index`, or the first one; named errors for a trace without records."""
     if not any(s.lens or s.attention for s in trace.steps):
         which = "lens" if index is None else "step"
-        raise InvalidParameter(f"{which}: this trace has no lens or attention records (generate with --lens or "
-                               f"--attention)")  # fmt: skip
+        raise InvalidParameter(
+            f"{which}: this trace has no lens or attention records (generate with --lens or --attention)"
+        )
     at = 0 if index is None else index
     if not 0 <= at < len(trace.steps):
         raise InvalidParameter(f"step must be in 0..{len(trace.steps) - 1}, got {at}")

@@ -25,12 +25,22 @@ def _pct(x: float | None) -> str:
 
 def summary_table(report: dict[str, Any]) -> Table:
     s = report["summary"]
-    table = Table(title=f"{s['sequences']} rollouts, {s['tokens']} tokens; trainer: {report['trainer']}",
-                  title_justify="left", box=box.SIMPLE_HEAD)  # fmt: skip
+    table = Table(
+        title=f"{s['sequences']} rollouts, {s['tokens']} tokens; trainer: {report['trainer']}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
     for name in ("k1", "k2", "k3", "mean |Δ|", "ppl_ratio", "outside [0.9, 1.1]", "flagged"):
         table.add_column(name, justify="right")
-    table.add_row(_n(s["k1"]), _n(s["k2"]), _n(s["k3"]), _n(s["mean_abs_delta"]), _n(s["ppl_ratio"], ".6f"),
-                  _pct(s["outside_0_9_1_1"]), str(s["flagged"]))  # fmt: skip
+    table.add_row(
+        _n(s["k1"]),
+        _n(s["k2"]),
+        _n(s["k3"]),
+        _n(s["mean_abs_delta"]),
+        _n(s["ppl_ratio"], ".6f"),
+        _pct(s["outside_0_9_1_1"]),
+        str(s["flagged"]),
+    )
     return table
 
 
@@ -64,8 +74,12 @@ def print_rollouts(report: dict[str, Any], console: Console) -> None:
         console.print("No cause: every rollout's engine logprobs fit the teacher-forced ones.")
     for c in causes:
         console.print(Text(f"{c['cause']}: {c['sequences']} rollouts", style="bold red"))
-    worst = sorted(report["rollouts"], key=lambda r: -max((abs(t["residual"]) if t["residual"] is not None else 1e9
-                                                          for t in r["tokens"]), default=0.0))  # fmt: skip
+    worst = sorted(
+        report["rollouts"],
+        key=lambda r: (
+            -max((abs(t["residual"]) if t["residual"] is not None else 1e9 for t in r["tokens"]), default=0.0)
+        ),
+    )
     for r in worst[:WORST]:
         if not r["causes"]:
             continue
@@ -77,6 +91,9 @@ def print_rollouts(report: dict[str, Any], console: Console) -> None:
     loc = report.get("locate")
     if loc:
         jump = loc["largest_jump"]
-        console.print(f"locate {loc['variant']} at {loc['rollout']} #{loc['index']}: first over {loc['threshold']}: "
-                      f"{loc['first_over'] or 'none'}; largest jump {jump['layer']} (+{jump['jump']:.3g})",
-                      markup=False, highlight=False)  # fmt: skip
+        console.print(
+            f"locate {loc['variant']} at {loc['rollout']} #{loc['index']}: first over {loc['threshold']}: "
+            f"{loc['first_over'] or 'none'}; largest jump {jump['layer']} (+{jump['jump']:.3g})",
+            markup=False,
+            highlight=False,
+        )

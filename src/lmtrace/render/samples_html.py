@@ -17,13 +17,19 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
     return "—" if x is None else format(x, spec) if isinstance(x, float) else str(x)
 
 
-def _card(entry: dict[str, Any], trace: dict[str, Any] | None, low: float, high: float, window: int,
-          threshold: float | None) -> dict[str, Any]:  # fmt: skip
+def _card(
+    entry: dict[str, Any], trace: dict[str, Any] | None, low: float, high: float, window: int, threshold: float | None
+) -> dict[str, Any]:
     steps = (trace or {}).get("steps", [])
     conf = [s["uncertainty"]["confidence"] for s in steps]
-    tokens = [{"text": s["text"], "colour": shade(c, low, high),
-               "title": f"step {s['index']}: confidence {c:.3f}, logprob {_fmt(s['logprob'])}"}
-              for s, c in zip(steps, conf)]  # fmt: skip
+    tokens = [
+        {
+            "text": s["text"],
+            "colour": shade(c, low, high),
+            "title": f"step {s['index']}: confidence {c:.3f}, logprob {_fmt(s['logprob'])}",
+        }
+        for s, c in zip(steps, conf)
+    ]
     status = "kept" if entry["kept"] else f"stopped ({entry['stopped']})" if entry["stopped"] else "filtered"
     return {**entry, "tokens": tokens, "status": status, "svg": confidence_svg(conf, window, threshold, 340, 90)}
 

@@ -21,8 +21,16 @@ def samples_table(d: dict[str, Any]) -> Table:
     for e in d["samples"]:
         answer = Text(e["answer"] if e["matched"] else "no match", style="" if e["matched"] else "dim")
         finish = e["stopped"] or e["finish_reason"] or "–"
-        table.add_row(str(e["index"]), str(e["seed"]), answer, str(e["tokens"]), finish, "yes" if e["kept"] else "no",
-                      _fmt(e["lowest_group"]), _fmt(e["mean_nll"]))  # fmt: skip
+        table.add_row(
+            str(e["index"]),
+            str(e["seed"]),
+            answer,
+            str(e["tokens"]),
+            finish,
+            "yes" if e["kept"] else "no",
+            _fmt(e["lowest_group"]),
+            _fmt(e["mean_nll"]),
+        )
     return table
 
 
@@ -36,12 +44,20 @@ def print_samples(result: Any, view: Console) -> None:
         votes.add_row(name, _fmt(v["answer"]), _fmt(v["share"]))
     view.print(votes)
     s = d["scores"]
-    names = ("semantic_entropy", "discrete_semantic_entropy", "mc_sequence_entropy", "mc_normalized_entropy",
-             "num_sets", "choice_entropy")  # fmt: skip
+    names = (
+        "semantic_entropy",
+        "discrete_semantic_entropy",
+        "mc_sequence_entropy",
+        "mc_normalized_entropy",
+        "num_sets",
+        "choice_entropy",
+    )
     view.print("  ".join(f"{n} {_fmt(s[n], '.4f')}" for n in names if n in s))
     stop = d.get("early_stop")
     if stop:
-        view.print(f"DeepConf-{stop['mode']}: threshold {stop['threshold']:.4f} (p{stop['percentile']:.0f} of "
-                   f"{stop['warmup']} warm-up traces), group {stop['group']} tokens, "
-                   f"consensus {'reached' if stop['consensus_reached'] else 'not reached'}; "
-                   f"{s['tokens']} tokens")  # fmt: skip
+        view.print(
+            f"DeepConf-{stop['mode']}: threshold {stop['threshold']:.4f} (p{stop['percentile']:.0f} of "
+            f"{stop['warmup']} warm-up traces), group {stop['group']} tokens, "
+            f"consensus {'reached' if stop['consensus_reached'] else 'not reached'}; "
+            f"{s['tokens']} tokens"
+        )

@@ -30,9 +30,13 @@ class Section:
 
 
 def text_section(
-    tv: list[dict[str, Any]], prompt: str | None, switch: bool, unscored: bool = False, chat: bool = False,
+    tv: list[dict[str, Any]],
+    prompt: str | None,
+    switch: bool,
+    unscored: bool = False,
+    chat: bool = False,
     templated: str | None = None,
-) -> Section:  # fmt: skip
+) -> Section:
     p = parts()  # with chat, the user's turn (the prompt) and the assistant's (the answer) are marked
     body = (p.switch() if switch else Markup()) + p.tokens(tv, 0, prompt, chat) + p.legend(LEGEND, unscored)
     if templated:  # what the chat template made of the prompt: its system prompt and turn markers
@@ -99,8 +103,11 @@ def attribution_section(d: dict[str, Any]) -> Section | None:
     if svg is None:
         return None
     body = attribution_html.attribution_note(attribution_html.heatmap_top(d["steps"]))
-    return Section("attribution", "Attribution: why this token and not that one", body + Markup(
-        "<div class='lens-heatmap'>") + svg + Markup("</div>"))  # fmt: skip
+    return Section(
+        "attribution",
+        "Attribution: why this token and not that one",
+        body + Markup("<div class='lens-heatmap'>") + svg + Markup("</div>"),
+    )
 
 
 def attention_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | None:
@@ -112,8 +119,13 @@ def attention_section(d: dict[str, Any], tv: list[dict[str, Any]]) -> Section | 
     heads = next((len(x["heads"]) for v in tv if "att" in v for x in v["att"]["layers"] if x.get("heads")), 0)
     recent = ((d.get("params") or {}).get("attention") or {}).get("recent", 32)
     valued = any("vw" in x for v in tv if "att" in v for x in v["att"]["layers"])
-    how = {"layers": layers, "heads": heads, "valued": valued, "recent": recent if len(shown) > recent else None,
-           "sinks": sum(p["sink"] for p in shown)}  # fmt: skip
+    how = {
+        "layers": layers,
+        "heads": heads,
+        "valued": valued,
+        "recent": recent if len(shown) > recent else None,
+        "sinks": sum(p["sink"] for p in shown),
+    }
     return Section("attention", "Attention over the cache", parts().attention(shown, how))
 
 
@@ -133,11 +145,16 @@ def speculative_section(d: dict[str, Any]) -> Section | None:
     if not isinstance(spec, dict):
         return None
     if not spec_view.recorded(spec):
-        return Section("speculative", "Speculative decoding", Markup('<p class="meta">') + spec_view.summary(spec)
-                       + Markup("</p>"))  # fmt: skip
-    note = Markup("<p class=\"meta\">") + spec_view.summary(spec) + Markup(
-        "; <span class=\"acc\">accepted</span>, <del>rejected</del> beside the target's "
-        "<span class=\"rej\">token</span>, <span class=\"bonus\">bonus</span>; hover for q and p</p>"
+        return Section(
+            "speculative", "Speculative decoding", Markup('<p class="meta">') + spec_view.summary(spec) + Markup("</p>")
+        )
+    note = (
+        Markup('<p class="meta">')
+        + spec_view.summary(spec)
+        + Markup(
+            '; <span class="acc">accepted</span>, <del>rejected</del> beside the target\'s '
+            '<span class="rej">token</span>, <span class="bonus">bonus</span>; hover for q and p</p>'
+        )
     )
     chart = parts().charts([("acceptance by position in the block", spec_view.acceptance_chart(spec))])
     return Section("speculative", "Speculative decoding", note + spec_view.blocks_html(d["steps"]) + chart)
@@ -148,11 +165,16 @@ def origin_note(d: dict[str, Any]) -> str | None:
     origin, dist = d.get("origin", "lmtrace"), d.get("distributions", "both")
     if origin == "lmtrace" and dist == "both":
         return None
-    where = {"model.generate": "from model.generate (lmtrace.from_generate)",
-             "watch": "from a watched loop (lmtrace.watch, record=True)",
-             "vllm": "from vLLM (batch --engine vllm)"}.get(origin, f"from {origin}")  # fmt: skip
-    holds = {"both": "raw and processed distributions", "raw": "raw distribution only (no processed scores)",
-             "processed": "processed distribution only (no raw logits)"}.get(dist, dist)  # fmt: skip
+    where = {
+        "model.generate": "from model.generate (lmtrace.from_generate)",
+        "watch": "from a watched loop (lmtrace.watch, record=True)",
+        "vllm": "from vLLM (batch --engine vllm)",
+    }.get(origin, f"from {origin}")
+    holds = {
+        "both": "raw and processed distributions",
+        "raw": "raw distribution only (no processed scores)",
+        "processed": "processed distribution only (no raw logits)",
+    }.get(dist, dist)
     return f"{where}; {holds}"
 
 
@@ -188,12 +210,15 @@ def uncertainty_section(d: dict[str, Any]) -> Section | None:
     low, high = min(conf), max(conf)
     spans = Markup("").join(
         Markup('<span style="background:{}" title="step {}: confidence {:.3f}">{}</span>').format(
-            confidence.shade(c, low, high), s["index"], c, s["text"])
+            confidence.shade(c, low, high), s["index"], c, s["text"]
+        )
         for s, c in zip(steps, conf)
-    )  # fmt: skip
+    )
     window = (u.get("settings") or {}).get("window", len(conf))
-    note = Markup('<p class="meta">tokens shaded by DeepConf confidence (red: the least confident); chart: token '
-                  "confidence (dots) and group confidence (line)</p>")  # fmt: skip
+    note = Markup(
+        '<p class="meta">tokens shaded by DeepConf confidence (red: the least confident); chart: token '
+        "confidence (dots) and group confidence (line)</p>"
+    )
     body = note + Markup('<div class="tokens" style="white-space:pre-wrap">') + spans + Markup("</div>")
     return Section("uncertainty", "How sure was the model?", body + confidence.confidence_svg(conf, window))
 
@@ -202,12 +227,18 @@ def trace_page(d: dict[str, Any]) -> tuple[list[Section], list[dict[str, Any]], 
     """(sections, the script's views, whether sampled differs from raw) for one trace."""
     tv = views.token_views(d["steps"])
     sampled = views.sampling_differs(tv)
-    constrained = [f(d) for f in (structured_html.fields_section, structured_html.choices_section,
-                                  structured_html.grammar_section)]  # fmt: skip
+    constrained = [
+        f(d) for f in (structured_html.fields_section, structured_html.choices_section, structured_html.grammar_section)
+    ]
     found = [
         problems_section(tv),
-        text_section(tv, (d.get("prompt") or {}).get("text"), sampled, chat=bool((d.get("params") or {}).get("chat")),
-                     templated=(d.get("prompt") or {}).get("templated")),
+        text_section(
+            tv,
+            (d.get("prompt") or {}).get("text"),
+            sampled,
+            chat=bool((d.get("params") or {}).get("chat")),
+            templated=(d.get("prompt") or {}).get("templated"),
+        ),
         *[Section(*c) for c in constrained if c],
         speculative_section(d),
         uncertainty_section(d),

@@ -30,9 +30,11 @@ def verdict(draft: dict[str, Any] | None) -> str:
     if draft is None:
         return "bonus token (after the block's accepted proposals, no draft proposal)"
     word = "accepted" if draft["accepted"] else "rejected"
-    return (f"{word} proposal {proposed(draft)!r} (position {draft['position']}): "
-            f"q {_p(draft['logprob']):.3f}, p {_p(draft['target_logprob']):.3f}, "
-            f"accept prob. {draft['accept_prob']:.3f}")  # fmt: skip
+    return (
+        f"{word} proposal {proposed(draft)!r} (position {draft['position']}): "
+        f"q {_p(draft['logprob']):.3f}, p {_p(draft['target_logprob']):.3f}, "
+        f"accept prob. {draft['accept_prob']:.3f}"
+    )
 
 
 def recorded(spec: dict[str, Any] | None) -> bool:
@@ -47,9 +49,11 @@ def summary(spec: dict[str, Any]) -> str:
     rates = " ".join("–" if r is None else f"{r:.2f}" for r in spec.get("acceptance_by_position") or [])
     mean = spec.get("mean_accepted_per_block")
     mean_text = "–" if mean is None else f"{mean:.2f}"
-    return (f"speculative: draft {spec.get('draft')}, {spec.get('draft_tokens')} tokens a block; "
-            f"acceptance by position {rates}; {mean_text} accepted a block; "
-            f"{spec.get('target_forwards')} target and {spec.get('draft_forwards')} draft forwards")  # fmt: skip
+    return (
+        f"speculative: draft {spec.get('draft')}, {spec.get('draft_tokens')} tokens a block; "
+        f"acceptance by position {rates}; {mean_text} accepted a block; "
+        f"{spec.get('target_forwards')} target and {spec.get('draft_forwards')} draft forwards"
+    )
 
 
 def draft_cell(draft: dict[str, Any] | None) -> tuple[str, str]:

@@ -36,8 +36,10 @@ def risk_colour(step: dict[str, Any], threshold: float) -> str:
 
 def _token_title(row: dict[str, Any]) -> str:
     flips = ", ".join(row["flipped_in"]) or "none"
-    return (f"step {row['index']}: margin {_fmt(row['margin'], '.3g')} over {row['runner_up']!r}, sigma "
-            f"{_fmt(row['sigma'], '.2g')}, risk {_fmt(row['risk'], '.3g')}; flipped under: {flips}")  # fmt: skip
+    return (
+        f"step {row['index']}: margin {_fmt(row['margin'], '.3g')} over {row['runner_up']!r}, sigma "
+        f"{_fmt(row['sigma'], '.2g')}, risk {_fmt(row['risk'], '.3g')}; flipped under: {flips}"
+    )
 
 
 def _log_y(v: float, low: float, high: float) -> float:
@@ -58,8 +60,10 @@ def margin_svg(steps: list[dict[str, Any]], threshold: float) -> Markup:
     exponent = int(math.log10(low))
     while 10**exponent <= high * 1.001:
         y = _log_y(10**exponent, low, high)
-        parts.append(f'<line x1="{PAD}" y1="{y:.1f}" x2="{WIDTH}" y2="{y:.1f}" stroke="#eee"/>'
-                     f'<text x="2" y="{y + 4:.1f}" font-size="10">1e{exponent}</text>')  # fmt: skip
+        parts.append(
+            f'<line x1="{PAD}" y1="{y:.1f}" x2="{WIDTH}" y2="{y:.1f}" stroke="#eee"/>'
+            f'<text x="2" y="{y + 4:.1f}" font-size="10">1e{exponent}</text>'
+        )
         exponent += 1
     line = [f"{x(i):.1f},{_log_y(threshold * s['sigma'], low, high):.1f}" for i, s in enumerate(steps) if s["sigma"]]
     parts.append(f'<polyline fill="none" stroke="#2563eb" stroke-width="1.5" points="{" ".join(line)}"/>')
@@ -67,8 +71,10 @@ def margin_svg(steps: list[dict[str, Any]], threshold: float) -> Markup:
         if s["margin"] is None:
             continue
         fill = "#dc2626" if s["flagged"] else "#111"
-        parts.append(f'<circle cx="{x(i):.1f}" cy="{_log_y(max(s["margin"], low), low, high):.1f}" r="3" '
-                     f'fill="{fill}"><title>step {i}: margin {s["margin"]:.3g}</title></circle>')  # fmt: skip
+        parts.append(
+            f'<circle cx="{x(i):.1f}" cy="{_log_y(max(s["margin"], low), low, high):.1f}" r="3" '
+            f'fill="{fill}"><title>step {i}: margin {s["margin"]:.3g}</title></circle>'
+        )
     parts.append(f'<text x="{WIDTH - 60}" y="{HEIGHT - 4}" font-size="11">step {n - 1}</text></svg>')
     return Markup("".join(parts))
 
@@ -77,27 +83,45 @@ def _variant_view(v: dict[str, Any], ref_steps: list[dict[str, Any]], colour: st
     t = v.get("timing") or {}
     tokens = []
     for step, ref in zip(v["steps"], ref_steps):
-        title = (f"step {step['index']}: logprob {_fmt(step['logprob'], '.4f')} (reference {ref['logprob']:.4f}, "
-                 f"Δ {_fmt(step['delta'], '+.2e')})" + (", top-1 flipped" if step["flipped"] else ""))  # fmt: skip
-        tokens.append({"text": ref["text"], "colour": delta_colour(step["delta"]), "title": title,
-                       "flipped": step["flipped"]})  # fmt: skip
+        title = (
+            f"step {step['index']}: logprob {_fmt(step['logprob'], '.4f')} (reference {ref['logprob']:.4f}, "
+            f"Δ {_fmt(step['delta'], '+.2e')})" + (", top-1 flipped" if step["flipped"] else "")
+        )
+        tokens.append(
+            {"text": ref["text"], "colour": delta_colour(step["delta"]), "title": title, "flipped": step["flipped"]}
+        )
     div = v["first_divergence"]
     own = None
     if div is not None and v.get("token_ids") is not None:
         own = v["text"]
     return {
-        "variant": v["variant"], "colour": colour, "status": v["status"], "reason": v["reason"], "about": v["about"],
-        "flips": v["flips"], "max": _fmt(v["max_abs_delta"], ".2e"), "mean": _fmt(v["mean_abs_delta"], ".2e"),
-        "divergence": "never" if div is None else f"step {div}", "own": own, "tokens": tokens,
+        "variant": v["variant"],
+        "colour": colour,
+        "status": v["status"],
+        "reason": v["reason"],
+        "about": v["about"],
+        "flips": v["flips"],
+        "max": _fmt(v["max_abs_delta"], ".2e"),
+        "mean": _fmt(v["mean_abs_delta"], ".2e"),
+        "divergence": "never" if div is None else f"step {div}",
+        "own": own,
+        "tokens": tokens,
         "seconds": f"{sum(t.get(k, 0.0) for k in ('build_ms', 'forced_ms', 'decode_ms')) / 1000:.1f}",
-    }  # fmt: skip
+    }
 
 
 def render_stability_html(result: Any) -> str:
     d = result.to_dict() if hasattr(result, "to_dict") else result
     ref, threshold = d["reference"], d["threshold"]
-    text = [{"text": s["text"], "colour": risk_colour(row, threshold), "title": _token_title(row),
-             "flagged": row["flagged"]} for s, row in zip(ref["steps"], d["steps"])]  # fmt: skip
+    text = [
+        {
+            "text": s["text"],
+            "colour": risk_colour(row, threshold),
+            "title": _token_title(row),
+            "flagged": row["flagged"],
+        }
+        for s, row in zip(ref["steps"], d["steps"])
+    ]
     variants = [_variant_view(v, ref["steps"], PALETTE[i % len(PALETTE)]) for i, v in enumerate(d["variants"])]
     return (
         env()

@@ -22,13 +22,30 @@ def stability_png(result: Any, dpi: int = 110) -> bytes:
     fig = Figure(figsize=(9, 6.5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
     xs = [s["index"] for s in steps]
-    top.plot(xs, [max(s["margin"], FLOOR) if s["margin"] is not None else NAN for s in steps], "o", color="#111",
-             markersize=3.5, label="margin (top-1 − top-2 logprob)")  # fmt: skip
-    top.plot(xs, [threshold * s["sigma"] if s["sigma"] else NAN for s in steps], color="#2563eb", linewidth=1.2,
-             label=f"{threshold:g} × sigma (how much the variants move the gap)")  # fmt: skip
+    top.plot(
+        xs,
+        [max(s["margin"], FLOOR) if s["margin"] is not None else NAN for s in steps],
+        "o",
+        color="#111",
+        markersize=3.5,
+        label="margin (top-1 − top-2 logprob)",
+    )
+    top.plot(
+        xs,
+        [threshold * s["sigma"] if s["sigma"] else NAN for s in steps],
+        color="#2563eb",
+        linewidth=1.2,
+        label=f"{threshold:g} × sigma (how much the variants move the gap)",
+    )
     flagged = [s for s in steps if s["flagged"] and s["margin"] is not None]
-    top.plot([s["index"] for s in flagged], [max(s["margin"], FLOOR) for s in flagged], "o", color="#dc2626",
-             markersize=6, label="flagged")  # fmt: skip
+    top.plot(
+        [s["index"] for s in flagged],
+        [max(s["margin"], FLOOR) for s in flagged],
+        "o",
+        color="#dc2626",
+        markersize=6,
+        label="flagged",
+    )
     top.set_yscale("log")
     top.set_title("margin against noise per step (nats, log scale)", fontsize=9, loc="left")
     for i, v in enumerate(x for x in d["variants"] if x["status"] == "ran"):
@@ -38,8 +55,9 @@ def stability_png(result: Any, dpi: int = 110) -> bytes:
         flips = [s["index"] for s in v["steps"] if s["flipped"]]
         bottom.plot(flips, [values[j] for j in flips], "x", color=colour, markersize=7)
     bottom.set_yscale("log")
-    bottom.set_title("|Δ| of the reference token's logprob per variant (× where its top-1 flipped)", fontsize=9,
-                     loc="left")  # fmt: skip
+    bottom.set_title(
+        "|Δ| of the reference token's logprob per variant (× where its top-1 flipped)", fontsize=9, loc="left"
+    )
     bottom.set_xlabel("step")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)

@@ -37,8 +37,14 @@ def marked_text(d: dict[str, Any]) -> Text:
 
 
 def variant_table(d: dict[str, Any]) -> Table:
-    table = Table(title="Each variant against the reference", title_justify="left", box=box.SIMPLE_HEAD,
-                  padding=(0, 1), collapse_padding=True, pad_edge=False)  # fmt: skip
+    table = Table(
+        title="Each variant against the reference",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+    )
     table.add_column("variant", no_wrap=True)
     for name in ("flips", "max |Δ|", "mean |Δ|", "diverges", "seconds"):
         table.add_column(name, justify="right", no_wrap=True)
@@ -48,9 +54,14 @@ def variant_table(d: dict[str, Any]) -> Table:
         t = v.get("timing") or {}
         seconds = sum(t.get(k, 0.0) for k in ("build_ms", "forced_ms", "decode_ms")) / 1000
         div = v["first_divergence"]
-        table.add_row(Text(v["variant"]), str(v["flips"]), _num(v["max_abs_delta"], ".2e"),
-                      _num(v["mean_abs_delta"], ".2e"), "never" if div is None else f"step {div}",
-                      f"{seconds:.1f}")  # fmt: skip
+        table.add_row(
+            Text(v["variant"]),
+            str(v["flips"]),
+            _num(v["max_abs_delta"], ".2e"),
+            _num(v["mean_abs_delta"], ".2e"),
+            "never" if div is None else f"step {div}",
+            f"{seconds:.1f}",
+        )
     return table
 
 
@@ -58,14 +69,27 @@ def flagged_table(d: dict[str, Any]) -> Table | None:
     rows = [s for s in d["steps"] if s["flagged"]]
     if not rows:
         return None
-    table = Table(title=f"Flagged tokens (margin < {d['threshold']:g} × sigma)", title_justify="left",
-                  box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)  # fmt: skip
+    table = Table(
+        title=f"Flagged tokens (margin < {d['threshold']:g} × sigma)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+    )
     for name in ("step", "token", "runner-up", "margin", "sigma", "risk", "flipped under"):
         table.add_column(name, justify="right" if name in ("step", "margin", "sigma", "risk") else "left")
     for s in rows:
         flips = Text(", ".join(s["flipped_in"]) or "—")
-        table.add_row(str(s["index"]), Text(repr(s["text"])), Text(repr(s["runner_up"])), _num(s["margin"], ".3g"),
-                      _num(s["sigma"], ".2g"), _num(s["risk"], ".2g"), flips)  # fmt: skip
+        table.add_row(
+            str(s["index"]),
+            Text(repr(s["text"])),
+            Text(repr(s["runner_up"])),
+            _num(s["margin"], ".3g"),
+            _num(s["sigma"], ".2g"),
+            _num(s["risk"], ".2g"),
+            flips,
+        )
     return table
 
 
@@ -84,8 +108,10 @@ def print_stability(result: Any, console: Console) -> None:
     d = result.to_dict() if hasattr(result, "to_dict") else result
     ref = d["reference"]
     flagged = sum(s["flagged"] for s in d["steps"])
-    head = (f"{ref['model']['source']}: prompt {len(ref['prompt']['token_ids'])} tokens, reference "
-            f"{len(ref['steps'])} tokens; {flagged} flagged (red), near the line (yellow):")  # fmt: skip
+    head = (
+        f"{ref['model']['source']}: prompt {len(ref['prompt']['token_ids'])} tokens, reference "
+        f"{len(ref['steps'])} tokens; {flagged} flagged (red), near the line (yellow):"
+    )
     console.print(Text(head, style="bold"))
     console.print(marked_text(d))
     console.print(variant_table(d))
@@ -98,8 +124,13 @@ def print_stability(result: Any, console: Console) -> None:
     line = runs_line(d)
     if line is not None:
         console.print(line)
-    console.print(Text("flips: steps where the variant's top-1 differs from the reference's (teacher-forced); "
-                       "Δ: change of the reference token's logprob (nats); diverges: first step the variant's own "
-                       "decoding picks another token; margin: top-1 minus top-2 logprob; sigma: how much the "
-                       "variants move that gap (the largest over them of the change at the step, or of their usual "
-                       "change along the text where larger); risk: margin / sigma", style="dim"))  # fmt: skip
+    console.print(
+        Text(
+            "flips: steps where the variant's top-1 differs from the reference's (teacher-forced); "
+            "Δ: change of the reference token's logprob (nats); diverges: first step the variant's own "
+            "decoding picks another token; margin: top-1 minus top-2 logprob; sigma: how much the "
+            "variants move that gap (the largest over them of the change at the step, or of their usual "
+            "change along the text where larger); risk: margin / sigma",
+            style="dim",
+        )
+    )

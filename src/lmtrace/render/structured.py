@@ -59,10 +59,13 @@ def fields_table(fields: list[dict[str, Any]], width: int = 100) -> Table:
     for f in weakest_first(fields):
         p = probability(f.get("logprob"))
         table.add_row(
-            f["path"], Text(escape(f["text"]), style=colour(p or 0.0)), _cell(p),
-            _cell(probability(f.get("raw_logprob"))), _cell(f.get("min_prob")),
+            f["path"],
+            Text(escape(f["text"]), style=colour(p or 0.0)),
+            _cell(p),
+            _cell(probability(f.get("raw_logprob"))),
+            _cell(f.get("min_prob")),
             f"{f['start_step']}–{f['end_step']}" if f["end_step"] != f["start_step"] else str(f["start_step"]),
-        )  # fmt: skip
+        )
     return table
 
 
@@ -74,8 +77,11 @@ def choices_table(choices: list[dict[str, Any]], chosen: str) -> Table:
     table.add_column("tokenizations", no_wrap=True, justify="right")
     for c in sorted(choices, key=lambda c: -(probability(c["logprob"]) or 0.0)):
         mark = " ◀" if c["text"] == chosen else ""
-        table.add_row(Text(escape(c["text"]) + mark, style="bold" if mark else ""),
-                      _cell(probability(c["logprob"])), str(c["tokenizations"]))  # fmt: skip
+        table.add_row(
+            Text(escape(c["text"]) + mark, style="bold" if mark else ""),
+            _cell(probability(c["logprob"])),
+            str(c["tokenizations"]),
+        )
     return table
 
 

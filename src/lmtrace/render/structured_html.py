@@ -43,11 +43,16 @@ def fields_section(d: dict[str, Any]) -> Any:
     p = parts()
     rows = []
     for f in weakest_first(fields):
-        rows.append({
-            "path": f["path"], "value": f["text"], "p": shown(probability(f.get("logprob"))),
-            "raw p": shown(probability(f.get("raw_logprob"))),
-            "least likely token": shown(f.get("min_prob")), "steps": f"{f['start_step']}–{f['end_step']}",
-        })  # fmt: skip
+        rows.append(
+            {
+                "path": f["path"],
+                "value": f["text"],
+                "p": shown(probability(f.get("logprob"))),
+                "raw p": shown(probability(f.get("raw_logprob"))),
+                "least likely token": shown(f.get("min_prob")),
+                "steps": f"{f['start_step']}–{f['end_step']}",
+            }
+        )
     note = Markup(
         "<p class=\"meta\">Each value's probability under the constraint: the product of its tokens' probabilities "
         "under the raw distribution restricted to what the grammar allowed (a token that spans a boundary counts "
@@ -66,12 +71,15 @@ def choices_section(d: dict[str, Any]) -> Any:
         return None
     chosen = d.get("text")
     rows = [
-        {"option": c["text"] + ("  ◀ generated" if c["text"] == chosen else ""),
-         "p": shown(probability(c.get("logprob"))), "tokenizations": c.get("tokenizations")}
+        {
+            "option": c["text"] + ("  ◀ generated" if c["text"] == chosen else ""),
+            "p": shown(probability(c.get("logprob"))),
+            "tokenizations": c.get("tokenizations"),
+        }
         for c in sorted(choices, key=lambda c: -(probability(c.get("logprob")) or 0.0))
-    ]  # fmt: skip
+    ]
     note = Markup(
-        "<p class=\"meta\">Each option's probability under the constraint, summed over every tokenization the "
+        '<p class="meta">Each option\'s probability under the constraint, summed over every tokenization the '
         "grammar allows (teacher-forced; the options sum to 1).</p>"
     )
     return ("choices", "Choices", note + parts().table(rows, ["option", "p", "tokenizations"]))
@@ -84,8 +92,12 @@ def grammar_section(d: dict[str, Any]) -> Any:
     if not steps:
         return None
     found = flagged((s["index"], s["grammar"]) for s in steps)
-    chart = line_chart([Series("removed", [s["grammar"]["removed_mass"] for s in steps], "c4")],
-                       "raw probability the grammar removed per step", 1.0, x_label="step")  # fmt: skip
+    chart = line_chart(
+        [Series("removed", [s["grammar"]["removed_mass"] for s in steps], "c4")],
+        "raw probability the grammar removed per step",
+        1.0,
+        x_label="step",
+    )
     if found:
         listed = ", ".join(f"{i} ({m:.0%})" for i, m in found)
         text = (

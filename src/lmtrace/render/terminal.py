@@ -229,7 +229,12 @@ def view(trace: Trace, width: int = 100, show_prompt: bool = False) -> Group:
     else:  # shown wherever the trace holds processed numbers and the settings are not known to match
         sampled = trace.distributions != "raw"
     return Group(
-        _header_view(trace), Text(), coloured_text(trace, show_prompt), Text(), legend(), Text(),
+        _header_view(trace),
+        Text(),
+        coloured_text(trace, show_prompt),
+        Text(),
+        legend(),
+        Text(),
         steps_table(trace, sampled, width),
         problems(trace),
     )

@@ -15,9 +15,23 @@ from lmtrace.render.tokens import SCALE, escape, show_bytes
 
 # step fields that token_view shows itself; other fields reach the panel as "extra"
 _KNOWN = {
-    "index", "token_id", "text", "bytes", "logprob", "sampled_logprob", "rank", "entropy",
-    "sampled_entropy", "top", "kv", "time_ms", "waterfall", "problems", "grammar", "draft",
-}  # fmt: skip
+    "index",
+    "token_id",
+    "text",
+    "bytes",
+    "logprob",
+    "sampled_logprob",
+    "rank",
+    "entropy",
+    "sampled_entropy",
+    "top",
+    "kv",
+    "time_ms",
+    "waterfall",
+    "problems",
+    "grammar",
+    "draft",
+}
 # a step where the grammar removed more than this share of the raw probability is marked
 GRAMMAR_FLAG = 0.5
 
@@ -139,8 +153,11 @@ def kv_view(kv: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(layers, list) or not all(isinstance(x, dict) for x in layers):
         return kv
     cols = list(dict.fromkeys(k for x in layers for k in x))
-    return {**{k: v for k, v in kv.items() if k != "layers"}, "cols": cols,
-            "rows": [[x.get(c) for c in cols] for x in layers]}  # fmt: skip
+    return {
+        **{k: v for k, v in kv.items() if k != "layers"},
+        "cols": cols,
+        "rows": [[x.get(c) for c in cols] for x in layers],
+    }
 
 
 def token_views(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:

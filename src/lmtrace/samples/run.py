@@ -95,25 +95,47 @@ def sample(
         stops: list[str | None] = [None] * n
         record = None
     else:
-        traces, stops, record = decode_online(lm, specs, max_batch, deepconf, settings.warmup_size(n, warmup),
-                                              consensus, regex, on_row)  # fmt: skip
+        traces, stops, record = decode_online(
+            lm, specs, max_batch, deepconf, settings.warmup_size(n, warmup), consensus, regex, on_row
+        )
     entries = [sample_entry(i, base + i, t, stops[i], regex) for i, t in enumerate(traces)]
-    if record is not None:
-        for e in entries:
-            e["phase"] = "warmup" if e["index"] < record["warmup"] else "final"
-            above = e["phase"] == "final" or e["lowest_group"] >= record["threshold"]
-            e["kept"] = e["decoded"] and e["stopped"] is None and above
-    chosen = {"n": n, "answer_regex": answer_regex, "choice": list(choice), "deepconf": deepconf,
-                "warmup": None if record is None else record["warmup"], "consensus": consensus,
-                "confidence_k": confidence_k, "confidence_window": confidence_window,
-                "confidence_tail": confidence_tail, "max_batch": max_batch}  # fmt: skip
+    _phases(entries, record)
+    chosen = {
+        "n": n,
+        "answer_regex": answer_regex,
+        "choice": list(choice),
+        "deepconf": deepconf,
+        "warmup": None if record is None else record["warmup"],
+        "consensus": consensus,
+        "confidence_k": confidence_k,
+        "confidence_window": confidence_window,
+        "confidence_tail": confidence_tail,
+        "max_batch": max_batch,
+    }
     found_votes, scores = scores_over(entries, [t for t in traces if t is not None], deepconf)
-    return SampleResult(prompt, p.to_dict(), chosen, entries, found_votes, scores, record,
-                        [t for t in traces if t is not None])  # fmt: skip
+    return SampleResult(
+        prompt, p.to_dict(), chosen, entries, found_votes, scores, record, [t for t in traces if t is not None]
+    )
 
 
-def decode(lm: LM, specs: Sequence[RowSpec], max_batch: int, on_row: Callable | None = None,
-           finished: Callable[[int, Trace], None] | None = None, offset: int = 0) -> list[Trace]:  # fmt: skip
+def _phases(entries: list[dict[str, Any]], record: dict[str, Any] | None) -> None:
+    """DeepConf's phases: each sample's `phase` (warmup or final) and whether it is `kept`."""
+    if record is None:
+        return
+    for e in entries:
+        e["phase"] = "warmup" if e["index"] < record["warmup"] else "final"
+        above = e["phase"] == "final" or e["lowest_group"] >= record["threshold"]
+        e["kept"] = e["decoded"] and e["stopped"] is None and above
+
+
+def decode(
+    lm: LM,
+    specs: Sequence[RowSpec],
+    max_batch: int,
+    on_row: Callable | None = None,
+    finished: Callable[[int, Trace], None] | None = None,
+    offset: int = 0,
+) -> list[Trace]:
     """Every row decoded, `max_batch` at a time (decode.continuous.generate_rows with a callback
     as each row leaves); `finished(i, trace)` may end the remaining rows (their on_step)."""
     batch = ContinuousBatch(lm, max_batch)
@@ -136,8 +158,16 @@ def decode(lm: LM, specs: Sequence[RowSpec], max_batch: int, on_row: Callable | 
     return out  # type: ignore[return-value]
 
 
-def decode_online(lm: LM, specs: list[RowSpec], max_batch: int, mode: str, warmup: int, tau: float, regex: Any,
-                  on_row: Callable | None) -> tuple[list[Trace | None], list[str | None], dict[str, Any]]:  # fmt: skip
+def decode_online(
+    lm: LM,
+    specs: list[RowSpec],
+    max_batch: int,
+    mode: str,
+    warmup: int,
+    tau: float,
+    regex: Any,
+    on_row: Callable | None,
+) -> tuple[list[Trace | None], list[str | None], dict[str, Any]]:
     """DeepConf online: the warm-up rows in full, the threshold, then the other rows each stopped
     below it, and every row not yet done stopped once the kept traces reach consensus."""
     window = specs[0].observers[0].window  # type: ignore[attr-defined]
@@ -165,9 +195,16 @@ def decode_online(lm: LM, specs: list[RowSpec], max_batch: int, mode: str, warmu
         rest = decode(lm, final, max_batch, on_row, finished, offset=warmup)  # type: ignore[assignment]
     else:
         stops[warmup:] = ["consensus"] * (len(specs) - warmup)
-    record = {"mode": mode, "warmup": warmup, "percentile": settings.PERCENTILE[mode], "threshold": threshold,
-              "group": state.group, "consensus": tau, "consensus_reached": state.ended,
-              "warmup_lowest_groups": lowest}  # fmt: skip
+    record = {
+        "mode": mode,
+        "warmup": warmup,
+        "percentile": settings.PERCENTILE[mode],
+        "threshold": threshold,
+        "group": state.group,
+        "consensus": tau,
+        "consensus_reached": state.ended,
+        "warmup_lowest_groups": lowest,
+    }
     return [*first, *rest], stops, record
 
 

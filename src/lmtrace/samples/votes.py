@@ -51,8 +51,13 @@ def weighted(answers: Sequence[str | None], confidences: Sequence[float | None],
         return {"answer": None, "weights": {}, "share": None, "kept": kept, "eta": eta}
     best = max(weights, key=lambda a: weights[a])
     total = math.fsum(weights.values())
-    return {"answer": best, "weights": weights, "share": weights[best] / total if total else None, "kept": kept,
-            "eta": eta}  # fmt: skip
+    return {
+        "answer": best,
+        "weights": weights,
+        "share": weights[best] / total if total else None,
+        "kept": kept,
+        "eta": eta,
+    }
 
 
 def semantic_entropy(answers: Sequence[str | None], log_probs: Sequence[float]) -> float | None:
@@ -93,8 +98,11 @@ def num_sets(answers: Sequence[str | None]) -> int:
 
 def choice_entropy(choices: Sequence[dict[str, Any]]) -> float:
     """-sum p log p over the options' exact probabilities under the constraint (no sampling)."""
-    return -math.fsum(math.exp(c["logprob"]) * c["logprob"] for c in choices if c["logprob"] is not None
-                      and math.isfinite(c["logprob"]))  # fmt: skip
+    return -math.fsum(
+        math.exp(c["logprob"]) * c["logprob"]
+        for c in choices
+        if c["logprob"] is not None and math.isfinite(c["logprob"])
+    )
 
 
 def consensus(vote: dict[str, Any]) -> float | None:

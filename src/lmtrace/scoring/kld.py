@@ -24,8 +24,17 @@ import torch
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.lm import LM
 
-DELTA_P = {"p1": 0.01, "p5": 0.05, "p10": 0.10, "p25": 0.25, "median": 0.5, "p75": 0.75, "p90": 0.90,
-           "p95": 0.95, "p99": 0.99}  # fmt: skip
+DELTA_P = {
+    "p1": 0.01,
+    "p5": 0.05,
+    "p10": 0.10,
+    "p25": 0.25,
+    "median": 0.5,
+    "p75": 0.75,
+    "p90": 0.90,
+    "p95": 0.95,
+    "p99": 0.99,
+}
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -113,7 +122,7 @@ def statistics(kl: list[float], lpa: list[float], lpb: list[float], same: int) -
             "p99_9": percentile(ks, 0.999),
             "max": ks[-1],
             "min": ks[0],
-        },  # fmt: skip
+        },
         "delta_p": {
             "mean": sum(dp) / n,
             "rms": math.sqrt(sum(d * d for d in dp) / n),
@@ -168,8 +177,9 @@ def kld(
     return result
 
 
-def worst_positions(lm: LM, parts: list[list[int]], found: dict[str, list[Any]], n: int,
-                    context: int) -> list[dict[str, Any]]:  # fmt: skip
+def worst_positions(
+    lm: LM, parts: list[list[int]], found: dict[str, list[Any]], n: int, context: int
+) -> list[dict[str, Any]]:
     """The `n` positions of largest KL: where in the text, the token, both models' numbers, both
     top tokens and the text just before it."""
     ctx = len(parts[0])
@@ -182,19 +192,29 @@ def worst_positions(lm: LM, parts: list[list[int]], found: dict[str, list[Any]],
         at = ctx // 2 + 1 + j  # the target token's index in its chunk
         chunk = parts[c]
         pa, pb = math.exp(found["lpa"][k]), math.exp(found["lpb"][k])
-        out.append({
-            "position": c * ctx + at,
-            "chunk": c,
-            "kld": found["kl"][k],
-            "token_id": chunk[at],
-            "token": tok.decode([chunk[at]]),
-            "p_a": pa,
-            "p_b": pb,
-            "delta_p": pb - pa,
-            "top_a": {"token_id": found["top_a"][k], "text": tok.decode([found["top_a"][k]]), "p": found["pa_top"][k]},
-            "top_b": {"token_id": found["top_b"][k], "text": tok.decode([found["top_b"][k]]), "p": found["pb_top"][k]},
-            "context": tok.decode(chunk[max(1 if chunk[0] == tok.bos_token_id else 0, at - context) : at]),
-        })  # fmt: skip
+        out.append(
+            {
+                "position": c * ctx + at,
+                "chunk": c,
+                "kld": found["kl"][k],
+                "token_id": chunk[at],
+                "token": tok.decode([chunk[at]]),
+                "p_a": pa,
+                "p_b": pb,
+                "delta_p": pb - pa,
+                "top_a": {
+                    "token_id": found["top_a"][k],
+                    "text": tok.decode([found["top_a"][k]]),
+                    "p": found["pa_top"][k],
+                },
+                "top_b": {
+                    "token_id": found["top_b"][k],
+                    "text": tok.decode([found["top_b"][k]]),
+                    "p": found["pb_top"][k],
+                },
+                "context": tok.decode(chunk[max(1 if chunk[0] == tok.bos_token_id else 0, at - context) : at]),
+            }
+        )
     return out
 
 

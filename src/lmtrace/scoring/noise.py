@@ -29,9 +29,12 @@ def _finite(x: float | None) -> float | None:
 
 
 def variant_steps(
-    logprob: Sequence[float], base: Sequence[float], top_ids: Sequence[int], reference_top: Sequence[int],
+    logprob: Sequence[float],
+    base: Sequence[float],
+    top_ids: Sequence[int],
+    reference_top: Sequence[int],
     change: Sequence[float | None],
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     """Per step of one variant: its logprob of the reference token, the delta from the
     reference's, whether its top-1 differs from the reference's (`flipped`), the token it put
     first, and how much it moved the reference's top-1/top-2 gap (`margin_change`)."""
@@ -43,7 +46,7 @@ def variant_steps(
             "flipped": t != r,
             "top_token_id": t,
             "margin_change": _finite(c),
-        }  # fmt: skip
+        }
         for i, (lp, b, t, r, c) in enumerate(zip(logprob, base, top_ids, reference_top, change))
     ]
 

@@ -46,8 +46,15 @@ def pmi(lm: LM, trace: Trace, tau: float = sequence.CPMI_TAU, lambd: float = seq
     filled = [0.0 if u is None else u for u in lm_lps]  # the first token's term uses no unconditioned value
     p_terms = sequence.pmi_terms(lps, filled)
     c_terms = sequence.cpmi_terms(lps, filled, ents, tau, lambd)
-    return {"pmi": sequence.negated_mean(p_terms), "cpmi": sequence.negated_mean(c_terms), "pmi_terms": p_terms,
-            "cpmi_terms": c_terms, "unconditioned": lm_lps, "cpmi_tau": tau, "cpmi_lambda": lambd}  # fmt: skip
+    return {
+        "pmi": sequence.negated_mean(p_terms),
+        "cpmi": sequence.negated_mean(c_terms),
+        "pmi_terms": p_terms,
+        "cpmi_terms": c_terms,
+        "unconditioned": lm_lps,
+        "cpmi_tau": tau,
+        "cpmi_lambda": lambd,
+    }
 
 
 def p_true(lm: LM, question: str, answer: str) -> dict[str, Any]:

@@ -127,8 +127,13 @@ def forced_steps(ref: Reference, lp: torch.Tensor) -> list[dict[str, Any]]:
     a, b = torch.tensor(ref.top1)[:, None], torch.tensor(ref.top2)[:, None]
     lp, base = lp.float().cpu(), ref.base.float().cpu()
     change = (lp.gather(-1, a) - lp.gather(-1, b)) - (base.gather(-1, a) - base.gather(-1, b))
-    return noise.variant_steps(lp.gather(-1, t)[:, 0].tolist(), base.gather(-1, t)[:, 0].tolist(),
-                               lp.argmax(-1).tolist(), ref.top1, change[:, 0].tolist())  # fmt: skip
+    return noise.variant_steps(
+        lp.gather(-1, t)[:, 0].tolist(),
+        base.gather(-1, t)[:, 0].tolist(),
+        lp.argmax(-1).tolist(),
+        ref.top1,
+        change[:, 0].tolist(),
+    )
 
 
 def run_variant(world: World, ref: Reference, params: SamplingParams, chat: bool) -> dict[str, Any]:
@@ -139,18 +144,36 @@ def run_variant(world: World, ref: Reference, params: SamplingParams, chat: bool
     started = time.perf_counter()
     tokens = world.decode(ref.trace.prompt["text"], ref.ids, params, chat)
     return {
-        "variant": world.spec.spec, "status": "ran", "reason": None, "about": world.about,
-        "first_divergence": first_divergence(ref.tokens, tokens), "token_ids": tokens,
-        "text": world.lm.tokenizer.decode(tokens), **noise.variant_summary(steps), "steps": steps,
+        "variant": world.spec.spec,
+        "status": "ran",
+        "reason": None,
+        "about": world.about,
+        "first_divergence": first_divergence(ref.tokens, tokens),
+        "token_ids": tokens,
+        "text": world.lm.tokenizer.decode(tokens),
+        **noise.variant_summary(steps),
+        "steps": steps,
         "timing": {"forced_ms": forced_ms, "decode_ms": (time.perf_counter() - started) * 1000},
-    }  # fmt: skip
+    }
 
 
 def skipped(spec: VariantSpec, reason: str) -> dict[str, Any]:
     """The record of a variant that could not run here."""
-    return {"variant": spec.spec, "status": "skipped", "reason": reason, "about": None, "first_divergence": None,
-            "token_ids": None, "text": None, "max_abs_delta": None, "mean_abs_delta": None, "flips": None,
-            "first_flip": None, "steps": [], "timing": {}}  # fmt: skip
+    return {
+        "variant": spec.spec,
+        "status": "skipped",
+        "reason": reason,
+        "about": None,
+        "first_divergence": None,
+        "token_ids": None,
+        "text": None,
+        "max_abs_delta": None,
+        "mean_abs_delta": None,
+        "flips": None,
+        "first_flip": None,
+        "steps": [],
+        "timing": {},
+    }
 
 
 def one_line(e: BaseException) -> str:
@@ -158,8 +181,9 @@ def one_line(e: BaseException) -> str:
     return text if isinstance(e, InvalidParameter | ModelLoadError) else f"{type(e).__name__}: {text}"
 
 
-def each_variant(lm: LM, specs: list[VariantSpec], ref: Reference, params: SamplingParams, chat: bool,
-                 say: Callable[[str], None]) -> list[dict[str, Any]]:  # fmt: skip
+def each_variant(
+    lm: LM, specs: list[VariantSpec], ref: Reference, params: SamplingParams, chat: bool, say: Callable[[str], None]
+) -> list[dict[str, Any]]:
     """Builds, runs and frees one variant at a time (only one copy of the model is held)."""
     out = []
     for spec in specs:
@@ -187,9 +211,14 @@ def repeat_runs(lm: LM, ref: Reference, prompt: str, params: SamplingParams, cha
     for run in range(1, runs):
         again = generate(lm, prompt, params, chat=chat)
         deltas = [abs(a.logprob - b.logprob) for a, b in zip(ref.trace.steps, again.steps)]
-        out.append({"run": run, "first_divergence": first_divergence(ref.tokens, again.token_ids),
-                    "max_abs_delta": max(deltas, default=0.0), "identical": again.token_ids == ref.tokens and
-                    not any(deltas)})  # fmt: skip
+        out.append(
+            {
+                "run": run,
+                "first_divergence": first_divergence(ref.tokens, again.token_ids),
+                "max_abs_delta": max(deltas, default=0.0),
+                "identical": again.token_ids == ref.tokens and not any(deltas),
+            }
+        )
     return out
 
 
@@ -228,7 +257,12 @@ def stability(
     margins = [s.top[0].logprob - s.top[1].logprob for s in trace.steps]
     steps = noise.ledger(margins, sigma, threshold)
     for row, s in zip(steps, trace.steps):
-        row.update(token_id=s.token_id, text=s.text, runner_up_id=s.top[1].token_id, runner_up=s.top[1].text,
-                   flipped_in=[v["variant"] for v in ran if v["steps"][row["index"]]["flipped"]])  # fmt: skip
+        row.update(
+            token_id=s.token_id,
+            text=s.text,
+            runner_up_id=s.top[1].token_id,
+            runner_up=s.top[1].text,
+            flipped_in=[v["variant"] for v in ran if v["steps"][row["index"]]["flipped"]],
+        )
     repeats = repeat_runs(lm, ref, prompt, p, chat, runs)
     return StabilityResult(trace, records, steps, float(threshold), repeats, {"reference_ms": reference_ms})

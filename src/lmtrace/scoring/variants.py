@@ -237,8 +237,10 @@ def _other_model(lm: LM, spec: VariantSpec) -> World:
 
     other = load(spec.value, device=str(lm.model.device.type), dtype=lm.summary.dtype or "auto")
     if other.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
-        raise InvalidParameter(f"{spec.spec}: its tokenizer differs from the reference's, so the reference's "
-                               "tokens cannot be teacher-forced through it")  # fmt: skip
+        raise InvalidParameter(
+            f"{spec.spec}: its tokenizer differs from the reference's, so the reference's "
+            "tokens cannot be teacher-forced through it"
+        )
     world = World(other, spec)
     world.about = f"another file of the model: {other.source} ({other.summary.dtype})"
     return world

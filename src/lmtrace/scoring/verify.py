@@ -101,10 +101,17 @@ def uncached_logits(lm: LM, prompt_ids: list[int], generated: list[int]) -> torc
 def generate_oracle(lm: LM, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
     ids = torch.tensor([prompt_ids], device=lm.model.device)
     out = lm.model.generate(
-        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-        output_logits=True, return_dict_in_generate=True, eos_token_id=lm.eos_token_ids,
-        pad_token_id=lm.pad_token_id, top_k=None, top_p=None,
-    )  # fmt: skip
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        output_logits=True,
+        return_dict_in_generate=True,
+        eos_token_id=lm.eos_token_ids,
+        pad_token_id=lm.pad_token_id,
+        top_k=None,
+        top_p=None,
+    )
     return out.sequences[0, len(prompt_ids) :].tolist(), torch.cat([x.float() for x in out.logits])
 
 
@@ -158,8 +165,12 @@ def verify(lm: LM, prompt_ids: list[int], max_new_tokens: int = 32, tolerance: f
     hf_ids, hf_logits = generate_oracle(lm, prompt_ids, max_new_tokens)
     lp_cached, lp_full = torch.log_softmax(cached, -1), torch.log_softmax(full, -1)
     lp_hf = torch.log_softmax(hf_logits, -1)
-    report = VerifyReport(tolerance=tolerance, dtype=dtype, weights="packed" if packed else "float",
-                          packed=pack.short() if packed else None)  # fmt: skip
+    report = VerifyReport(
+        tolerance=tolerance,
+        dtype=dtype,
+        weights="packed" if packed else "float",
+        packed=pack.short() if packed else None,
+    )
     if dtype != "float32" or packed:
         cost = against_float32(lm, prompt_ids, tokens, lp_cached)
         report.float32_max_logprob_diff = cost["max"]
@@ -181,8 +192,12 @@ def verify(lm: LM, prompt_ids: list[int], max_new_tokens: int = 32, tolerance: f
         if report.first_divergence is None:
             report.first_divergence = _divergence(check)
     if report.first_divergence is None and len(hf_ids) != len(tokens):
-        report.first_divergence = {"step": min(len(hf_ids), len(tokens)), "reason": "generate stopped elsewhere",
-                                   "generate_length": len(hf_ids), "cached_length": len(tokens)}  # fmt: skip
+        report.first_divergence = {
+            "step": min(len(hf_ids), len(tokens)),
+            "reason": "generate stopped elsewhere",
+            "generate_length": len(hf_ids),
+            "cached_length": len(tokens),
+        }
     return report
 
 
@@ -194,5 +209,10 @@ def _divergence(c: StepCheck) -> dict[str, Any] | None:
         reasons.append(f"model.generate chose token {c.generate_token_id}")
     if not reasons:
         return None
-    return {"step": c.index, "reason": "; ".join(reasons), "token_id": c.token_id, "margin": c.margin,
-            "max_logit_diff": c.max_logit_diff}  # fmt: skip
+    return {
+        "step": c.index,
+        "reason": "; ".join(reasons),
+        "token_id": c.token_id,
+        "margin": c.margin,
+        "max_logit_diff": c.max_logit_diff,
+    }

@@ -112,8 +112,11 @@ def server_vs_server(a: list[Token], b: list[Token]) -> dict[str, Any]:
     if first is None and len(a) != len(b):
         first = n
     upto = n if first is None else first
-    deltas = [abs(x.logprob - y.logprob) for x, y in zip(a[:upto], b[:upto])
-              if x.logprob is not None and y.logprob is not None]  # fmt: skip
+    deltas = [
+        abs(x.logprob - y.logprob)
+        for x, y in zip(a[:upto], b[:upto])
+        if x.logprob is not None and y.logprob is not None
+    ]
     nulls = [i for i in range(upto) if (a[i].logprob is None) != (b[i].logprob is None)]
     tops = [_top_diff(x, y) for x, y in zip(a[:upto], b[:upto])]
     top_max = max((d for d, _, _ in tops if d is not None), default=0.0)

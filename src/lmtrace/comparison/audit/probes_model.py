@@ -195,8 +195,10 @@ def offset_problem(choice: dict[str, Any], prompt_n: int) -> str | None:
         return None  # no offsets to check (the chat shape, or a server without them)
     for i in range(1, len(offsets)):
         if offsets[i] < offsets[i - 1]:
-            return (f"text_offset goes backwards at token {i} ({offsets[i - 1]} then {offsets[i]}): the offsets "
-                    "count text the echoed prompt does not hold (a BOS or other special token?)")  # fmt: skip
+            return (
+                f"text_offset goes backwards at token {i} ({offsets[i - 1]} then {offsets[i]}): the offsets "
+                "count text the echoed prompt does not hold (a BOS or other special token?)"
+            )
     for i, (at, name) in enumerate(zip(offsets[:prompt_n], names[:prompt_n])):
         adds_nothing = (offsets[i + 1] if i + 1 < len(offsets) else len(text)) == at
         whole = isinstance(name, str) and not name.startswith("bytes:") and "\ufffd" not in name

@@ -122,5 +122,9 @@ def int4_form(type_name: str, raw: np.ndarray, out_features: int, in_features: i
 
 def permute_rows(form: Int4Form, order: torch.Tensor) -> Int4Form:
     """The same tensor with its output rows reordered (transformers un-permutes Llama's q/k)."""
-    return Int4Form(form.codes[order].contiguous(), form.scales[:, order].contiguous(),
-                    form.zeros[:, order].contiguous(), form.pieces)  # fmt: skip
+    return Int4Form(
+        form.codes[order].contiguous(),
+        form.scales[:, order].contiguous(),
+        form.zeros[:, order].contiguous(),
+        form.pieces,
+    )

@@ -42,8 +42,9 @@ def _in_chunks(t: Any, param: torch.Tensor, processor: Any, to_hf: dict[str, str
     if rows <= CHUNK_ROWS or param.dim() != 2 or param.shape[0] != rows:
         return False
     head = dequantize(t.data[:2], t.tensor_type)
-    result = processor.process(weights=head.copy(), name=t.name, tensor_key_mapping=to_hf,
-                               parsed_parameters={"tensors": {}})  # fmt: skip
+    result = processor.process(
+        weights=head.copy(), name=t.name, tensor_key_mapping=to_hf, parsed_parameters={"tensors": {}}
+    )
     if result.name is None or result.weights.shape != head.shape or not np.array_equal(result.weights, head):
         return False
     for i in range(0, rows, CHUNK_ROWS):
@@ -76,8 +77,12 @@ def fill_float(model: nn.Module, reader: Any, report: PackReport | None = None) 
                 continue
             if not _in_chunks(t, params[hf], processor, to_hf):
                 parsed: dict[str, Any] = {"tensors": {}}
-                result = processor.process(weights=dequantize(t.data, t.tensor_type), name=t.name,
-                                           tensor_key_mapping=to_hf, parsed_parameters=parsed)  # fmt: skip
+                result = processor.process(
+                    weights=dequantize(t.data, t.tensor_type),
+                    name=t.name,
+                    tensor_key_mapping=to_hf,
+                    parsed_parameters=parsed,
+                )
                 stored = parsed["tensors"] if result.name is None else {hf: result.weights}  # experts, GPT-2's head
                 for name, value in stored.items():
                     if name in params:

@@ -73,8 +73,9 @@ def pack_embedding(model: nn.Module, reader: Any, processor: Any, to_hf: dict[st
     if tensor.data.shape[0] != embed.num_embeddings:
         return f"{tensor.data.shape[0]} rows in the file for {embed.num_embeddings} tokens"
     head = dequantize(tensor.data[:2], tensor.tensor_type)
-    result = processor.process(weights=head.copy(), name=tensor.name, tensor_key_mapping=to_hf,
-                               parsed_parameters={"tensors": {}})  # fmt: skip
+    result = processor.process(
+        weights=head.copy(), name=tensor.name, tensor_key_mapping=to_hf, parsed_parameters={"tensors": {}}
+    )
     if result.name is None or result.weights.shape != head.shape or not np.array_equal(result.weights, head):
         return "transformers' loader changes its rows"
     model.set_submodule(name, PackedEmbedding(embed, tensor.data, tensor.tensor_type, tensor.name))

@@ -36,15 +36,21 @@ class Stub(nn.Module):
     def __init__(self, layer: PackedLinear):
         super().__init__()
         self.in_features, self.out_features, self.source, self.bias, self.order = (
-            layer.in_features, layer.out_features, layer.source, layer.bias, layer.order)  # fmt: skip
+            layer.in_features,
+            layer.out_features,
+            layer.source,
+            layer.bias,
+            layer.order,
+        )
 
 
 class FusedMLP(nn.Module):
     """down(act(gate(x)) * up(x)) with gate and up as one packed matrix. `original` is the MLP it
     replaced, its gate and up as Stubs (lmtrace.model.gguf.packed.float_reference puts it back)."""
 
-    def __init__(self, gate_up: PackedLinear, down: nn.Module, act_fn: nn.Module, gate: PackedLinear,
-                 up: PackedLinear) -> None:  # fmt: skip
+    def __init__(
+        self, gate_up: PackedLinear, down: nn.Module, act_fn: nn.Module, gate: PackedLinear, up: PackedLinear
+    ) -> None:
         super().__init__()
         self.gate_up, self.down_proj, self.act_fn = gate_up, down, act_fn
         self.sizes = [gate.out_features, up.out_features]

@@ -74,8 +74,9 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _packed_chunks(forms: Iterable[Int4Form], pieces: int, dtype: torch.dtype,
-                   rows: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _packed_chunks(
+    forms: Iterable[Int4Form], pieces: int, dtype: torch.dtype, rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed codes (padded rows, pieces * in / 2) uint8, scales and zeros (groups, padded rows,
     2)) of `rows` rows given in chunks (64-row multiples but the last), converted one at a time
     and copied into buffers made once for all rows (no second copy from a final concatenation)."""
@@ -107,17 +108,25 @@ class PackedLinear(nn.Module):
     """y = x W^T (+ b) with W held as 4-bit codes plus a scale and a zero per group of 32, in
     `pieces` parts side by side along the input (the input fed once per piece)."""
 
-    def __init__(self, form: Int4Form | Iterable[Int4Form], bias: torch.Tensor | None, compute_dtype: torch.dtype,
-                 kind: str, source: str = "", order: torch.Tensor | None = None,
-                 rows: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        form: Int4Form | Iterable[Int4Form],
+        bias: torch.Tensor | None,
+        compute_dtype: torch.dtype,
+        kind: str,
+        source: str = "",
+        order: torch.Tensor | None = None,
+        rows: int | None = None,
+    ) -> None:
         super().__init__()
         forms = iter([form] if isinstance(form, Int4Form) else form)  # row chunks: 64-row multiples but the last
         first = next(forms)
         self.in_features, self.pieces = first.in_features, first.pieces
         self.compute_dtype, self.kind = compute_dtype, kind
         self.out_features = first.codes.shape[0] if rows is None else rows  # rows: all chunks' (given chunks)
-        packed, scale_zeros = _packed_chunks(itertools.chain([first], forms), self.pieces, compute_dtype,
-                                             self.out_features)  # fmt: skip
+        packed, scale_zeros = _packed_chunks(
+            itertools.chain([first], forms), self.pieces, compute_dtype, self.out_features
+        )
         self.register_buffer("packed", packed)
         self.register_buffer("scale_zeros", scale_zeros)
         self.source, self.order = source, order  # the GGUF tensor's name and row order (float_reference)
@@ -138,8 +147,10 @@ class PackedLinear(nn.Module):
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale_zeros))
 
     def extra_repr(self) -> str:
-        return f"{self.kind}, in={self.in_features}, out={self.out_features}, pieces={self.pieces}, " \
-               f"compute={self.compute_dtype}"  # fmt: skip
+        return (
+            f"{self.kind}, in={self.in_features}, out={self.out_features}, pieces={self.pieces}, "
+            f"compute={self.compute_dtype}"
+        )
 
 
 class PackedHead(PackedLinear):
@@ -149,9 +160,17 @@ class PackedHead(PackedLinear):
     whose spacing at a logit of 20 is 0.125, too coarse for logprobs; the rows a step reads (the
     chosen token, the top alternatives) then carry float32 logits, the far tail the coarse ones."""
 
-    def __init__(self, form: Int4Form | Iterable[Int4Form], bias: torch.Tensor | None, compute_dtype: torch.dtype,
-                 kind: str, source: str = "", refine: int = 64, raw: np.ndarray | None = None,
-                 rows: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        form: Int4Form | Iterable[Int4Form],
+        bias: torch.Tensor | None,
+        compute_dtype: torch.dtype,
+        kind: str,
+        source: str = "",
+        refine: int = 64,
+        raw: np.ndarray | None = None,
+        rows: int | None = None,
+    ) -> None:
         super().__init__(form, bias, compute_dtype, kind, source, rows=rows)
         if raw is None:
             raise ValueError("a packed head needs its tensor's raw blocks")
@@ -235,9 +254,13 @@ def _pack_one(model: nn.Module, module: nn.Linear, found: Found, compute: torch.
 
 
 def pack_gguf(
-    model: nn.Module, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fuse: bool = True,
-    check: bool = True, before_fuse: Callable[[nn.Module, PackReport], None] | None = None,
-) -> PackReport:  # fmt: skip
+    model: nn.Module,
+    path: str | Path,
+    compute_dtype: torch.dtype = torch.bfloat16,
+    fuse: bool = True,
+    check: bool = True,
+    before_fuse: Callable[[nn.Module, PackReport], None] | None = None,
+) -> PackReport:
     """Replaces the model's linear layers by packed ones read from the GGUF file at `path` (the
     file the model was loaded from). With `check`, each packed layer's dequantized weights are
     checked equal to the loaded float32 weights before the swap; a layer that fails keeps its
@@ -270,8 +293,10 @@ def pack_gguf(
         report.packed_bytes += packed.nbytes()
     progress.close()
     if not report.packed:
-        raise InvalidParameter(f"weights: 'packed' packs none of the {len(report.kept_float)} linear layers of "
-                               f"{Path(path).name} ({_why(report)}); run it with --weights float")  # fmt: skip
+        raise InvalidParameter(
+            f"weights: 'packed' packs none of the {len(report.kept_float)} linear layers of "
+            f"{Path(path).name} ({_why(report)}); run it with --weights float"
+        )
     if before_fuse is not None:  # model/gguf/direct.py: the float parts, once the packed ones are in place
         before_fuse(model, report)
     if fuse:

@@ -115,11 +115,17 @@ def _k(type_name: str, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 # type -> (weights a block, bytes a block, weights a scale, smallest q, how many q values)
 TYPES = {
-    "Q4_0": (32, 18, 32, -8, 16), "Q4_1": (32, 20, 32, 0, 16), "Q5_0": (32, 22, 32, -16, 32),
-    "Q5_1": (32, 24, 32, 0, 32), "Q8_0": (32, 34, 32, -128, 256), "IQ4_NL": (32, 18, 32, -127, 241),
-    "Q4_K": (256, 144, 32, 0, 16), "Q5_K": (256, 176, 32, 0, 32), "Q6_K": (256, 210, 16, -32, 64),
+    "Q4_0": (32, 18, 32, -8, 16),
+    "Q4_1": (32, 20, 32, 0, 16),
+    "Q5_0": (32, 22, 32, -16, 32),
+    "Q5_1": (32, 24, 32, 0, 32),
+    "Q8_0": (32, 34, 32, -128, 256),
+    "IQ4_NL": (32, 18, 32, -127, 241),
+    "Q4_K": (256, 144, 32, 0, 16),
+    "Q5_K": (256, 176, 32, 0, 32),
+    "Q6_K": (256, 210, 16, -32, 64),
     "IQ4_XS": (256, 136, 32, -127, 241),
-}  # fmt: skip
+}
 
 
 def decode(type_name: str, raw: np.ndarray, out_features: int, in_features: int) -> Decoded:

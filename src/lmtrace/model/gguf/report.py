@@ -36,8 +36,10 @@ class PackReport:
     def line(self) -> str:
         """One line for the load status: what runs packed, at which types, and what does not."""
         total = len(self.packed) + len(self.kept_float)
-        text = (f"packed weights: {len(self.packed)} of {total} linear layers ({self.types()}; "
-                f"{self.packed_bytes / 1e6:.0f} MB, {self.compute_dtype} activations)")  # fmt: skip
+        text = (
+            f"packed weights: {len(self.packed)} of {total} linear layers ({self.types()}; "
+            f"{self.packed_bytes / 1e6:.0f} MB, {self.compute_dtype} activations)"
+        )
         if self.embedding:
             text += f"; embedding: {self.embedding}"
         if self.kept_float:

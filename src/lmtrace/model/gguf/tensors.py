@@ -22,8 +22,15 @@ import numpy as np
 
 # metadata value type -> fixed size in bytes (8: string, 9: array are walked)
 SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
-         "I32": np.int32, "I64": np.int64}  # fmt: skip
+PLAIN = {
+    "F32": np.float32,
+    "F16": np.float16,
+    "F64": np.float64,
+    "I8": np.int8,
+    "I16": np.int16,
+    "I32": np.int32,
+    "I64": np.int64,
+}
 
 
 @dataclass
@@ -119,8 +126,11 @@ class GGUFTensors:
             n_bytes, at = n * type_size // block, start + offset
             if at + n_bytes > cur.size:
                 raise ValueError(f"tensor {name} runs past the end of the file")
-            self.tensors.append(Tensor(name, kind, np.array(dims, dtype=np.uint64), n, n_bytes, at,
-                                       self._view(kind, at, n, n_bytes, dims)))  # fmt: skip
+            self.tensors.append(
+                Tensor(
+                    name, kind, np.array(dims, dtype=np.uint64), n, n_bytes, at, self._view(kind, at, n, n_bytes, dims)
+                )
+            )
 
     def _view(self, kind: Any, at: int, n: int, n_bytes: int, dims: list[int]) -> np.ndarray:
         from gguf.quants import quant_shape_to_byte_shape

@@ -61,15 +61,20 @@ def off_by_one(engine: Sequence[float], processed: Sequence[float]) -> dict[str,
     best = min(ahead, behind)
     if best > FIT * aligned:
         return None
-    evidence = {"aligned_fit": aligned, "shifted_fit": best, "shift": 1 if ahead <= behind else -1,
-                "tokens": n - 1}  # fmt: skip
-    return cause("off_by_one", "logprob i is the id at i + 1" if ahead <= behind else "logprob i is the id at i - 1",
-                 evidence)  # fmt: skip
+    evidence = {"aligned_fit": aligned, "shifted_fit": best, "shift": 1 if ahead <= behind else -1, "tokens": n - 1}
+    return cause(
+        "off_by_one", "logprob i is the id at i + 1" if ahead <= behind else "logprob i is the id at i - 1", evidence
+    )
 
 
-def processing(engine: Sequence[float], processed: Sequence[float], on: Sequence[str],
-               alternatives: dict[str, list[float]], temperature: tuple[float, float] | None,
-               said: float) -> dict[str, Any] | None:  # fmt: skip
+def processing(
+    engine: Sequence[float],
+    processed: Sequence[float],
+    on: Sequence[str],
+    alternatives: dict[str, list[float]],
+    temperature: tuple[float, float] | None,
+    said: float,
+) -> dict[str, Any] | None:
     """Another processing than the settings say fits the engine's logprobs."""
     aligned = fit(engine, processed)
     fits = {name: fit(engine, values) for name, values in alternatives.items()}
@@ -79,13 +84,17 @@ def processing(engine: Sequence[float], processed: Sequence[float], on: Sequence
             detail = on[0] if len(on) == 1 else "raw_reported"
         else:
             detail = best.removeprefix("without_")
-        return cause("processing_mismatch", detail, {"aligned_fit": aligned, "fits": fits, "best": best,
-                                                     "steps_on": list(on)})  # fmt: skip
+        return cause(
+            "processing_mismatch", detail, {"aligned_fit": aligned, "fits": fits, "best": best, "steps_on": list(on)}
+        )
     if temperature is not None:
         t, gap = temperature
         if gap <= FIT * aligned and abs(t - said) > 0.01 * said:
-            return cause("processing_mismatch", "temperature", {"aligned_fit": aligned, "fitted_temperature": t,
-                                                                "fitted_fit": gap, "temperature": said})  # fmt: skip
+            return cause(
+                "processing_mismatch",
+                "temperature",
+                {"aligned_fit": aligned, "fitted_temperature": t, "fitted_fit": gap, "temperature": said},
+            )
     return None
 
 
@@ -99,8 +108,11 @@ def numeric_or_weights(aligned: float, variant_fits: dict[str, dict[str, float]]
     nearest the misfit; none: weights."""
     evidence: dict[str, Any] = {"aligned_fit": aligned, "variants": {k: dict(v) for k, v in variant_fits.items()}}
     exact = [k for k, v in variant_fits.items() if v["fit"] <= NUMERIC_FIT * aligned]
-    sized = [k for k, v in variant_fits.items()
-             if v["noise"] > 0 and v["noise"] / NOISE_SCALE <= aligned <= NOISE_SCALE * v["noise"]]
+    sized = [
+        k
+        for k, v in variant_fits.items()
+        if v["noise"] > 0 and v["noise"] / NOISE_SCALE <= aligned <= NOISE_SCALE * v["noise"]
+    ]
     if exact:
         best = min(exact, key=lambda k: variant_fits[k]["fit"])
     elif sized:

@@ -35,8 +35,9 @@ def each(lm: LM, rollouts: Sequence[Rollout], on_logits: OnLogits, world: varian
             on_logits(i, logits)
 
 
-def processed(lm: LM, rollouts: Sequence[Rollout], params: Sequence[SamplingParams],
-              world: variants.World | None = None) -> list[list[float]]:  # fmt: skip
+def processed(
+    lm: LM, rollouts: Sequence[Rollout], params: Sequence[SamplingParams], world: variants.World | None = None
+) -> list[list[float]]:
     """Each rollout's processed logprobs under `world`."""
     out: list[list[float]] = [[] for _ in rollouts]
 

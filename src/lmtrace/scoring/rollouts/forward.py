@@ -28,6 +28,7 @@ def plan(rollouts: Sequence[Rollout]) -> tuple[list[list[int]], list[int]]:
     by_prompt: dict[tuple[int, ...], list[int]] = defaultdict(list)
     for i, r in enumerate(rollouts):
         by_prompt[tuple(r.prompt_ids)].append(i)
+
     def shares(g: list[int]) -> bool:
         mean = sum(len(rollouts[i].completion_ids) for i in g) / len(g)
         return len(g) > 1 and len(rollouts[g[0]].prompt_ids) >= SHARE_FROM * mean
@@ -62,8 +63,13 @@ def _alone(model, rollouts: Sequence[Rollout], chunk: list[int], pad_id: int) ->
     padded = bool((mask == 0).any())
     keep = max(len(rollouts[i].completion_ids) for i in chunk)
     device = model.device
-    out = model(input_ids=ids.to(device), attention_mask=mask.to(device) if padded else None,
-                position_ids=pos.to(device), use_cache=False, logits_to_keep=keep)  # fmt: skip
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device) if padded else None,
+        position_ids=pos.to(device),
+        use_cache=False,
+        logits_to_keep=keep,
+    )
     logits = out.logits  # (rows, keep, vocab)
     for k, i in enumerate(chunk):
         n = len(rollouts[i].completion_ids)
@@ -94,19 +100,26 @@ def _group(model, rollouts: Sequence[Rollout], group: list[int], budget: int) ->
             ids[k, : len(r)] = torch.tensor(r, dtype=torch.long) if r else ids[k, :0]
             mask[k, p : p + len(r)] = 1
         n = len(rows)  # the prompt's KV once per row: (1, h, p, d) -> (n, h, p, d)
-        shared = ledger.cache_of(model, [(k.expand(n, -1, -1, -1).contiguous(), v.expand(n, -1, -1, -1).contiguous())
-                                         for k, v in layers])  # fmt: skip
+        shared = ledger.cache_of(
+            model, [(k.expand(n, -1, -1, -1).contiguous(), v.expand(n, -1, -1, -1).contiguous()) for k, v in layers]
+        )
         pos = torch.arange(p, p + w).expand(len(rows), -1)
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-                    logits_to_keep=w, **ledger.cache_kwargs(model, shared))  # fmt: skip
+        out = model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=pos.to(device),
+            logits_to_keep=w,
+            **ledger.cache_kwargs(model, shared),
+        )
         logits = out.logits.float()  # (rows, w, vocab)
         for k, i in enumerate(chunk):
             n = len(rollouts[i].completion_ids)
             yield i, torch.cat([first[None], logits[k, : n - 1]])  # (n, vocab)
 
 
-def forced_logits(model, rollouts: Sequence[Rollout], pad_id: int,
-                  budget: int = TOKENS) -> Iterator[tuple[int, torch.Tensor]]:  # fmt: skip
+def forced_logits(
+    model, rollouts: Sequence[Rollout], pad_id: int, budget: int = TOKENS
+) -> Iterator[tuple[int, torch.Tensor]]:
     """(rollout index, logits (len(completion_ids), vocab) float32) for every rollout, in the
     order the batches finish: row j is the distribution before completion_ids[j]."""
     groups, alone = plan(rollouts)

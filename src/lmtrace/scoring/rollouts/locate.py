@@ -35,9 +35,11 @@ def captured(model) -> Iterator[dict[str, torch.Tensor]]:
     seen: dict[str, torch.Tensor] = {}
     handles = []
     for name, module in modules(model):
+
         def hook(_m, _args, output, name=name):
             h = output[0] if isinstance(output, tuple) else output
             seen[name] = h[0, -1].detach().float().clone()  # (1, seq, dim) -> (dim,)
+
         handles.append(module.register_forward_hook(hook))
     try:
         yield seen
@@ -82,12 +84,19 @@ def locate_at(lm: LM, rollout: Rollout, index: int, spec: VariantSpec, threshold
         other = in_world(world, ids)
     finally:
         world.close()
-    return {"variant": spec.spec, "rollout": rollout.id, "index": index, "token_id": rollout.completion_ids[index],
-            "position": len(ids) - 1, **compare(reference, other, threshold)}  # fmt: skip
+    return {
+        "variant": spec.spec,
+        "rollout": rollout.id,
+        "index": index,
+        "token_id": rollout.completion_ids[index],
+        "position": len(ids) - 1,
+        **compare(reference, other, threshold),
+    }
 
 
-def locate_worst(lm: LM, rollouts: Sequence[Rollout], rows: Sequence[dict[str, Any]], spec: VariantSpec,
-                 threshold: float) -> dict[str, Any]:  # fmt: skip
+def locate_worst(
+    lm: LM, rollouts: Sequence[Rollout], rows: Sequence[dict[str, Any]], spec: VariantSpec, threshold: float
+) -> dict[str, Any]:
     """locate_at the token with the largest |trainer − engine| among the flagged ones (among
     all, where none is flagged)."""
     best, key = None, None

@@ -28,8 +28,9 @@ def _kept(line: int, name: str, row: list[Any], mask: list[Any] | None) -> list[
     return [x for x, m in zip(row, mask) if m]
 
 
-def _logprob_row(line: int, name: str, row: list[Any], c_row: list[Any], c_mask: list[Any] | None, c_name: str,
-                 kept: int) -> list[Any]:  # fmt: skip
+def _logprob_row(
+    line: int, name: str, row: list[Any], c_row: list[Any], c_mask: list[Any] | None, c_name: str, kept: int
+) -> list[Any]:
     """A row of logprobs: padded as its completion row (the mask drops the same columns), or
     already of its `kept` ids alone; any other width is an error naming both."""
     if isinstance(row, list) and len(row) == len(c_row):
@@ -40,8 +41,9 @@ def _logprob_row(line: int, name: str, row: list[Any], c_row: list[Any], c_mask:
     raise bad(line, name, f"has {width} values for the {len(c_row)} columns of {c_name} ({kept} ids once unpadded)")
 
 
-def batch_rows(obj: dict[str, Any], line: int, prompt: tuple[str, str], completion: tuple[str, str],
-               logprobs: str) -> list[tuple[list[int], list[int], list[float]]]:  # fmt: skip
+def batch_rows(
+    obj: dict[str, Any], line: int, prompt: tuple[str, str], completion: tuple[str, str], logprobs: str
+) -> list[tuple[list[int], list[int], list[float]]]:
     """[(prompt ids, completion ids, logprobs)] of each row, padding dropped by the masks."""
     p_rows, c_rows = _rows(obj, prompt[0], line), _rows(obj, completion[0], line)
     if p_rows is None:

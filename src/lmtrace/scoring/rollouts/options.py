@@ -31,5 +31,7 @@ def check_threshold(threshold: Any) -> None:
 
 def check_locate(spec: VariantSpec) -> None:
     if spec.kind not in LOCATE_KINDS:
-        raise InvalidParameter(f"locate: {spec.spec!r} has no model of its own to compare layer by layer "
-                               f"(use a {', '.join(k + ':' for k in LOCATE_KINDS)} variant)")  # fmt: skip
+        raise InvalidParameter(
+            f"locate: {spec.spec!r} has no model of its own to compare layer by layer "
+            f"(use a {', '.join(k + ':' for k in LOCATE_KINDS)} variant)"
+        )

@@ -25,8 +25,13 @@ def canonical(tokenizer: Any, ids: Sequence[int]) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def retokenized(lm: LM, rollouts: Sequence[Rollout], todo: Sequence[int], params: Sequence[SamplingParams],
-                aligned: dict[int, float]) -> dict[int, dict[str, Any]]:  # fmt: skip
+def retokenized(
+    lm: LM,
+    rollouts: Sequence[Rollout],
+    todo: Sequence[int],
+    params: Sequence[SamplingParams],
+    aligned: dict[int, float],
+) -> dict[int, dict[str, Any]]:
     """i -> a `retokenized` cause for the rollouts whose engine logprobs fit once the prompt is
     re-tokenized from its text (the engine saw the text's own tokens, the record keeps others)."""
     others: dict[int, Rollout] = {}
@@ -45,9 +50,18 @@ def retokenized(lm: LM, rollouts: Sequence[Rollout], todo: Sequence[int], params
             old, new = rollouts[i].prompt_ids, others[i].prompt_ids
             same = sum(1 for a, b in zip(old, new) if a == b)
             first = next((k for k, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-            out[i] = causes.cause("retokenized", "prompt", {
-                "aligned_fit": aligned[i], "retokenized_fit": got, "prompt_ids": len(old), "text_ids": len(new),
-                "ids_matching": same / max(len(old), len(new)), "first_difference": first})  # fmt: skip
+            out[i] = causes.cause(
+                "retokenized",
+                "prompt",
+                {
+                    "aligned_fit": aligned[i],
+                    "retokenized_fit": got,
+                    "prompt_ids": len(old),
+                    "text_ids": len(new),
+                    "ids_matching": same / max(len(old), len(new)),
+                    "first_difference": first,
+                },
+            )
     return out
 
 
@@ -60,10 +74,15 @@ def candidate_specs(lm: LM, trainer: VariantSpec | None) -> list[VariantSpec]:
     return specs
 
 
-def variant_fits(lm: LM, rollouts: Sequence[Rollout], todo: Sequence[int], params: Sequence[SamplingParams],
-                 specs: Sequence[VariantSpec], reference: Sequence[list[float]],
-                 on_status: Callable[[str], None] | None = None
-                 ) -> tuple[dict[int, dict[str, dict[str, float]]], list[dict[str, str]]]:  # fmt: skip
+def variant_fits(
+    lm: LM,
+    rollouts: Sequence[Rollout],
+    todo: Sequence[int],
+    params: Sequence[SamplingParams],
+    specs: Sequence[VariantSpec],
+    reference: Sequence[list[float]],
+    on_status: Callable[[str], None] | None = None,
+) -> tuple[dict[int, dict[str, dict[str, float]]], list[dict[str, str]]]:
     """(i -> {variant spec: {fit, noise}}, [{variant, reason}] of the variants that cannot run
     here): `fit` the engine against the variant's processed logprobs, `noise` the variant
     against the reference's own (how far that variant moves the numbers)."""

@@ -21,9 +21,17 @@ from lmtrace.scoring.rollouts.rollout import Rollout
 
 def read(obj: dict[str, Any], line: int) -> list[Rollout]:
     """The rollouts of one TRL batch (or row)."""
-    rows = batch_rows(obj, line, prompt=("prompt_ids", "prompt_mask"), completion=("completion_ids", "completion_mask"),
-                      logprobs="sampling_per_token_logps")  # fmt: skip
+    rows = batch_rows(
+        obj,
+        line,
+        prompt=("prompt_ids", "prompt_mask"),
+        completion=("completion_ids", "completion_mask"),
+        logprobs="sampling_per_token_logps",
+    )
     sampling = settings(obj, line)
-    return [Rollout(f"{obj.get('id', line)}/{i}", p, c, lp, sampling, line,
-                    fields=(f"prompt_ids[{i}]", f"completion_ids[{i}]"))
-            for i, (p, c, lp) in enumerate(rows)]  # fmt: skip
+    return [
+        Rollout(
+            f"{obj.get('id', line)}/{i}", p, c, lp, sampling, line, fields=(f"prompt_ids[{i}]", f"completion_ids[{i}]")
+        )
+        for i, (p, c, lp) in enumerate(rows)
+    ]

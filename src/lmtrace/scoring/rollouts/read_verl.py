@@ -30,10 +30,19 @@ def read(obj: dict[str, Any], line: int) -> list[Rollout]:
         obj["prompt_mask"] = [m[:width] for m in mask] if two_d else mask[:width]
         if "response_mask" not in obj:
             obj["response_mask"] = [m[width:] for m in mask] if two_d else mask[width:]
-    rows = batch_rows(obj, line, prompt=("prompts", "prompt_mask"), completion=("responses", "response_mask"),
-                      logprobs="rollout_log_probs")  # fmt: skip
+    rows = batch_rows(
+        obj,
+        line,
+        prompt=("prompts", "prompt_mask"),
+        completion=("responses", "response_mask"),
+        logprobs="rollout_log_probs",
+    )
     uids = obj.get("uid")
     names = [str(u) for u in uids] if isinstance(uids, list) and len(uids) == len(rows) else None
     sampling = settings(obj.get("meta_info") if isinstance(obj.get("meta_info"), dict) else obj, line)
-    return [Rollout(f"{names[i] if names else line}/{i}", p, c, lp, sampling, line,
-                    fields=(f"prompts[{i}]", f"responses[{i}]")) for i, (p, c, lp) in enumerate(rows)]  # fmt: skip
+    return [
+        Rollout(
+            f"{names[i] if names else line}/{i}", p, c, lp, sampling, line, fields=(f"prompts[{i}]", f"responses[{i}]")
+        )
+        for i, (p, c, lp) in enumerate(rows)
+    ]

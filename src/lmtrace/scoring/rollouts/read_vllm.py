@@ -48,6 +48,15 @@ def read(obj: dict[str, Any], line: int) -> list[Rollout]:
         steps = o["logprobs"]
         values = _sampled(line, f"outputs[{k}].logprobs", ids, steps) if len(steps) >= len(ids) else steps
         name = f"{obj.get('request_id', line)}/{o.get('index', k)}"
-        out.append(Rollout(name, prompt, ids, logprobs_of(line, f"outputs[{k}].logprobs", values, len(ids)),
-                           sampling, line, fields=("prompt_token_ids", f"outputs[{k}].token_ids")))  # fmt: skip
+        out.append(
+            Rollout(
+                name,
+                prompt,
+                ids,
+                logprobs_of(line, f"outputs[{k}].logprobs", values, len(ids)),
+                sampling,
+                line,
+                fields=("prompt_token_ids", f"outputs[{k}].token_ids"),
+            )
+        )
     return out

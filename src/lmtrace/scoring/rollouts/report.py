@@ -61,8 +61,13 @@ def _first_causes(run: Pass) -> list[list[dict[str, Any]]]:
             out.append([])
             continue
         found = causes.off_by_one(r.logprobs, run.processed[i]) or causes.processing(
-            r.logprobs, run.processed[i], tokens.active(run.params[i]), run.alternatives[i],
-            run.temperature.get(i), run.params[i].temperature)  # fmt: skip
+            r.logprobs,
+            run.processed[i],
+            tokens.active(run.params[i]),
+            run.alternatives[i],
+            run.temperature.get(i),
+            run.params[i].temperature,
+        )
         out.append([found] if found else [])
     return out
 
@@ -103,17 +108,27 @@ class Texts:
         return self.known[token_id]
 
 
-def _token_rows(r: Rollout, raw: list[float], processed: list[float], trainer: list[float],
-                text: Texts) -> list[dict[str, Any]]:  # fmt: skip
+def _token_rows(
+    r: Rollout, raw: list[float], processed: list[float], trainer: list[float], text: Texts
+) -> list[dict[str, Any]]:
     rows = []
     for j, (tid, e, a, p, t) in enumerate(zip(r.completion_ids, r.logprobs, raw, processed, trainer)):
         ratio = math.exp(min(t - e, 700.0)) if t != -math.inf else 0.0  # 700: float64's exp stays finite
-        rows.append({
-            "index": j, "token_id": tid, "text": text(tid), "engine_logprob": e, "raw_logprob": a,
-            "processed_logprob": _num(p), "trainer_logprob": _num(t),
-            "processing": _num(p - a) if p != -math.inf else None, "residual": e - p if p != -math.inf else None,
-            "ratio": ratio, "flagged": not FLAG_LOW <= ratio <= FLAG_HIGH,
-        })  # fmt: skip
+        rows.append(
+            {
+                "index": j,
+                "token_id": tid,
+                "text": text(tid),
+                "engine_logprob": e,
+                "raw_logprob": a,
+                "processed_logprob": _num(p),
+                "trainer_logprob": _num(t),
+                "processing": _num(p - a) if p != -math.inf else None,
+                "residual": e - p if p != -math.inf else None,
+                "ratio": ratio,
+                "flagged": not FLAG_LOW <= ratio <= FLAG_HIGH,
+            }
+        )
     return rows
 
 
@@ -140,6 +155,32 @@ def prepare(lm: LM, records: Sequence[Any] | str | Path, fmt: str = "lmtrace") -
         encode(r, lm.tokenizer)
         check(r, vocab)
     return rollouts
+
+
+def _trainer_values(lm: LM, rs: Sequence[Any], params: list, run: Any, spec: Any, status: Callable) -> list:
+    """The trainer's logprobs: the reference's own processed ones, or those of the variant that
+    stands for the trainer (`spec`)."""
+    if spec is None:
+        return run.processed
+    status(f"the trainer as {spec.spec}")
+    world = variants.build(lm, spec)
+    try:
+        return computed.processed(lm, rs, params, world)
+    finally:
+        world.close()
+
+
+def _rollout_entry(lm: LM, r: Any, found: Any, tokens: list) -> dict[str, Any]:
+    """One rollout of the report: its id, line, prompt, sampling, causes and tokens."""
+    return {
+        "id": r.id,
+        "line": r.line,
+        "prompt_tokens": len(r.prompt_ids),
+        "sampling": dict(r.sampling),
+        "prompt_text": lm.tokenizer.decode(r.prompt_ids, skip_special_tokens=False),
+        "causes": found,
+        "tokens": tokens,
+    }
 
 
 def rollouts(
@@ -173,33 +214,33 @@ def rollouts(
     run = Pass(rs, params)
     computed.each(lm, rs, run)
     forced_s = time.perf_counter() - started
-    trainer_values = run.processed
-    if trainer_spec is not None:
-        status(f"the trainer as {trainer_spec.spec}")
-        world = variants.build(lm, trainer_spec)
-        try:
-            trainer_values = computed.processed(lm, rs, params, world)
-        finally:
-            world.close()
+    trainer_values = _trainer_values(lm, rs, params, run, trainer_spec, status)
     found, skipped = _diagnose(lm, run, trainer_spec, status)
     text = Texts(lm.tokenizer)
-    out_rollouts = [{"id": r.id, "line": r.line, "prompt_tokens": len(r.prompt_ids), "sampling": dict(r.sampling),
-                     "prompt_text": lm.tokenizer.decode(r.prompt_ids, skip_special_tokens=False), "causes": found[i],
-                     "tokens": _token_rows(r, run.raw[i], run.processed[i], trainer_values[i], text)}
-                    for i, r in enumerate(rs)]  # fmt: skip
+    out_rollouts = [
+        _rollout_entry(lm, r, found[i], _token_rows(r, run.raw[i], run.processed[i], trainer_values[i], text))
+        for i, r in enumerate(rs)
+    ]
     summary = metrics.summary([list(zip(r.logprobs, trainer_values[i])) for i, r in enumerate(rs)], cap_list)
     summary["flagged"] = sum(t["flagged"] for r in out_rollouts for t in r["tokens"])
     summary["causes"] = causes.tally(found)
     report = {
-        "model": {"source": lm.source, "dtype": lm.summary.dtype, "device": lm.summary.device,
-                  **({"batch_invariant": True} if lm.summary.batch_invariant else {})},
+        "model": {
+            "source": lm.source,
+            "dtype": lm.summary.dtype,
+            "device": lm.summary.device,
+            **({"batch_invariant": True} if lm.summary.batch_invariant else {}),
+        },
         "format": fmt,
         "trainer": trainer_spec.spec if trainer_spec is not None else "reference",
         "summary": summary,
         "rollouts": out_rollouts,
         "skipped_variants": skipped,
-        "timing": {"total_s": time.perf_counter() - started, "forced_s": forced_s,
-                   "tokens_per_s": summary["tokens"] / forced_s if forced_s > 0 else None},  # fmt: skip
+        "timing": {
+            "total_s": time.perf_counter() - started,
+            "forced_s": forced_s,
+            "tokens_per_s": summary["tokens"] / forced_s if forced_s > 0 else None,
+        },
         "versions": versions(),
     }
     if locate_spec is not None:

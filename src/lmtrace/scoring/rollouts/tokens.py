@@ -24,8 +24,9 @@ def chosen(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, None])[:, 0]
 
 
-def raw_and_processed(logits: torch.Tensor, ids: torch.Tensor,
-                      params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def raw_and_processed(
+    logits: torch.Tensor, ids: torch.Tensor, params: SamplingParams
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(raw, processed) logprobs of `ids` (n,) under logits (n, vocab); a token the processors
     remove has processed logprob -inf."""
     raw = chosen(logits, ids)
