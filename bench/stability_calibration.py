@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import lmtrace
-from lmtrace.model.export import export
+from lmtrace.model.folder import save_folder
 from lmtrace.scoring import noise
 from lmtrace.scoring.stability import forced_steps, reference_of
 from lmtrace.scoring.variant_spec import parse_variant
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     prompts = [p for p in PROMPTS.read_text(encoding="utf-8").splitlines() if p.strip()][: args.limit]
     lm = lmtrace.load()
     with tempfile.TemporaryDirectory() as tmp:
-        folder = export(None, Path(tmp) / "smollm2-bf16-weights", dtype="bfloat16")  # weights rounded to bf16
+        folder = save_folder(lmtrace.load(dtype="bfloat16"), Path(tmp) / "smollm2-bf16-weights")  # weights in bf16
         started = time.perf_counter()
         worlds = {label(spec): build(lm, parse_variant(spec)) for spec in cpu_variants(folder, args.vllm)}
         print(f"variants built in {time.perf_counter() - started:.0f} s: {', '.join(worlds)}", flush=True)

@@ -216,7 +216,7 @@ def test_a_model_vllm_cannot_run(tmp_path, tiny_dir, capsys):
 
 @pytest.mark.integration
 def test_bundled_model_exported_to_a_folder(bundled_lm):
-    """The bundled GGUF, written to a folder in lmtrace's cache (lmtrace.model.export) and run by vLLM."""
+    """The bundled GGUF, written to a folder in lmtrace's cache (lmtrace.model.folder.save_folder) and run by vLLM."""
     from lmtrace.vllm import VLLMEngine
 
     engine = VLLMEngine.start(bundled_lm, None, kv_cache_bytes=256 << 20, max_model_len=512)
