@@ -12,7 +12,7 @@ model's shape with max_position_embeddings 20,000, for 16,384 tokens: the record
 the shape, not on the weights) and `inside` (the bundled model, lens and attention, 2,048 tokens).
 What was measured is written to --out (atomically) after each case, also where a case failed.
 Usage: python bench/long_trace.py [--cases bundled,random,inside] [--tokens-random 16384]
-       [--tokens-inside 2048] [--out long_trace.json] [--runs 3]"""
+       [--tokens-inside 2048] [--out bench/results/long_trace.json] [--runs 3]"""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def main() -> None:
     ap.add_argument("--tokens-random", type=int, default=16384)
     ap.add_argument("--tokens-inside", type=int, default=2048)
     ap.add_argument("--runs", type=int, default=3, help="browser openings (load and click times)")
-    ap.add_argument("--out", default="long_trace.json")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "long_trace.json"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
