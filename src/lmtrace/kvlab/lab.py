@@ -23,7 +23,11 @@ from lmtrace.kvlab.policies.base import Policy
 from lmtrace.kvlab.spec import parse_policies
 from lmtrace.logits import measure
 from lmtrace.model.lm import LM
-from lmtrace.records import Alternative, Step, Trace
+from lmtrace.records import Step, Trace
+from lmtrace.records.alternatives import alternatives
+from lmtrace.records.steps import StepNumbers, new_step
+from lmtrace.records.timing import timing
+from lmtrace.records.traces import new_trace
 
 
 def _finite(x: Any) -> Any:
@@ -70,39 +74,45 @@ class LabResult:
 
 
 def _reference_steps(lm: LM, tokens: list[int], top_n: int) -> tuple[list[Step], Callable]:
-    """Steps of a teacher-forced continuation, filled in from the replay as it runs."""
+    """Steps of a teacher-forced continuation, filled in from the replay as it runs (a forced
+    token's numbers are the same under the raw and the processed distribution: none is processed)."""
     steps: list[Step] = []
     detok, tb = IncrementalDetokenizer(lm.tokenizer), TokenBytes(lm.tokenizer)
 
     def on_step(index: int, ref: runner.Arm, lp: torch.Tensor) -> None:
         token = tokens[index]
-        chosen = lp[token]
+        chosen = float(lp[token])
+        entropy = float(measure.entropy(lp[None])[0])
+        numbers = StepNumbers(chosen, chosen, int(measure.rank(lp, lp[token : token + 1])), entropy, entropy)
         top_lp, top_ids = torch.topk(lp, top_n) if top_n else (lp[:0], lp[:0].long())
-        last = index == len(tokens) - 1
-        piece = detok.add(token, final=last)
-        steps.append(Step(
-            index=index, token_id=token, text=piece, bytes=list(tb(token)),
-            logprob=float(chosen), sampled_logprob=float(chosen), rank=int((lp > chosen).sum()) + 1,
-            entropy=float(measure.entropy(lp[None])[0]), sampled_entropy=float(measure.entropy(lp[None])[0]),
-            top=[Alternative(t, tb.text(t), list(tb(t)), v, v) for t, v in zip(top_ids.tolist(), top_lp.tolist())],
-            kv=ledger.state(ref.lab.cache).to_dict(), time_ms=0.0,
-        ))  # fmt: skip
+        top = alternatives(top_ids.tolist(), top_lp.tolist(), top_lp.tolist(), tb)
+        piece = detok.add(token, final=index == len(tokens) - 1)
+        kv = ledger.state(ref.lab.cache).to_dict()
+        steps.append(new_step(index, token, piece, numbers, top, tb, kv=kv, time_ms=0.0))
 
     return steps, on_step
 
 
-def _forced_trace(lm: LM, prompt: str, ids: list[int], text: str, tokens: list[int], steps: list[Step],
-                  params: dict[str, Any], elapsed_ms: float) -> Trace:  # fmt: skip
-    from lmtrace.versions import versions
+@dataclass
+class Forced:
+    """A teacher-forced continuation: its text, its token ids and the steps the replay measured."""
 
-    return Trace(
+    text: str
+    tokens: list[int]
+    steps: list[Step]
+
+
+def _forced_trace(lm: LM, prompt: str, ids: list[int], forced: Forced, params: dict[str, Any], ms: float) -> Trace:
+    return new_trace(
+        forced.steps,
+        text=forced.text,
+        finish_reason="length",
+        stop_reason=None,
         model=lm.record(),
         params={**params, "teacher_forced": True},
         prompt={"text": prompt, "token_ids": ids},
-        text=text, token_ids=tokens, finish_reason="length", stop_reason=None,
-        timing={"total_ms": elapsed_ms, "prompt_tokens": len(ids), "generated_tokens": len(tokens)},
-        versions=versions(), steps=steps,
-    )  # fmt: skip
+        timing=timing(None, len(ids), len(forced.tokens), total_ms=ms),
+    )
 
 
 def _arm_dict(arm: runner.Arm, ref: runner.Arm, free: list[int] | None, lm: LM) -> dict[str, Any]:
@@ -229,8 +239,8 @@ def kvlab(
 
     ref, arms = runner.lockstep(lm.model, ids, tokens, chosen, _rule(lm, options), free, last, each)
     if continuation is not None:
-        trace = _forced_trace(lm, prompt, ids, continuation, tokens, steps, {**params.to_dict(), "chat": chat},
-                              (time.perf_counter() - started) * 1000)  # fmt: skip
+        forced, settings = Forced(continuation, tokens, steps), {**params.to_dict(), "chat": chat}
+        trace = _forced_trace(lm, prompt, ids, forced, settings, (time.perf_counter() - started) * 1000)
     frees = [runner.run_free(lm.model, a, ids, tokens, lm.eos_token_ids) if free else None for a in arms]
     return LabResult(
         reference=trace,
