@@ -119,6 +119,12 @@ def via_kvlab(lm, kw: dict) -> dict:
     return lmtrace.kvlab(lm, PROMPT, ["full"], **kw).reference.to_dict()
 
 
+def registered_observers(kw: dict) -> dict[str, type]:
+    """A JSON request cannot carry an Observer: the classes of the call's observers, registered
+    by their names as an operator would (lmtrace serve / batch --observer NAME=module:Class)."""
+    return {o.name: type(o) for o in kw.get("observers", ())}
+
+
 def via_batch(lm, kw: dict) -> dict:
     """A batch job's line (the local engine, two lines decoded together) with the options as
     the line's own fields."""
@@ -127,12 +133,16 @@ def via_batch(lm, kw: dict) -> dict:
 
     if kw.get("logits_processors"):  # a JSON line names the processors the command registered
         kw = {**kw, "logits_processors": ["no_top_token"]}
+    observers = registered_observers(kw)
+    if observers:  # and the observers
+        kw = {**kw, "observers": list(observers)}
     line = {"id": "a", "prompt": PROMPT, **kw}
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
         lines = [line, {"id": "b", "prompt": OTHER, **kw}]
         src.write_text("\n".join(json.dumps(x, default=list) for x in lines) + "\n", encoding="utf-8")
-        run_job(src, out, local_engine(lambda: lm, {"logits_processors": {"no_top_token": no_top_token}}, 2))
+        registered = {"logits_processors": {"no_top_token": no_top_token}, "observers": observers}
+        run_job(src, out, local_engine(lambda: lm, registered, 2))
         records = {r["id"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
     record = records["a"]
     if "error" in record:
@@ -156,11 +166,14 @@ def client(lm, kw: dict):
 
     from lmtrace.server import create_app
 
-    key = (id(lm), kw.get("draft"), kw.get("draft_tokens"))
+    observers = registered_observers(kw)
+    key = (id(lm), kw.get("draft"), kw.get("draft_tokens"), tuple(observers.items()))
     if key not in _APPS:
         draft = {"draft": kw["draft"], "draft_tokens": kw["draft_tokens"]} if kw.get("draft") else {}
-        # the processors requests may name, registered as the operator would (serve --logits-processor)
-        _APPS[key] = TestClient(create_app(lm, **draft, logits_processors={"no_top_token": no_top_token}))
+        # the processors and observers requests may name, registered as the operator would
+        # (serve --logits-processor, --observer)
+        processors = {"no_top_token": no_top_token}
+        _APPS[key] = TestClient(create_app(lm, **draft, logits_processors=processors, observers=observers))
     return _APPS[key]
 
 
@@ -177,6 +190,8 @@ def request(lm, route: str, kw: dict, **fields: Any) -> dict:
                 body["structured_outputs"] = {field: list(value) if name == "choice" else value}
     if "logits_processors" in body:  # JSON names a processor the server registered (/v1/traces)
         body["logits_processors"] = ["no_top_token"]
+    if "observers" in body:  # and the observers, by their names
+        body["observers"] = list(registered_observers(kw))
     if "choice" in body:
         body["choice"] = list(body["choice"])
     body.update(fields)
@@ -226,13 +241,13 @@ def via_chat(lm, kw: dict) -> dict:
     return _logprob_steps(got, [c["logprob"] for c in got], tops, [c.get("observed") for c in got])
 
 
-def openai_view(trace: dict) -> dict:
+def openai_view(trace: dict, names: tuple[str, ...] = ()) -> dict:
     """The reference as an OpenAI answer shows it (raw logprobs, alternatives in order, and the
-    observer entries the `observed` extension carries)."""
+    observer entries the `observed` extension carries: the built-in ones' and those `names`)."""
     steps = []
     for s in trace["steps"]:
         step = {"logprob": s["logprob"], "top": [{"logprob": a["logprob"]} for a in s["top"]]}
-        step.update({k: s[k] for k in OBSERVED if k in s})
+        step.update({k: s[k] for k in (*OBSERVED, *names) if k in s})
         steps.append(step)
     return {"steps": steps, "n": len(steps)}
 
@@ -332,7 +347,7 @@ def outcome(lm, entry: str, features: tuple[str, ...], reference: dict, tol: flo
     if entry == "server chat":  # the chat template around the prompt: the reference is generate's with chat
         reference = via_generate(lm, {**kw, "chat": True})
     if entry in ("server completions", "server chat"):
-        reference = openai_view(reference)
+        reference = openai_view(reference, tuple(registered_observers(kw)))
     skip = BATCHED.get(entry, ())
     if "compile" in features:
         tol, got, reference = max(tol, COMPILE_TOL), uncompiled(got), uncompiled(reference)

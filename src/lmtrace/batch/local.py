@@ -13,11 +13,13 @@ from lmtrace.batch.lines import InputLine
 from lmtrace.batch.output import record_line
 from lmtrace.batch.prepare import Job, prepare
 from lmtrace.decode import attribution as attributing
+from lmtrace.decode import named_observers
 from lmtrace.decode.continuous import RowSpec, generate_rows
 from lmtrace.decode.observers import build
 from lmtrace.logits import named
 from lmtrace.model.draft import draft_for
 from lmtrace.model.lm import LM
+from lmtrace.registered import Registered
 
 # lines tokenized and sorted together: longer windows pad less, shorter ones write sooner
 WINDOW_BATCHES = 64
@@ -45,7 +47,7 @@ def batches(jobs: Sequence[Job], batch_size: int) -> Iterator[list[Job]]:
         yield ordered[start : start + batch_size]
 
 
-def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None, known: dict) -> list[Outcome]:
+def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None, known: Registered) -> list[Outcome]:
     """Every line of the batch a row of one continuous batch (lmtrace.decode.continuous), each with
     its own settings: plain, with the lens or the attention, with a draft, with echo, the waterfall,
     the attribution or the command's processors (`known`, by name)."""
@@ -64,7 +66,7 @@ def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None
     return outcomes
 
 
-def _asked(lm: LM, job: Job, known: dict[str, Any]) -> dict[str, Any]:
+def _asked(lm: LM, job: Job, known: Registered) -> dict[str, Any]:
     """The line's lens, attention, draft, uncertainty, echo, waterfall, attribution and processors
     (`known`: the command's, by name) as a row's (the draft loaded once, kept on the model)."""
     out: dict[str, Any] = {k: v for k, v in job.inside.items() if v}
@@ -76,12 +78,13 @@ def _asked(lm: LM, job: Job, known: dict[str, Any]) -> dict[str, Any]:
 
         observers.append(Uncertainty(vocab=lm.model.config.vocab_size))
     observers += attributing.wanted(lm, x.attribution, x.against)
-    if observers:
-        out["observers"] = observers
     if x.echo:
         out["echo"] = True
+    observers += named_observers.resolve(list(x.observers), known.observers)  # each row its own
+    if observers:
+        out["observers"] = observers
     if x.logits_processors:
-        out["logits_processors"] = named.resolve(list(x.logits_processors), known)
+        out["logits_processors"] = named.resolve(list(x.logits_processors), known.processors)
     if job.draft is not None:
         out.update(draft=draft_for(lm, job.draft["draft"]), draft_tokens=job.draft["draft_tokens"])
     return out
@@ -92,12 +95,12 @@ def _row_hook(on_step: Callable[[int, Any], None], row: int) -> Callable[[Any], 
 
 
 def run_batch(
-    lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None = None, known: dict | None = None
+    lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None = None, known: Registered | None = None
 ) -> list[Outcome]:
     """Decodes a batch; when it fails, each line alone, so that one line's failure is that
-    line's error only. `known`: the command's processors by name (lmtrace.logits.named)."""
+    line's error only. `known`: the command's processors and observers by name."""
     try:
-        return _decode(lm, batch, on_step, known or {})
+        return _decode(lm, batch, on_step, known or Registered())
     except Exception as e:
         if len(batch) > 1:
             return [o for job in batch for o in run_batch(lm, [job], on_step, known)]
@@ -114,7 +117,8 @@ def trace_lines(
     """An Outcome for every line, in the order batches finish. `on_tokens(n)` is called as
     tokens are generated (for a live rate)."""
     on_step = (lambda row, step: on_tokens(1)) if on_tokens is not None else None
-    known = named.registry(defaults.get("logits_processors"))  # imported once, before any line
+    # imported once, before any line (the specs travel in `defaults`, to Ray's workers too)
+    known = named_observers.registered_of(defaults.get("logits_processors"), defaults.get("observers"))
     it = iter(lines)
     while window := list(islice(it, batch_size * WINDOW_BATCHES)):
         jobs = []

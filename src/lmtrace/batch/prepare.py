@@ -11,7 +11,7 @@ from typing import Any
 
 from lmtrace import arguments
 from lmtrace.batch.lines import InputLine
-from lmtrace.decode import engine
+from lmtrace.decode import engine, named_observers
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
 from lmtrace.logits import grammar, named
@@ -22,19 +22,22 @@ from lmtrace.params import CONSTRAINTS, SamplingParams
 # (json_schema, regex, choice, grammar, json_whitespace) among them
 OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
 # generate's options that a batch line cannot have: refused, never silently dropped (a line's
-# `logits_processors` names processors the command registered: --logits-processor NAME=module:function)
-NOT_IN_A_LINE = ("compile", "observers")
+# `logits_processors` and `observers` name those the command registered: --logits-processor
+# NAME=module:function, --observer NAME=module:Class)
+NOT_IN_A_LINE = ("compile",)
 
 
 @dataclass
 class Extras:
-    """A line's `echo`, `waterfall`, `attribution` / `against` and `logits_processors` (names)."""
+    """A line's `echo`, `waterfall`, `attribution` / `against`, `logits_processors` and
+    `observers` (names the command registered)."""
 
     echo: bool = False
     waterfall: int | str | None = None
     attribution: bool = False
     against: str | int | None = None
     logits_processors: tuple[str, ...] = ()
+    observers: tuple[str, ...] = ()
 
 
 @dataclass
@@ -140,8 +143,9 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
 
 
 def extras_of(data: dict[str, Any], defaults: dict[str, Any], params: SamplingParams) -> Extras:
-    """The line's echo, waterfall, attribution and processors (over the command's --echo), checked
-    as generate checks them; a processor's name must be one the command registered."""
+    """The line's echo, waterfall, attribution, processors and observers (over the command's
+    --echo), checked as generate checks them; a processor's or an observer's name must be one the
+    command registered."""
     echo = data.get("echo", defaults.get("echo", False))
     if not isinstance(echo, bool):
         raise InvalidParameter(f"echo must be true or false, got {echo!r}")
@@ -154,7 +158,8 @@ def extras_of(data: dict[str, Any], defaults: dict[str, Any], params: SamplingPa
         raise InvalidParameter(f"against needs attribution, got against={against!r} without it")
     names = data.get("logits_processors")
     named.resolve(names, named.registry(defaults.get("logits_processors")))
-    return Extras(echo, waterfall, attribution, against, tuple(names or ()))
+    watching = named_observers.names(data.get("observers"), named_observers.registry(defaults.get("observers")))
+    return Extras(echo, waterfall, attribution, against, tuple(names or ()), tuple(watching))
 
 
 def uncertainty_of(data: dict[str, Any]) -> bool:
@@ -171,7 +176,7 @@ def not_for_vllm(job: Job) -> str | None:
     asked += ["uncertainty"] * job.uncertainty
     x = job.extras
     asked += ["waterfall"] * (x.waterfall is not None) + ["attribution"] * x.attribution
-    asked += ["logits_processors"] * bool(x.logits_processors)
+    asked += ["logits_processors"] * bool(x.logits_processors) + ["observers"] * bool(x.observers)
     return asked[0] if asked else None
 
 

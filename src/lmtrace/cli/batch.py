@@ -21,6 +21,7 @@ from lmtrace.cli.options import (
     logits_processor_option,
     matmul_option,
     model_options,
+    observer_option,
     params_from,
     sampling_options,
 )
@@ -210,6 +211,7 @@ def _report(status: Console, summary: Summary, out_path: str) -> None:
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 @inside_options
 @logits_processor_option
+@observer_option
 @draft_options
 @matmul_option
 @batch_invariant_option
@@ -224,6 +226,7 @@ def batch(in_path, out_path, no_color, **kw):
         raise InvalidParameter(f"batch_size must be >= 1, got {kw['batch_size']}")
     from lmtrace.batch.job import run_job
     from lmtrace.batch.prepare import defaults_of
+    from lmtrace.decode import named_observers
     from lmtrace.logits import grammar
     from lmtrace.logits.named import registry
 
@@ -234,6 +237,9 @@ def batch(in_path, out_path, no_color, **kw):
     if kw["logits_processor"]:  # the specs themselves travel (to Ray's workers too): imported where lines run
         registry(kw["logits_processor"])  # a bad spec fails the command, before the model loads
         defaults["logits_processors"] = list(kw["logits_processor"])
+    if kw["observer"]:
+        named_observers.registry(kw["observer"])
+        defaults["observers"] = list(kw["observer"])
     if draft is not None:
         defaults.update(draft=draft, draft_tokens=draft_tokens)
     engine = _engine(kw, status, defaults)

@@ -305,6 +305,19 @@ def logits_processor_option(f):
     )(f)
 
 
+def observer_option(f):
+    """Adds --observer NAME=module:Class (repeatable): the command's observers by name
+    (lmtrace.decode.named_observers); the command gets `observer`."""
+    return click.option(
+        "--observer",
+        "observer",
+        multiple=True,
+        metavar="NAME=module:Class",
+        help="Register an lmtrace.Observer class under NAME (the module is imported; each row gets a fresh "
+        'instance): requests or lines name it in "observers". Repeatable.',
+    )(f)
+
+
 def draft_options(f):
     """--draft SPEC and --draft-tokens K: speculative decoding (lmtrace.model.draft), checked as
     they are parsed; the command gets `draft` (None: off) and `draft_tokens`."""

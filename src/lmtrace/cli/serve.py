@@ -16,6 +16,7 @@ from lmtrace.cli.options import (
     logits_processor_option,
     matmul_option,
     model_options,
+    observer_option,
 )
 from lmtrace.errors import InvalidParameter
 
@@ -192,6 +193,7 @@ def check_sizes(max_batch: int, prefix_cache_mb: int, max_body_mb: float, max_ro
               help="Let such a page send the browser's credentials (cookies, HTTP auth); not with origin *.")
 @click.option("--no-docs", is_flag=True, help="Do not serve the OpenAPI document (/openapi.json, /docs, /redoc).")
 @logits_processor_option
+@observer_option
 @draft_options
 @matmul_option
 @batch_invariant_option
@@ -247,6 +249,7 @@ def serve(
         max_body_bytes=max(1, int(max_body_mb * (1 << 20))),
         max_rows=max_rows_per_request,
         logits_processors=kw["logits_processor"],
+        observers=kw["observer"],
         **cors,
     )
     name = app.state.lmtrace.name

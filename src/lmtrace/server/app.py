@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from lmtrace import __version__
-from lmtrace.logits import named
+from lmtrace.decode import named_observers
 from lmtrace.model.lm import LM
 from lmtrace.server import (
     chat,
@@ -67,6 +67,7 @@ def create_app(
     allowed_headers: Iterable[str] = ("*",),
     allow_credentials: bool = False,
     logits_processors: Mapping[str, Any] | None = None,
+    observers: Mapping[str, Any] | None = None,
 ) -> FastAPI:
     """The server for one loaded model. `max_concurrency` requests are admitted at once; their
     rows (a choice of a prompt each) decode together, up to `max_batch` rows, a request that
@@ -87,7 +88,8 @@ def create_app(
     sends no key with one), the Host check still first; `allowed_methods`, `allowed_headers`
     and `allow_credentials` as vLLM's (credentials never with the origin "*"). `logits_processors`
     ({name: function or "module:function"}, as vLLM v1's --logits-processors) are the processors a
-    /v1/traces request may name in its `logits_processors`."""
+    request may name in its `logits_processors`; `observers` ({name: an lmtrace.Observer class or
+    "module:Class"}) the observers it may name in its `observers` (each row a fresh instance)."""
     _check_sizes(max_batch, prefix_cache_bytes, max_body_bytes, max_rows)
     origins = check_cors(allowed_origins, allow_credentials)
     if draft is not None:  # a spec ("packed", "layers:N", a path) loaded once, here
@@ -99,7 +101,7 @@ def create_app(
     else:
         worker = ModelWorker(max_concurrency)
     state = ServerState(lm, name or served_name(lm), worker, draft=draft, draft_tokens=draft_tokens, max_rows=max_rows)
-    state.processors = named.registry(logits_processors)
+    state.registered = named_observers.registered_of(logits_processors, observers)
     longest_token(state.front.tokenizer)  # the length bound, computed now rather than in the first request
 
     @asynccontextmanager

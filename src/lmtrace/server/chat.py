@@ -30,7 +30,7 @@ router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded 
 async def create_chat_completion(body: ChatRequest, request: Request) -> Any:
     state: ServerState = request.app.state.lmtrace
     check_model(body, state.name)
-    job = observed.observe(state.lm, await state.prepare(chat_job, body), body, "logprobs", state.processors)
+    job = observed.observe(state.lm, await state.prepare(chat_job, body), body, "logprobs", state.registered)
     handle = start(state, job)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": state.name,
             "system_fingerprint": state.fingerprint}  # fmt: skip

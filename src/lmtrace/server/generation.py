@@ -23,6 +23,7 @@ from lmtrace.decode.prefill import PromptRow, prefill_many
 from lmtrace.decode.tracing import generate_ids
 from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
+from lmtrace.registered import Registered
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.errors import APIError, bad_request, failure
 from lmtrace.server.logprobs import PromptToken, prompt_tokens
@@ -46,8 +47,9 @@ class ServerState:
     draft: Any = None
     draft_tokens: int = 4
     max_rows: int = 1024  # rows (prompts times n) one request may ask for
-    # the processors requests may name (lmtrace serve --logits-processor NAME=module:function)
-    processors: dict[str, Any] = field(default_factory=dict)
+    # the processors and observers requests may name (lmtrace serve --logits-processor
+    # NAME=module:function, --observer NAME=module:Class)
+    registered: Registered = field(default_factory=Registered)
     front: LM = field(init=False)
     front_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     # OpenAI's system_fingerprint of chat and completion answers (`fingerprint(lm)`)

@@ -16,6 +16,7 @@ from typing import Any
 
 from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
+from lmtrace.registered import Registered
 from lmtrace.server.errors import bad_request
 from lmtrace.server.prepare import Job, recorded
 from lmtrace.server.schemas import Observing
@@ -25,7 +26,7 @@ NAME = "observed"
 FIELDS = ("waterfall", "lens", "attention")
 
 
-def inside(lm: LM, body: Observing, params: Any, known: dict[str, Any]) -> dict[str, Any]:
+def inside(lm: LM, body: Observing, params: Any, known: Registered) -> dict[str, Any]:
     """The request's observer fields as the decoding's keyword arguments (Job.inside): lens and
     attention as they are, uncertainty as an Observer, the waterfall, attribution and processors
     (names the server registered) as /v1/traces takes them (prepare.recorded; an OpenAI route's
@@ -40,9 +41,9 @@ def inside(lm: LM, body: Observing, params: Any, known: dict[str, Any]) -> dict[
 
 
 # the fields that record beside each token (the others, the processors, change the decoding)
-RECORDING = ("lens", "attention", "uncertainty", "waterfall", "attribution", "against")
+RECORDING = ("lens", "attention", "uncertainty", "waterfall", "attribution", "against", "observers")
 # the job's entries whose observers write the answer's `observed`
-WRITING = ("lens", "attention", "observers", "waterfall", "attribution")
+WRITING = ("lens", "attention", "observers", "waterfall", "attribution", "named_observers")
 
 
 def asked(body: Observing) -> list[str]:
@@ -50,9 +51,9 @@ def asked(body: Observing) -> list[str]:
     return [name for name in RECORDING if getattr(body, name) not in (None, False)]
 
 
-def observe(lm: LM, job: Job, body: Observing, logprobs_name: str, known: dict[str, Any]) -> Job:
+def observe(lm: LM, job: Job, body: Observing, logprobs_name: str, known: Registered) -> Job:
     """The job with the request's observers; they need the answer's logprobs, which carry their
-    entries (a 400 naming both otherwise). `known`: the processors the server registered."""
+    entries (a 400 naming both otherwise). `known`: the processors and observers the server registered."""
     wanted = asked(body)
     if wanted and not job.logprobs:
         message = f"{wanted[0]} needs {logprobs_name}: its entries go beside each token's logprobs"

@@ -10,12 +10,14 @@ from typing import Any
 from lmtrace import arguments
 from lmtrace.arguments import MAX_DRAFT_TOKENS
 from lmtrace.decode import attribution as attributing
+from lmtrace.decode import named_observers
 from lmtrace.decode.observers import build
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
 from lmtrace.logits import named, processors
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
+from lmtrace.registered import Registered
 from lmtrace.server import constraints, messages, tools
 from lmtrace.server.errors import APIError, bad_request, from_invalid
 from lmtrace.server.length import check_fits, check_length, context_size
@@ -269,7 +271,7 @@ def chat_job(lm: LM, body: ChatRequest) -> Job:
     return job
 
 
-def trace_job(lm: LM, body: TraceRequest, known: dict[str, Any] | None = None) -> Job:
+def trace_job(lm: LM, body: TraceRequest, known: Registered | None = None) -> Job:
     check_common(body)
     if body.n != 1:
         raise bad_request(f"n must be 1 for /v1/traces, got {body.n}", "n")
@@ -296,14 +298,14 @@ def trace_job(lm: LM, body: TraceRequest, known: dict[str, Any] | None = None) -
         from lmtrace.decode.uncertainty import Uncertainty
 
         job.inside["observers"] = [Uncertainty(vocab=lm.model.config.vocab_size)]
-    job.inside.update(recorded(lm, body, params, known or {}))
+    job.inside.update(recorded(lm, body, params, known or Registered()))
     job.echo, job.share = body.echo, False  # the prompts measured in their prefill, as alone (lane.py)
     job.draft_tokens, job.tools = body.draft_tokens, plan
     return job
 
 
-def recorded(lm: LM, body: Any, params: SamplingParams, known: dict[str, Any]) -> dict[str, Any]:
-    """A trace request's echo, waterfall, attribution and processors (names the server registered),
+def recorded(lm: LM, body: Any, params: SamplingParams, known: Registered) -> dict[str, Any]:
+    """A trace request's echo, waterfall, attribution, processors and observers (names the server registered),
     checked as generate checks them; errors name the request's field."""
     try:
         arguments.step_selector(body.waterfall, params.max_new_tokens)
@@ -311,11 +313,12 @@ def recorded(lm: LM, body: Any, params: SamplingParams, known: dict[str, Any]) -
             raise InvalidParameter(f"against needs attribution, got against={body.against!r} without it")
         if body.attribution:
             attributing.wanted(lm, True, body.against)  # a bad `against` before the request waits
-        user = named.resolve(body.logits_processors, known)
+        user = named.resolve(body.logits_processors, known.processors)
+        watching = [known.observers[n] for n in named_observers.names(body.observers, known.observers)]
     except InvalidParameter as e:
         raise from_invalid(e) from e
     chosen = {"echo": getattr(body, "echo", False), "waterfall": body.waterfall, "attribution": body.attribution}
-    return {**chosen, "against": body.against, "logits_processors": user}
+    return {**chosen, "against": body.against, "logits_processors": user, "named_observers": watching}
 
 
 def row_options(lm: LM, job: Job) -> dict[str, Any]:
@@ -327,6 +330,7 @@ def row_options(lm: LM, job: Job) -> dict[str, Any]:
     observers = list(x.get("observers", ()))
     observers += build(waterfall=x.get("waterfall"), max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
     observers += attributing.wanted(lm, bool(x.get("attribution")), x.get("against"))
+    observers += [make() for make in x.get("named_observers", ())]  # each row its own
     if observers:
         out["observers"] = observers
     return out

@@ -157,6 +157,9 @@ class Observing(BaseModel):
     # Processors the server registered by name (lmtrace serve --logits-processor NAME=module:function),
     # run first, in this order.
     logits_processors: list[Text] | None = None
+    # Observers the server registered by name (lmtrace serve --observer NAME=module:Class): each
+    # step's entry under the observer's own name.
+    observers: list[Text] | None = None
 
 
 class CompletionRequest(Observing, Sampling):

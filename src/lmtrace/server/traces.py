@@ -38,7 +38,7 @@ def served(trace: Trace, name: str) -> dict[str, Any]:
 async def create_trace(body: TraceRequest, request: Request) -> Any:
     state: ServerState = request.app.state.lmtrace
     check_model(body, state.name)
-    job = await state.prepare(trace_job, body, state.processors)
+    job = await state.prepare(trace_job, body, state.registered)
     handle = start(state, job)
     if body.stream:
         return SSEResponse(_events(state, job, handle, request), handle.cancel)
