@@ -192,3 +192,13 @@ def test_compile_is_refused_naming_both(tiny_lm):
     with lmtrace.batch_invariant(tiny_lm.model):
         with pytest.raises(InvalidParameter, match="^compile: compile cannot be combined with batch_invariant"):
             lmtrace.generate(tiny_lm, "Hi", max_new_tokens=2, compile=True)
+
+
+def test_a_drafted_decode_equals_the_plain_one_bitwise(long_tiny):
+    """Speculative decoding's verify rows (K + 1 positions in one forward) give the plain decode's
+    numbers, bit for bit: greedy, the same tokens, logprobs, entropies and alternatives."""
+    kw = {"max_new_tokens": 8, "temperature": 0, "top_logprobs": 5, "stop_on_eos": False}
+    plain = lmtrace.generate(long_tiny, "the cat sat on a blue mat and", **kw)
+    drafted = lmtrace.generate(long_tiny, "the cat sat on a blue mat and", draft="layers:1", draft_tokens=3, **kw)
+    assert drafted.speculative["blocks"] >= 2 and any(s.draft is not None for s in drafted.steps)
+    assert numbers(drafted) == numbers(plain)
