@@ -164,7 +164,7 @@ def intervene(
     chat = o.chat
     ids = encode_prompt(lm, prompt, chat)
     changes = changes_for(lm, ablate, steer, patch, ids)
-    p = seeded(make_params(o.params, **sampling))
+    p = seeded(make_params(o.params, "intervene", **sampling))
     reference = generate(lm, prompt, p, chat=chat)
     tokens = list(reference.token_ids)
     ref_logits = forced_logits(lm, ids, tokens) if tokens else None

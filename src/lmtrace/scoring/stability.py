@@ -258,7 +258,7 @@ def stability(
     check_integer("runs", runs, low=1)
     if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold < math.inf:
         raise InvalidParameter(f"threshold must be a number > 0, got {threshold!r}")
-    p = seeded(make_params(o.params, **sampling))
+    p = seeded(make_params(o.params, "stability", **sampling))
     p = make_params(p, top_logprobs=max(2, p.top_logprobs))  # the margin needs the runner-up
     say = o.on_status or (lambda line: None)
     say("reference")
