@@ -17,7 +17,7 @@ log = logging.getLogger("mkdocs.hooks.lmtrace")  # a warning here fails the stri
 # The page's sections, by public name; a name of lmtrace._NAMES that no section lists goes under
 # "More" (so a new public name is never left out).
 SECTIONS = [
-    ("Loading a model", ["load", "LM"]),
+    ("Loading a model", ["load", "LoadOptions", "LM"]),
     ("Generating", ["generate", "stream", "generate_steps", "encode_prompt", "SamplingParams"]),
     ("Records", ["Trace", "Step", "Alternative"]),
     ("Scoring, rescoring, branching", ["score", "score_batch", "ScoreResult", "TokenScore", "Candidate",
@@ -32,7 +32,7 @@ SECTIONS = [
 MODULES = [
     ("Reports", "lmtrace.render.html", ["write_html", "render_html"]),
     ("Plots", "lmtrace.render.plots", ["write_plot", "plot_png"]),
-    ("The server", "lmtrace.server", ["create_app"]),
+    ("The server", "lmtrace.server", ["create_app", "ServerOptions"]),
 ]
 
 MARKER = "<!-- generated: docs/tools/hooks.py writes the reference here -->"

@@ -30,6 +30,7 @@ _NAMES = {
     "from_generate": "lmtrace.external.from_generate",
     "LM": "lmtrace.model.lm",
     "load": "lmtrace.model.load",
+    "LoadOptions": "lmtrace.model.options",
     "batch_invariant": "lmtrace.model.invariant.mode",
     "SamplingParams": "lmtrace.params",
     "Alternative": "lmtrace.records",
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from lmtrace.kvlab import LabResult, kvlab  # noqa: F401
     from lmtrace.model.lm import LM  # noqa: F401
     from lmtrace.model.load import load  # noqa: F401
+    from lmtrace.model.options import LoadOptions  # noqa: F401
     from lmtrace.params import SamplingParams  # noqa: F401
     from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace  # noqa: F401
     from lmtrace.samples.run import SampleResult, sample  # noqa: F401

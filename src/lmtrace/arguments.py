@@ -3,10 +3,12 @@ torch and transformers, so a typo is answered in a fraction of a second, not aft
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from lmtrace.errors import InvalidParameter
@@ -22,6 +24,7 @@ DTYPE_NAMES = {
     "bf16": "bfloat16",
 }
 DEVICES = ("auto", "cpu", "cuda", "mps")
+Options = TypeVar("Options")
 
 
 def device(name: str) -> None:
@@ -166,3 +169,20 @@ def draft_in_batch(lens: bool = False, attention: bool | str = False) -> None:
                 f"draft and {name}: a drafted row of a continuous batch is not captured by the batch's "
                 f"{name} hooks (lmtrace generate takes both); drop one of them"
             )
+
+
+def split(cls: type, keywords: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`keywords` parted into those that are fields of the dataclass `cls` and the rest."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    own = {k: v for k, v in keywords.items() if k in names}
+    return own, {k: v for k, v in keywords.items() if k not in names}
+
+
+def options(cls: type[Options], given: Options | None, entry: str, keywords: dict[str, Any]) -> Options:
+    """An options dataclass from a caller's keywords: `given` (else `cls()`) with `keywords` laid
+    over it. A keyword that is no field of `cls` is refused in one line naming it and `entry`."""
+    own, rest = split(cls, keywords)
+    for name in rest:
+        raise InvalidParameter(f"{name}: {entry} does not take {name}")
+    base = given if given is not None else cls()
+    return dataclasses.replace(base, **own) if own else base

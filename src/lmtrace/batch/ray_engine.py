@@ -11,8 +11,10 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
+from lmtrace import arguments
 from lmtrace.batch.lines import InputLine
 from lmtrace.batch.local import Outcome, trace_lines
 from lmtrace.batch.prepare import OVERRIDES
@@ -62,6 +64,21 @@ class Tracer:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         return columns(list(trace_lines(self.lm, input_lines(batch), self.defaults, self.batch_size)))
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how the Ray engine runs: `num_workers` replicas (an actor each), on the cluster
+    at `address` (None: RAY_ADDRESS, else a local instance), `gpus_per_worker` each;
+    `init_kwargs` go to ray.init when this engine starts Ray (it then shuts it down). `actor`
+    (a class like Tracer) and its extra constructor `actor_kwargs` pick another engine per replica."""
+
+    num_workers: int = 1
+    address: str | None = None
+    gpus_per_worker: float = 0.0
+    init_kwargs: dict[str, Any] | None = None
+    actor: type = Tracer
+    actor_kwargs: dict[str, Any] | None = None
 
 
 def _length_order(line: InputLine) -> tuple[str, int]:
@@ -117,40 +134,42 @@ def ray_engine(
     model_kwargs: dict[str, Any],
     defaults: dict[str, Any],
     batch_size: int,
-    *,
-    num_workers: int = 1,
-    address: str | None = None,
-    gpus_per_worker: float = 0.0,
-    init_kwargs: dict[str, Any] | None = None,
-    actor: type = Tracer,
-    actor_kwargs: dict[str, Any] | None = None,
+    options: RayOptions | None = None,
+    **keywords: Any,
 ) -> Callable[[list[InputLine], Callable[[int], None]], Iterator[Outcome]]:
     """The engine run_job calls. `model_kwargs` are lmtrace.load's, given to every actor;
-    `init_kwargs` go to ray.init when this engine starts Ray (it then shuts it down). `actor`
-    (a class like Tracer) and its extra constructor `actor_kwargs` pick another engine per replica."""
+    `options` (RayOptions), or its fields as keywords: `num_workers`, `address`,
+    `gpus_per_worker`, `init_kwargs` (to ray.init when this engine starts Ray; it then shuts it
+    down), `actor` (a class like Tracer) and its extra constructor `actor_kwargs`."""
+    o = arguments.options(RayOptions, options, "ray_engine", keywords)
     try:
         import ray
         import ray.data
     except ImportError as e:
         raise InvalidParameter("engine: --engine ray needs Ray: pip install 'lmtrace[ray]'") from e
-    if num_workers < 1:
-        raise InvalidParameter(f"num_workers must be >= 1, got {num_workers}")
-    if gpus_per_worker < 0:
-        raise InvalidParameter(f"gpus_per_worker must be >= 0, got {gpus_per_worker}")
-    constructor = {"model_kwargs": model_kwargs, "defaults": defaults, "batch_size": batch_size, **(actor_kwargs or {})}
+    if o.num_workers < 1:
+        raise InvalidParameter(f"num_workers must be >= 1, got {o.num_workers}")
+    if o.gpus_per_worker < 0:
+        raise InvalidParameter(f"gpus_per_worker must be >= 0, got {o.gpus_per_worker}")
+    constructor = {
+        "model_kwargs": model_kwargs,
+        "defaults": defaults,
+        "batch_size": batch_size,
+        **(o.actor_kwargs or {}),
+    }
     # a fixed pool: every actor loads the model once, when the pool starts
     placement = {
-        "compute": ray.data.ActorPoolStrategy(size=num_workers),
+        "compute": ray.data.ActorPoolStrategy(size=o.num_workers),
         "num_cpus": 1,
-        "num_gpus": gpus_per_worker or None,
+        "num_gpus": o.gpus_per_worker or None,
     }
 
     def run(pending: list[InputLine], on_tokens: Callable[[int], None]) -> Iterator[Outcome]:
-        started = _init(address, init_kwargs or {})
+        started = _init(o.address, o.init_kwargs or {})
 
         def outcomes() -> Iterator[Outcome]:
             try:
-                yield from _stream(pending, on_tokens, constructor, placement, actor)
+                yield from _stream(pending, on_tokens, constructor, placement, o.actor)
             finally:
                 if started:
                     ray.shutdown()

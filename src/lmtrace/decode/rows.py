@@ -209,6 +209,17 @@ def _templated(lm: LM, ids: list[int], chat: bool) -> dict:
     return {"templated": lm.tokenizer.decode(ids)} if chat else {}
 
 
+@dataclass(frozen=True)
+class Extras:
+    """What a trace carries beside its row's steps, from the plan that decoded it: `compile` what
+    ran compiled (lmtrace.decode.static; None: nothing), `probe` the lens/attention probe (its
+    params and the prompt's tokens), `watchers` the observers whose summaries go on the trace."""
+
+    compile: str | None = None
+    probe: inside.Probe | None = None
+    watchers: Sequence[observers.Observer] = ()
+
+
 def to_trace(
     lm: LM,
     prompt: str,
@@ -216,10 +227,12 @@ def to_trace(
     params: SamplingParams,
     row: RowRecord,
     chat: bool,
-    compile: str | None = None,
-    probe: inside.Probe | None = None,
-    watchers: Sequence[observers.Observer] = (),
+    extras: Extras | None = None,
 ) -> Trace:
+    """The row's Trace: its text and finish, the model header, the params and the prompt, the
+    timing and the cache's anatomy, with `extras` (Extras) from the plan."""
+    extras = extras or Extras()
+    compile, probe = extras.compile, extras.probe
     full = row.detok.emitted
     if row.cut is not None:
         text = full[: row.cut]
@@ -247,7 +260,7 @@ def to_trace(
         prompt_logprobs=row.prompt_logprobs,
         fields=fields,
         choices=choices,
-        entries=observers.summaries(watchers, row.steps),
+        entries=observers.summaries(extras.watchers, row.steps),
     )
 
 
@@ -313,7 +326,7 @@ def record(
     if finish is not None or stopped is not None:
         s = row.spec
         probe = inside.Probe([s.ids], p.top_logprobs, s.lens, s.attention) if s.lens or s.attention else None
-        row.trace = to_trace(lm, s.text, s.ids, p, row.record, s.chat, probe=probe, watchers=s.observers)
+        row.trace = to_trace(lm, s.text, s.ids, p, row.record, s.chat, Extras(probe=probe, watchers=s.observers))
         row.trace.timing["cached_tokens"] = row.cached
         if s.logits_processors:  # as generate names them: the user's processors that ran, in order
             row.trace.params["logits_processors"] = [u.name for u in s.logits_processors]

@@ -10,7 +10,7 @@ from typing import Any
 
 from lmtrace.decode import constrained, engine, speculative, static, static_loop
 from lmtrace.decode.options import GenerateOptions, Plan, plan
-from lmtrace.decode.rows import RowRecord, generator, make_params, records, seeded, to_trace
+from lmtrace.decode.rows import Extras, RowRecord, generator, make_params, records, seeded, to_trace
 from lmtrace.decode.step import BatchStep
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import rows as kv_rows
@@ -123,7 +123,7 @@ def traced(
     """Each row's Trace (with `params`, each row's own), naming the user's processors that ran."""
     o, ps = plan.options, params or [plan.params] * len(rows)
     traces = [
-        to_trace(lm, text, i, p, row, o.chat, plan.kind, plan.probe, plan.own)
+        to_trace(lm, text, i, p, row, o.chat, Extras(plan.kind, plan.probe, plan.own))
         for text, i, p, row in zip(texts, ids, ps, rows)
     ]
     if plan.user:

@@ -17,7 +17,7 @@ from lmtrace.external.generation_config import special_ids
 from lmtrace.logits.measure import recorded as measure
 from lmtrace.model.arch import summarize
 from lmtrace.model.lm import model_name, model_record
-from lmtrace.records import Trace
+from lmtrace.records import Step, Trace
 from lmtrace.records.timing import timing
 from lmtrace.records.traces import new_trace
 
@@ -120,7 +120,8 @@ def build(w: Any, tokenizer: Any, *, row: int = 0, tokens: Any = None, top_logpr
     logits = _logits(w, row, [k for _, k in chosen], tokenizer)
     numbers = measure(logits, None, torch.tensor(ids, device=logits.device), top_logprobs)
     end = ids[-1] in eos
-    steps, text = records_of(ids, numbers, tokenizer, TokenBytes(tokenizer), "stop" if end else "length")
+    decoded = records_of(ids, numbers, tokenizer, TokenBytes(tokenizer), "stop" if end else "length")
+    steps = decoded[0]
     starts: dict[int, int] = {}
     for i, (step, (_, k)) in enumerate(zip(steps, chosen)):
         step.kv = _kv(rounds[k], len(prompt) + i - sum(1 for _, j in chosen[:i] if j == k))
@@ -132,11 +133,22 @@ def build(w: Any, tokenizer: Any, *, row: int = 0, tokens: Any = None, top_logpr
         step.problems = (step.problems or []) + [{"round": p.round, "kind": p.kind, "message": p.message,
                                                    "expected_cache_len": p.expected_cache_len,
                                                    "actual_cache_len": p.actual_cache_len}]  # fmt: skip
-    return _trace(w, tokenizer, prompt, ids, steps, text, rounds[: max(k for _, k in chosen) + 1], top_logprobs, end)
+    return _trace(w, tokenizer, prompt, ids, decoded, rounds[: max(k for _, k in chosen) + 1], top_logprobs, end)
 
 
-def _trace(w: Any, tokenizer: Any, prompt: list[int], ids: list[int], steps: list, text: str, rounds: list[Any],
-           top_logprobs: int, end: bool) -> Trace:  # fmt: skip
+def _trace(
+    w: Any,
+    tokenizer: Any,
+    prompt: list[int],
+    ids: list[int],
+    decoded: tuple[list[Step], str],
+    rounds: list[Any],
+    top_logprobs: int,
+    end: bool,
+) -> Trace:
+    """The Trace of the watched loop's chosen tokens `ids`: `decoded` their (steps, text), as
+    records_of gives them; `rounds` the forward calls up to the last step's."""
+    steps, text = decoded
     times = [r.time_ms for r in rounds]
     return new_trace(
         steps,

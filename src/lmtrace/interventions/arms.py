@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from lmtrace import arguments
 from lmtrace.decode.rows import make_params, seeded
 from lmtrace.decode.tracing import encode_prompt, generate
 from lmtrace.errors import InvalidParameter
@@ -25,6 +26,17 @@ from lmtrace.inside import intervene as hooks
 from lmtrace.interventions.vectors import last_residual
 from lmtrace.model.lm import LM
 from lmtrace.records import Trace
+
+
+@dataclass(frozen=True)
+class InterveneOptions:
+    """How `intervene` decodes besides the interventions and the sampling settings: `chat` applies
+    the chat template, `free` lets each arm generate alone too, `params` a SamplingParams the
+    sampling keywords are laid over."""
+
+    chat: bool = False
+    free: bool = True
+    params: Any = None
 
 
 @dataclass
@@ -137,20 +149,22 @@ def intervene(
     ablate: Sequence[str] = (),
     steer: Sequence[str | tuple] = (),
     patch: Sequence[str] = (),
-    *,
-    chat: bool = False,
-    free: bool = True,
-    params: Any = None,
-    **sampling: Any,
+    options: InterveneOptions | None = None,
+    **keywords: Any,
 ) -> InterventionResult:
     """The reference generation and one arm per intervention (each alone): `ablate` specs
     `L.attn`, `L.mlp`, `L.hH`; `steer` specs `L:FILE.pt:ALPHA` or (layer, vector, alpha).
-    `sampling` (max_new_tokens, temperature, seed, ...) or `params` set the reference's decoding,
+    `options` (InterveneOptions: chat, free, params), or its fields as keywords; the other
+    keywords are sampling settings (max_new_tokens, temperature, seed, ...) laid over `params`:
+    they set the reference's decoding,
     which each free-running arm repeats with the same seed. `patch` specs `L:TEXT`: the residual
     after layer L at the prompt's last position set to TEXT's there (activation patching)."""
+    own, sampling = arguments.split(InterveneOptions, keywords)
+    o = arguments.options(InterveneOptions, options, "intervene", own)
+    chat = o.chat
     ids = encode_prompt(lm, prompt, chat)
     changes = changes_for(lm, ablate, steer, patch, ids)
-    p = seeded(make_params(params, **sampling))
+    p = seeded(make_params(o.params, "intervene", **sampling))
     reference = generate(lm, prompt, p, chat=chat)
     tokens = list(reference.token_ids)
     ref_logits = forced_logits(lm, ids, tokens) if tokens else None
@@ -159,7 +173,7 @@ def intervene(
         steps = step_numbers(ref_logits, forced_logits(lm, ids, tokens, [change]), tokens) if tokens else []
         arm: dict[str, Any] = {"intervention": change.spec, "kind": change.kind, "steps": steps}
         divergence = None
-        if free:
+        if o.free:
             with hooks.applied(lm.model, [change]):
                 alone = generate(lm, prompt, p, chat=chat)
             divergence = _first_divergence(tokens, list(alone.token_ids))

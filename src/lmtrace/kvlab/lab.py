@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from lmtrace import arguments
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger
@@ -39,6 +40,21 @@ def _finite(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [_finite(v) for v in x]
     return x
+
+
+@dataclass(frozen=True)
+class LabOptions:
+    """What kvlab takes besides the prompt, the policies and the reference's generate options.
+    `continuation`: that text is the reference, teacher-forced (its first
+    `max_continuation_tokens` tokens where given). `map_step` (default: the last step) is where
+    each arm's kept positions are recorded for the layer x position map; `free` lets each arm
+    generate alone from its divergence step; `on_step(index, total)` is called after each step."""
+
+    continuation: str | None = None
+    max_continuation_tokens: int | None = None
+    free: bool = False
+    map_step: int | None = None
+    on_step: Callable[[int, int], None] | None = None
 
 
 @dataclass
@@ -187,19 +203,15 @@ def kvlab(
     lm: LM,
     prompt: str,
     policies: Sequence[str | Policy] = ("full",),
-    *,
-    continuation: str | None = None,
-    max_continuation_tokens: int | None = None,
-    chat: bool = False,
-    free: bool = False,
-    map_step: int | None = None,
-    on_step: Callable[[int, int], None] | None = None,
+    options: LabOptions | None = None,
     params: Any = None,
-    **sampling: Any,
+    **keywords: Any,
 ) -> LabResult:
-    """Runs the reference and one arm per policy spec (see `lmtrace.kvlab.spec`); `sampling`
-    goes to the reference's generation: the sampling settings (max_new_tokens, temperature, seed,
-    a constraint, ...) and generate's options (lens, attention, echo, waterfall, draft, compile,
+    """Runs the reference and one arm per policy spec (see `lmtrace.kvlab.spec`). `options`
+    (LabOptions), or its fields as keywords: `continuation`, `max_continuation_tokens`, `free`,
+    `map_step`, `on_step`. The other keywords go to the reference's generation: the sampling
+    settings (max_new_tokens, temperature, seed,
+    a constraint, ...) and generate's options (chat, lens, attention, echo, waterfall, draft, compile,
     logits_processors, uncertainty, attribution), so the reference is `lmtrace.generate`'s trace;
     each arm's own choice follows the reference's rule (its processors, penalty and grammar, moved
     past the reference's tokens). With
@@ -211,18 +223,21 @@ def kvlab(
     from lmtrace.decode.rows import seeded
     from lmtrace.decode.tracing import encode_prompt, generate
 
+    own, sampling = arguments.split(LabOptions, keywords)
+    lab = arguments.options(LabOptions, options, "kv-lab", own)
+    continuation, map_step, on_step = lab.continuation, lab.map_step, lab.on_step
     chosen = parse_policies(list(policies))
-    options = GenerateOptions.of(params, "kv-lab", chat=chat, **sampling)
-    options = dataclasses.replace(options, params=seeded(options.params))
-    params = options.params
+    asked = GenerateOptions.of(params, "kv-lab", **sampling)
+    asked = dataclasses.replace(asked, params=seeded(asked.params))
+    params, chat = asked.params, asked.chat
     ids = encode_prompt(lm, prompt, chat)
     started = time.perf_counter()
     if continuation is not None:
-        _forced_alone(options)
-        tokens, continuation = _continuation(lm, continuation, max_continuation_tokens)
+        _forced_alone(asked)
+        tokens, continuation = _continuation(lm, continuation, lab.max_continuation_tokens)
         steps, build = _reference_steps(lm, tokens, params.top_logprobs)
     else:
-        trace = generate(lm, prompt, options=options)
+        trace = generate(lm, prompt, options=asked)
         tokens, build = list(trace.token_ids), None
     limit = getattr(lm.model.config, "max_position_embeddings", None)
     if limit and len(ids) + len(tokens) > limit:
@@ -237,11 +252,11 @@ def kvlab(
         if on_step is not None:
             on_step(index, len(tokens))
 
-    ref, arms = runner.lockstep(lm.model, ids, tokens, chosen, _rule(lm, options), free, last, each)
+    ref, arms = runner.lockstep(lm.model, ids, tokens, chosen, _rule(lm, asked), lab.free, last, each)
     if continuation is not None:
         forced, settings = Forced(continuation, tokens, steps), {**params.to_dict(), "chat": chat}
         trace = _forced_trace(lm, prompt, ids, forced, settings, (time.perf_counter() - started) * 1000)
-    frees = [runner.run_free(lm.model, a, ids, tokens, lm.eos_token_ids) if free else None for a in arms]
+    frees = [runner.run_free(lm.model, a, ids, tokens, lm.eos_token_ids) if lab.free else None for a in arms]
     return LabResult(
         reference=trace,
         arms=[_arm_dict(a, ref, f, lm) for a, f in zip(arms, frees)],

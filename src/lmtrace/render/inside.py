@@ -82,7 +82,9 @@ def _cell_title(step: int, token: str, layer: dict[str, Any], settled: int | Non
     return f"{head}: p(chosen) {chosen}, rank {layer.get('chosen_rank')}; top: {top}"
 
 
-def _cell(x: float, y: float, cw: float, ch: float, view: int, i: int, layer: dict, title: str, settled: bool) -> str:
+def _cell(box: tuple[float, float, float, float], view: int, i: int, layer: dict, title: str, settled: bool) -> str:
+    """One cell of the heatmap: `box` its (x, y, width, height), `view` and `i` the step it selects."""
+    x, y, cw, ch = box
     p = _p(layer.get("chosen_logprob"))
     fill = FILLS[bucket(p)] if p is not None else NO_DATA
     edge = ' stroke="#1f2328" stroke-width="1.5"' if settled else ""
@@ -154,7 +156,7 @@ def lens_heatmap(steps: list[dict[str, Any]], view: int = 0) -> Markup | None:
         for layer in (lens.get("layers") or []) if n <= CELLS_UP_TO else ():
             y = TOP + ch * (n_layers - 1 - layer["layer"])
             title = _cell_title(s.get("index", i), token, layer, settled)
-            out.append(_cell(x, y, cw, ch, view, i, layer, title, settled == layer["layer"]))
+            out.append(_cell((x, y, cw, ch), view, i, layer, title, settled == layer["layer"]))
         if named or i % max(1, n // 20) == 0:
             out.append(_column_label(x + cw / 2, height - bottom + 12, i, token, named))
     out.append("</svg>")

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from lmtrace import arguments
 from lmtrace.decode.continuous import ContinuousBatch, RowSpec
 from lmtrace.decode.rows import make_params
 from lmtrace.decode.tracing import encode_prompt
@@ -57,62 +58,54 @@ def sample(
     prompt: str,
     n: int = 16,
     params: SamplingParams | None = None,
-    *,
-    answer_regex: str | None = None,
-    choice: Sequence[str] = (),
-    deepconf: str | None = None,
-    warmup: int | None = None,
-    consensus: float = 0.95,
-    confidence_k: int = 20,
-    confidence_window: int = 2048,
-    confidence_tail: int = 2048,
-    chat: bool = False,
-    max_batch: int = 16,
-    on_row: Callable[[int, Trace], None] | None = None,
+    options: settings.SampleOptions | None = None,
     **kwargs: Any,
 ) -> SampleResult:
     """`n` samples of `prompt`, sample i seeded with seed + i (seed: the params' own, else 0).
-    `answer_regex`: the answer is its first group (else the whole match); a sample where it never
+    `options` (samples.settings.SampleOptions), or its fields as keywords; the other keywords are
+    sampling settings laid over `params`. `answer_regex`: the answer is its first group (else the
+    whole match); a sample where it never
     matches has no answer. `choice`: each sample constrained to one of these options (and the
     options' exact probabilities give the choice entropy, no sampling needed). `deepconf` "low" or
     "high": DeepConf's online early stop after `warmup` traces, ending at `consensus`.
     `on_row(i, trace)` is called as each sample finishes."""
+    own, sampling = arguments.split(settings.SampleOptions, kwargs)
+    o = arguments.options(settings.SampleOptions, options, "sample", own)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InvalidParameter(f"n must be an integer >= 1, got {n!r}")
-    if answer_regex is not None and choice:
+    if o.answer_regex is not None and o.choice:
         raise InvalidParameter("answer_regex and choice: give one or the other (a choice is its own answer)")
-    settings.check(deepconf, warmup, n, consensus)
-    regex = answers.compile_regex(answer_regex)
-    p = make_params(params, **kwargs)
-    if choice:
-        p = make_params(p, choice=list(choice))
+    settings.check(o.deepconf, o.warmup, n, o.consensus)
+    regex = answers.compile_regex(o.answer_regex)
+    p = make_params(params, "sample", **sampling)
+    if o.choice:
+        p = make_params(p, choice=list(o.choice))
     base = p.seed if p.seed is not None else 0
-    observer = Uncertainty(confidence_k, confidence_window, confidence_tail, vocab=lm.model.config.vocab_size)
-    ids = encode_prompt(lm, prompt, chat)
-    specs = [RowSpec(list(ids), make_params(p, seed=base + i), prompt, chat, observers=[observer]) for i in range(n)]
-    if deepconf is None:
-        traces = decode(lm, specs, max_batch, on_row)
+    observer = Uncertainty(o.confidence_k, o.confidence_window, o.confidence_tail, vocab=lm.model.config.vocab_size)
+    ids = encode_prompt(lm, prompt, o.chat)
+    specs = [RowSpec(list(ids), make_params(p, seed=base + i), prompt, o.chat, observers=[observer]) for i in range(n)]
+    if o.deepconf is None:
+        traces = decode(lm, specs, o.max_batch, o.on_row)
         stops: list[str | None] = [None] * n
         record = None
     else:
-        traces, stops, record = decode_online(
-            lm, specs, max_batch, deepconf, settings.warmup_size(n, warmup), consensus, regex, on_row
-        )
+        warmup = settings.warmup_size(n, o.warmup)
+        traces, stops, record = decode_online(lm, specs, o.max_batch, o.deepconf, warmup, o.consensus, regex, o.on_row)
     entries = [sample_entry(i, base + i, t, stops[i], regex) for i, t in enumerate(traces)]
     _phases(entries, record)
     chosen = {
         "n": n,
-        "answer_regex": answer_regex,
-        "choice": list(choice),
-        "deepconf": deepconf,
+        "answer_regex": o.answer_regex,
+        "choice": list(o.choice),
+        "deepconf": o.deepconf,
         "warmup": None if record is None else record["warmup"],
-        "consensus": consensus,
-        "confidence_k": confidence_k,
-        "confidence_window": confidence_window,
-        "confidence_tail": confidence_tail,
-        "max_batch": max_batch,
+        "consensus": o.consensus,
+        "confidence_k": o.confidence_k,
+        "confidence_window": o.confidence_window,
+        "confidence_tail": o.confidence_tail,
+        "max_batch": o.max_batch,
     }
-    found_votes, scores = scores_over(entries, [t for t in traces if t is not None], deepconf)
+    found_votes, scores = scores_over(entries, [t for t in traces if t is not None], o.deepconf)
     return SampleResult(
         prompt, p.to_dict(), chosen, entries, found_votes, scores, record, [t for t in traces if t is not None]
     )

@@ -1,8 +1,12 @@
-"""The settings of `sample`'s DeepConf early stop, checked before any model loads (no torch)."""
+"""The settings of `sample` besides its prompt, count and sampling params (`SampleOptions`), and
+the checks of its DeepConf early stop, run before any model loads (no torch)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from lmtrace.errors import InvalidParameter
 
@@ -11,6 +15,27 @@ from lmtrace.errors import InvalidParameter
 PERCENTILE = {"low": 90.0, "high": 10.0}
 # and the share of the traces each variant keeps (eta, in percent), for the offline filter
 ETA = {"low": 10.0, "high": 90.0}
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """What `sample` takes besides the prompt, `n` and the sampling settings. `answer_regex`: the
+    answer is its first group (else the whole match). `choice`: each sample constrained to one of
+    these options. `deepconf` "low" or "high": DeepConf's online early stop after `warmup` traces,
+    ending at `consensus`. `confidence_k`, `confidence_window`, `confidence_tail`: the uncertainty
+    observer's settings. `max_batch` rows decode at once; `on_row(i, trace)` hears each finish."""
+
+    answer_regex: str | None = None
+    choice: Sequence[str] = ()
+    deepconf: str | None = None
+    warmup: int | None = None
+    consensus: float = 0.95
+    confidence_k: int = 20
+    confidence_window: int = 2048
+    confidence_tail: int = 2048
+    chat: bool = False
+    max_batch: int = 16
+    on_row: Callable[[int, Any], None] | None = None
 
 
 def check(mode: str | None, warmup: int | None, n: int, consensus: float) -> None:

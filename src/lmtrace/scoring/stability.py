@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from lmtrace import arguments
 from lmtrace.decode.rows import make_params, seeded
 from lmtrace.decode.tracing import generate
 from lmtrace.errors import GenerationError, InvalidParameter, ModelLoadError
@@ -38,6 +39,20 @@ CANNOT_RUN = (
     ImportError,
     OSError,
 )
+
+
+@dataclass(frozen=True)
+class StabilityOptions:
+    """What `stability` takes besides the prompt, the variants and the sampling settings: `runs`
+    decodes the reference that many times in all; `threshold`: a step is flagged when its margin
+    is below threshold x sigma; `chat` applies the chat template; `params` a SamplingParams the
+    sampling keywords are laid over; `on_status(line)` hears what runs now."""
+
+    runs: int = 1
+    threshold: float = noise.THRESHOLD
+    chat: bool = False
+    params: SamplingParams | None = None
+    on_status: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -226,26 +241,26 @@ def stability(
     lm: LM,
     prompt: str,
     variants: Sequence[str | VariantSpec] = DEFAULT,
-    *,
-    runs: int = 1,
-    threshold: float = noise.THRESHOLD,
-    chat: bool = False,
-    params: SamplingParams | None = None,
-    on_status: Callable[[str], None] | None = None,
-    **sampling: Any,
+    options: StabilityOptions | None = None,
+    **keywords: Any,
 ) -> StabilityResult:
     """Decodes `prompt` (sampling: max_new_tokens, temperature, seed, ...; or `params`), then
     measures it under each variant spec (lmtrace.scoring.variant_spec; a variant that cannot run
-    here is reported skipped, with the reason). `runs` decodes the reference that many times in
+    here is reported skipped, with the reason). `options` (StabilityOptions: runs, threshold,
+    chat, params, on_status), or its fields as keywords; the other keywords are sampling settings.
+    `runs` decodes the reference that many times in
     all; `threshold`: a step is flagged when its margin is below threshold x sigma;
     `on_status(line)` hears what runs now."""
+    own, sampling = arguments.split(StabilityOptions, keywords)
+    o = arguments.options(StabilityOptions, options, "stability", own)
+    runs, threshold, chat = o.runs, o.threshold, o.chat
     specs = parse_variants([variants] if isinstance(variants, str | VariantSpec) else list(variants))
     check_integer("runs", runs, low=1)
     if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold < math.inf:
         raise InvalidParameter(f"threshold must be a number > 0, got {threshold!r}")
-    p = seeded(make_params(params, **sampling))
+    p = seeded(make_params(o.params, "stability", **sampling))
     p = make_params(p, top_logprobs=max(2, p.top_logprobs))  # the margin needs the runner-up
-    say = on_status or (lambda line: None)
+    say = o.on_status or (lambda line: None)
     say("reference")
     started = time.perf_counter()
     trace = generate(lm, prompt, p, chat=chat)

@@ -2,5 +2,6 @@
 viewer page. Build the app with `create_app(lm)`; `lmtrace serve` runs it on uvicorn."""
 
 from lmtrace.server.app import create_app
+from lmtrace.server.options import ServerOptions
 
-__all__ = ["create_app"]
+__all__ = ["ServerOptions", "create_app"]

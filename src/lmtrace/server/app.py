@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from lmtrace import __version__
+from lmtrace import __version__, arguments
 from lmtrace.decode import named_observers
 from lmtrace.model.lm import LM
 from lmtrace.server import (
@@ -29,15 +29,11 @@ from lmtrace.server import (
 )
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.generation import ServerState
-from lmtrace.server.lane import DEFAULT_PREFIX_CACHE_BYTES
 from lmtrace.server.length import longest_token
-from lmtrace.server.limits import DEFAULT_MAX_BODY_MB, BodyLimit
-from lmtrace.server.prepare import DEFAULT_MAX_ROWS
+from lmtrace.server.limits import BodyLimit
+from lmtrace.server.options import ServerOptions
 from lmtrace.server.security import HostCheck, KeyCheck
 from lmtrace.server.worker import ModelWorker
-
-DEFAULT_MAX_CONCURRENCY = 16
-DEFAULT_MAX_BATCH = 16
 
 
 def served_name(lm: LM) -> str:
@@ -48,31 +44,13 @@ def served_name(lm: LM) -> str:
     return source
 
 
-def create_app(
-    lm: LM,
-    *,
-    name: str | None = None,
-    api_key: str | None = None,
-    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-    allowed_hosts: Iterable[str] = (),
-    max_batch: int = DEFAULT_MAX_BATCH,
-    draft: Any = None,
-    draft_tokens: int = 4,
-    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-    docs: bool = True,
-    max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20,
-    max_rows: int = DEFAULT_MAX_ROWS,
-    allowed_origins: Iterable[str] = (),
-    allowed_methods: Iterable[str] = ("*",),
-    allowed_headers: Iterable[str] = ("*",),
-    allow_credentials: bool = False,
-    logits_processors: Mapping[str, Any] | None = None,
-    observers: Mapping[str, Any] | None = None,
-) -> FastAPI:
-    """The server for one loaded model. `max_concurrency` requests are admitted at once; their
-    rows (a choice of a prompt each) decode together, up to `max_batch` rows, a request that
-    arrives joining the running batch at the next step (`max_batch` 1: one request at a time,
-    its choices together, the others waiting); more requests get 429 with Retry-After. A request that arrives on
+def create_app(lm: LM, options: ServerOptions | None = None, **keywords: Any) -> FastAPI:
+    """The server for one loaded model, served as `options` (ServerOptions) or its fields given as
+    keywords (a keyword that is none of them is refused in one line naming it). `max_concurrency`
+    requests are admitted at once; their rows (a choice of a prompt each) decode together, up to
+    `max_batch` rows, a request that arrives joining the running batch at the next step
+    (`max_batch` 1: one request at a time, its choices together, the others waiting); more
+    requests get 429 with Retry-After. A request that arrives on
     a loopback address must name localhost, 127.0.0.1 or [::1] (or one of `allowed_hosts`,
     say a reverse proxy's name) as its Host; with `api_key` every route but /health needs it.
     With a `draft` (a lmtrace.model.draft.draft_for spec or Draft) every request decodes
@@ -90,18 +68,21 @@ def create_app(
     ({name: function or "module:function"}, as vLLM v1's --logits-processors) are the processors a
     request may name in its `logits_processors`; `observers` ({name: an lmtrace.Observer class or
     "module:Class"}) the observers it may name in its `observers` (each row a fresh instance)."""
-    _check_sizes(max_batch, prefix_cache_bytes, max_body_bytes, max_rows)
-    origins = check_cors(allowed_origins, allow_credentials)
+    o = arguments.options(ServerOptions, options, "create_app", keywords)
+    _check_sizes(o.max_batch, o.prefix_cache_bytes, o.max_body_bytes, o.max_rows)
+    origins = check_cors(o.allowed_origins, o.allow_credentials)
+    draft = o.draft
     if draft is not None:  # a spec ("packed", "layers:N", a path) loaded once, here
         from lmtrace.model.draft import draft_for
 
         draft = draft_for(lm, draft)
-    if max_batch > 1:
-        worker: ModelWorker = BatchingWorker(lm, max_concurrency, max_batch, prefix_cache_bytes)
+    if o.max_batch > 1:
+        worker: ModelWorker = BatchingWorker(lm, o.max_concurrency, o.max_batch, o.prefix_cache_bytes)
     else:
-        worker = ModelWorker(max_concurrency)
-    state = ServerState(lm, name or served_name(lm), worker, draft=draft, draft_tokens=draft_tokens, max_rows=max_rows)
-    state.registered = named_observers.registered_of(logits_processors, observers)
+        worker = ModelWorker(o.max_concurrency)
+    name = o.name or served_name(lm)
+    state = ServerState(lm, name, worker, draft=draft, draft_tokens=o.draft_tokens, max_rows=o.max_rows)
+    state.registered = named_observers.registered_of(o.logits_processors, o.observers)
     longest_token(state.front.tokenizer)  # the length bound, computed now rather than in the first request
 
     @asynccontextmanager
@@ -109,7 +90,7 @@ def create_app(
         yield
         state.worker.shutdown()
 
-    schema, page, redoc = ("/openapi.json", "/docs", "/redoc") if docs else (None, None, None)
+    schema, page, redoc = ("/openapi.json", "/docs", "/redoc") if o.docs else (None, None, None)
     app = FastAPI(
         title="lmtrace", version=__version__, lifespan=lifespan, openapi_url=schema, docs_url=page, redoc_url=redoc
     )
@@ -117,15 +98,19 @@ def create_app(
     errors.install(app)
     for module in (models, completions, chat, responses, traces, extensions, tokenization, viewer, metrics):
         app.include_router(module.router)
-    openapi.install(app, keyed=bool(api_key))
+    openapi.install(app, keyed=bool(o.api_key))
 
     @app.get("/health", include_in_schema=False)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    cors = {"allow_origins": origins, "allow_methods": list(allowed_methods), "allow_headers": list(allowed_headers),
-            "allow_credentials": allow_credentials}  # fmt: skip
-    guard(app, api_key, allowed_hosts, max_body_bytes, cors)
+    cors = {
+        "allow_origins": origins,
+        "allow_methods": list(o.allowed_methods),
+        "allow_headers": list(o.allowed_headers),
+        "allow_credentials": o.allow_credentials,
+    }
+    guard(app, o.api_key, o.allowed_hosts, o.max_body_bytes, cors)
     return app
 
 

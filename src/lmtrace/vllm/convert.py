@@ -79,8 +79,22 @@ def _top_processed_mode(vllm_lp: dict[int, Any], res: Rescored, i: int, tb: Toke
     return out
 
 
-def _step(i: int, token: int, piece: str, mode: str, vllm_lp: dict[int, Any], res: Rescored, n: int,
-          tb: TokenBytes, kv: dict[str, Any], time_ms: float) -> Step:  # fmt: skip
+@dataclass(frozen=True)
+class Reading:
+    """What every step of one vLLM output is read with: the engine's `mode` (RAW or processed
+    logprobs), the rescoring `res` of its tokens, `n` alternatives a step, the token bytes `tb`."""
+
+    mode: str
+    res: Rescored
+    n: int
+    tb: TokenBytes
+
+
+def _step(
+    i: int, token: int, piece: str, vllm_lp: dict[int, Any], kv: dict[str, Any], time_ms: float, reading: Reading
+) -> Step:
+    """Step `i` (`token`, its text `piece`) from vLLM's logprobs `vllm_lp` and the rescoring."""
+    mode, res, n, tb = reading.mode, reading.res, reading.n, reading.tb
     own = vllm_lp[token]
     if mode == RAW:
         logprob, rank, sampled = own.logprob, own.rank, res.sampled_logprob[i]
@@ -134,9 +148,9 @@ def to_trace(lm: LM, request: Request, result: Any, engine: dict[str, Any], layo
     times, time_source = _step_times(result, len(ids), wall_ms)
     numbers = _engine_numbers(output)
     cached = getattr(result, "num_cached_tokens", 0) or 0
+    reading = Reading(engine["logprobs_mode"], res, n, tb)
     steps = [
-        _step(i, t, text.pieces[i], engine["logprobs_mode"], numbers[i], res, n, tb,
-              layout.step(len(request.prompt_ids) + i, cached), times[i])
+        _step(i, t, text.pieces[i], numbers[i], layout.step(len(request.prompt_ids) + i, cached), times[i], reading)
         for i, t in enumerate(ids)
     ]  # fmt: skip
     summary = lm.summary.to_dict()

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from lmtrace import arguments
 from lmtrace.comparison.audit.base import Context, Skip
 from lmtrace.comparison.audit.client import DEFAULT_TIMEOUT, HTTPFailure, Unreachable
 from lmtrace.comparison.audit.connect import (
@@ -29,6 +31,23 @@ from lmtrace.comparison.audit.reference import Reference
 from lmtrace.comparison.audit.result import AuditReport, ProbeResult
 from lmtrace.model.lm import LM
 from lmtrace.versions import versions
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    """How `audit` runs besides the model and the server: `api_key`, `served_model` and
+    `timeout` reach the server (when `server` is a URL, `connect` uses them); `probes` (None:
+    all) are run in order; `tolerance` is the largest |Δ logprob| that counts as equal;
+    `max_tokens` per generation; `on_probe(result)` hears each probe as it ends."""
+
+    api_key: str | None = None
+    served_model: str | None = None
+    probes: Sequence[str] | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    max_tokens: int = MAX_TOKENS
+    timeout: float = DEFAULT_TIMEOUT
+    on_probe: Callable[[ProbeResult], Any] | None = None
+
 
 PROBES: dict[str, Callable[[Context], ProbeResult]] = {
     "logprobs": probe_logprobs,
@@ -72,27 +91,18 @@ def run_probe(name: str, ctx: Context) -> ProbeResult:
     return result
 
 
-def audit(
-    lm: LM,
-    server: Server | str,
-    *,
-    api_key: str | None = None,
-    served_model: str | None = None,
-    probes: Sequence[str] | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
-    max_tokens: int = MAX_TOKENS,
-    timeout: float = DEFAULT_TIMEOUT,
-    on_probe: Callable[[ProbeResult], Any] | None = None,
-) -> AuditReport:
+def audit(lm: LM, server: Server | str, options: AuditOptions | None = None, **keywords: Any) -> AuditReport:
     """Audits the logprobs of a live OpenAI-compatible server that serves `lm`'s weights: each
     probe sends real requests and compares what comes back with lmtrace's own numbers for the
-    same tokens (teacher forcing). `server` is a URL or what `connect` returned."""
-    names = check_probes(probes)
-    tolerance = check_tolerance(tolerance)
+    same tokens (teacher forcing). `server` is a URL or what `connect` returned; `options`
+    (AuditOptions), or its fields as keywords (tolerance=..., probes=[...], ...)."""
+    o = arguments.options(AuditOptions, options, "audit", keywords)
+    names = check_probes(o.probes)
+    tolerance = check_tolerance(o.tolerance)
     if isinstance(server, str):
-        server = connect(server, api_key=api_key, served_model=served_model, timeout=timeout)
+        server = connect(server, api_key=o.api_key, served_model=o.served_model, timeout=o.timeout)
     started = time.perf_counter()
-    ctx = Context(server.client, Reference(lm), server.served, tolerance, max_tokens)
+    ctx = Context(server.client, Reference(lm), server.served, tolerance, o.max_tokens)
     preflight = check_tokenization(ctx)
     report = AuditReport(
         server.client.url, server.served, lm.source, tolerance, preflight=preflight, versions=versions()
@@ -100,7 +110,7 @@ def audit(
     for name in names:
         result = run_probe(name, ctx)
         report.probes.append(result)
-        if on_probe is not None:
-            on_probe(result)
+        if o.on_probe is not None:
+            o.on_probe(result)
     report.seconds = time.perf_counter() - started
     return report
