@@ -44,7 +44,6 @@ def test_cli_generate_with_a_draft(capsys, tiny_dir):
         (["--draft-tokens", "2"], "draft_tokens: only with --draft, got 2"),
         (["--draft", "packed"], "draft: 'packed' runs the target's own GGUF file at 4 bits"),
         (["--draft", "layers:9"], "draft: 'layers:N' takes N in [1, 1] for this 2-layer model, got 9"),
-        (["--draft", "layers:1", "--attribution"], "draft: speculative decoding cannot be combined with attribution"),
     ],
 )
 def test_cli_bad_drafts_are_one_line(capsys, tiny_dir, extra, message):
