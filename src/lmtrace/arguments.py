@@ -154,15 +154,3 @@ def against(value: str | int) -> tuple[str, int | str]:
     if not text:
         raise InvalidParameter("against: needs a token text, a token id or rank:N, got ''")
     return ("text", text)
-
-
-def draft_in_batch(lens: bool = False, attention: bool | str = False) -> None:
-    """A row of a continuous batch (a batch line, a server's request) decodes its speculative
-    blocks beside the batch's forward, whose lens and attention hooks capture the batch's rows:
-    a drafted row's own forwards are not captured, so lens and attention are refused with a draft."""
-    for name, on in (("lens", lens), ("attention", attention)):
-        if on:
-            raise InvalidParameter(
-                f"draft and {name}: a drafted row of a continuous batch is not captured by the batch's "
-                f"{name} hooks (lmtrace generate takes both); drop one of them"
-            )

@@ -32,13 +32,13 @@ class Attribution(Observer):
         self.anatomy: dla.Anatomy | None = None
         self.parts: dla.Parts | None = None
         self.own: dla.Parts | None = None  # a continuous batch's row: what its last forward captured for it
-        self.keep = 1  # the last positions the next forward's hooks keep (a verify forward: several)
+        self.span = 1  # the last positions the next forward's hooks keep (a verify forward: several)
         self.at = 0  # which of the kept positions the next step reads
 
     @contextlib.contextmanager
     def attached(self, model: Any) -> Iterator[None]:
-        self.anatomy = dla.anatomy(model)  # refuses an architecture it cannot split, before any forward
-        with dla.capturing(self.anatomy, lambda: self.keep) as parts:
+        self.prepared(model)  # refuses an architecture it cannot split, before any forward
+        with dla.capturing(self.anatomy, lambda: self.span) as parts:
             self.parts = parts
             yield
 
@@ -46,7 +46,7 @@ class Attribution(Observer):
         return self._records(dla.at(self.parts, self.at), logits, tokens)
 
     def positions(self, n: int) -> None:
-        self.keep, self.at = n, 0
+        self.span, self.at = n, 0
 
     def select(self, at: int) -> None:
         self.at = at
