@@ -283,18 +283,15 @@ REFUSES = {
     "server completions": {"compile"},
     "server chat": {"echo", "compile"},
 }
-# generate itself: a draft with attribution (its hooks keep one position a forward); the compiled step with
-# hooks inside the forward (lens, attention, attribution)
-GENERATE_REFUSES = [({"attribution"}, set(DRAFTS)), ({"lens", "attention", "attribution"}, {"compile"})]
+# generate itself: the compiled step with hooks inside the forward (lens, attention, attribution)
+GENERATE_REFUSES = [({"lens", "attention", "attribution"}, {"compile"})]
 # an entry point's own pairs: a drafted branch (decode/branch_draft.py) records the target's numbers
 # alone and decodes unconstrained
 ENTRY_PAIR_REFUSES = {
     "branch": [({"lens", "attention", "echo", "waterfall", "processor", *GRAMMARS, *OBSERVERS}, set(DRAFTS))]
 }
-# a drafted row of a continuous batch decodes its blocks beside the batch's forward, whose lens and
-# attention hooks capture the batch's rows, not the drafted row's own forwards
-for _entry in ("batch local", "server /v1/traces", "server completions", "server chat"):
-    ENTRY_PAIR_REFUSES[_entry] = [({"lens", "attention"}, set(DRAFTS))]
+# (a drafted row of a continuous batch records its own forwards' lens, attention and attribution:
+# "batch local" and the server's entries refuse no pair of their own)
 # --compile is an opt-in kernel path: within 5e-5 of the default path (its reference), its static
 # cache's allocation and the names of what ran compiled aside
 COMPILE_TOL = 5e-5

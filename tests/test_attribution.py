@@ -164,7 +164,6 @@ def test_against_a_token_and_json_round_trip(tiny_lm):
     ({"attribution": True, "against": 10**6}, "against: token id must be in 0.."),
     ({"attribution": True, "against": "Hello world, the quick"}, "is not one token of the tokenizer"),
     ({"against": "rank:3"}, "against needs attribution"),
-    ({"attribution": True, "draft": "layers:1"}, "cannot be combined with attribution"),
     ({"attribution": True, "compile": True}, "compile cannot be combined with attribution"),
 ])  # fmt: skip
 def test_bad_input_is_one_named_error(tiny_lm, kw, message):

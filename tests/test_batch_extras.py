@@ -56,7 +56,6 @@ def test_lines_name_the_commands_processors_and_record_as_generate(tmp_path, tin
         ({"against": "rank:3"}, ("against", "attribution")),
         ({"echo": "yes"}, ("echo", "'yes'")),
         ({"compile": True}, ("compile",)),
-        ({"attribution": True, "draft": "layers:1"}, ("draft", "attribution")),
     ],
 )
 def test_a_line_that_asks_wrongly_gets_its_own_one_line_error(tmp_path, tiny_lm, line, words):

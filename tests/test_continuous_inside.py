@@ -82,6 +82,62 @@ def test_a_drafted_row_decodes_its_blocks_beside_the_batch_as_alone(tiny_lm):
     assert any(s.draft is not None for s in together[1].steps)
 
 
+def test_drafted_rows_record_their_own_lens_attention_and_attribution(tiny_lm):
+    """A drafted row's lens, attention and attribution are its own forwards' (the prefill, then
+    each step's position of its verify forward), beside a row whose hooks capture the batch's
+    forward: each trace is generate's alone (the drafted rows' with the same draft), and the
+    hooks are off the model between the rows' own forwards."""
+    from lmtrace.decode.attribution import Attribution
+
+    draft = drafts.draft_for(tiny_lm, "layers:1")
+    texts = ["Hello world", "The cat", "Once upon a time there was"]
+    inside = {"lens": True, "attention": "heads"}
+    hooked = []  # at each of the plain row's steps: whether any hook is left on the model
+
+    def look(step) -> None:
+        hooked.append(any(m._forward_hooks or m._forward_pre_hooks for m in tiny_lm.model.modules()))
+
+    waves = [
+        [
+            spec(tiny_lm, texts[0], GREEDY, lens=True, attention=True, on_step=look),
+            spec(tiny_lm, texts[1], GREEDY, draft=draft, draft_tokens=3, **inside),
+        ],
+        [
+            spec(
+                tiny_lm,
+                texts[2],
+                SAMPLED,
+                draft=draft,
+                draft_tokens=2,
+                lens=True,
+                observers=[Attribution(tiny_lm, "rank:3")],
+            )
+        ],
+    ]
+    together = run(ContinuousBatch(tiny_lm, max_batch=4), waves)
+    alone = [
+        tracing.generate(tiny_lm, texts[0], SamplingParams(**GREEDY), lens=True, attention=True),
+        tracing.generate(tiny_lm, texts[1], SamplingParams(**GREEDY), draft=draft, draft_tokens=3, **inside),
+        tracing.generate(
+            tiny_lm,
+            texts[2],
+            SamplingParams(**SAMPLED),
+            draft=draft,
+            draft_tokens=2,
+            lens=True,
+            attribution=True,
+            against="rank:3",
+        ),
+    ]
+    for a, t, tol in zip(alone, together, (5e-5, 1e-6, 1e-6)):
+        assert t.token_ids == a.token_ids
+        assert_same(t.to_dict(), a.to_dict(), tol=tol)
+    assert together[1].speculative["blocks"] > 1 and together[2].speculative["blocks"] > 1
+    assert all(s.lens is not None and s.attention is not None for s in together[1].steps)
+    assert all(s.attribution is not None and s.lens is not None for s in together[2].steps)
+    assert len(hooked) == len(together[0].steps) and not any(hooked)
+
+
 def test_a_drafted_constrained_row_keeps_its_grammar(tiny_lm):
     draft = drafts.draft_for(tiny_lm, "layers:1")
     kw = {**GREEDY, "max_new_tokens": 10, "regex": "[0-9]{3}-[0-9]{4}"}
@@ -115,7 +171,7 @@ def test_a_batch_job_decodes_lens_drafted_and_plain_lines_together(tiny_lm, tmp_
     src.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
     run_job(src, out, local_engine(lambda: tiny_lm, {}, 4))
     got = {r["id"]: r for r in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
-    for line in lines[:3]:
+    for line in lines:
         kw = {k: v for k, v in line.items() if k not in ("id", "prompt")}
         params = SamplingParams(**{k: v for k, v in kw.items() if k in SamplingParams.__dataclass_fields__})
         extra = {k: v for k, v in kw.items() if k not in SamplingParams.__dataclass_fields__}
@@ -123,7 +179,7 @@ def test_a_batch_job_decodes_lens_drafted_and_plain_lines_together(tiny_lm, tmp_
         assert "trace" in got[line["id"]], got[line["id"]]
         assert got[line["id"]]["trace"]["token_ids"] == alone["token_ids"], line["id"]
         assert_same(got[line["id"]]["trace"], json.loads(json.dumps(alone)), tol=5e-5)
-    assert "lens" in got["both"]["error"] and "draft" in got["both"]["error"]
+    assert all(s["lens"] is not None for s in got["both"]["trace"]["steps"])
 
 
 def test_drafted_rows_leave_no_inference_mode_behind(tiny_lm):

@@ -197,8 +197,6 @@ def test_bad_drafts(tiny_lm, tiny_dir):
         lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft="layers:2")
     with pytest.raises(InvalidParameter, match="layers:N"):
         lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft="layers:x")
-    with pytest.raises(InvalidParameter, match="cannot be combined with attribution"):
-        lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft="layers:1", attribution=True)
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -217,6 +215,26 @@ def test_the_lens_and_the_attention_of_a_drafted_run_are_the_plain_runs(tiny_lm,
         for a, b in zip(d.attention["layers"], p.attention["layers"]):
             assert [t["position"] for t in a["top"]] == [t["position"] for t in b["top"]]
             assert all(abs(x["weight"] - y["weight"]) < 1e-5 for x, y in zip(a["top"], b["top"]))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_attribution_of_a_drafted_run_is_the_plain_runs(tiny_lm, k):
+    """Each step's attribution reads its own position of the verify forward (the first block's
+    first step the prefill's): the plain run's within the speculative bound, the lens beside it
+    (whose own calls of the final norm after the forward are not the forward's)."""
+    kw = {**GREEDY, "max_new_tokens": 10, "attribution": True, "against": "rank:3"}
+    plain = lmtrace.generate(tiny_lm, PROMPT, **kw)
+    for lens in (False, True):
+        drafted = lmtrace.generate(tiny_lm, PROMPT, **kw, lens=lens, draft="layers:1", draft_tokens=k)
+        assert drafted.token_ids == plain.token_ids and drafted.speculative["blocks"] < len(plain.steps)
+        for d, p in zip(drafted.steps, plain.steps):
+            a, b = d.attribution, p.attribution
+            assert (a["token_id"], a["against_token_id"]) == (b["token_id"], b["against_token_id"])
+            assert abs(a["logit_diff"] - b["logit_diff"]) < 1e-4
+            assert [x["component"] for x in a["parts"]] == [x["component"] for x in b["parts"]]
+            assert all(abs(x["value"] - y["value"]) < 1e-4 for x, y in zip(a["parts"], b["parts"]))
+            assert all(abs(x["value"] - y["value"]) < 1e-4 for x, y in zip(a["heads"], b["heads"]))
+            assert abs(sum(x["value"] for x in a["parts"]) - a["logit_diff"]) < 1e-4
 
 
 def other_vocabulary_lm() -> LM:

@@ -44,7 +44,6 @@ def test_cli_generate_with_a_draft(capsys, tiny_dir):
         (["--draft-tokens", "2"], "draft_tokens: only with --draft, got 2"),
         (["--draft", "packed"], "draft: 'packed' runs the target's own GGUF file at 4 bits"),
         (["--draft", "layers:9"], "draft: 'layers:N' takes N in [1, 1] for this 2-layer model, got 9"),
-        (["--draft", "layers:1", "--attribution"], "draft: speculative decoding cannot be combined with attribution"),
     ],
 )
 def test_cli_bad_drafts_are_one_line(capsys, tiny_dir, extra, message):
@@ -113,9 +112,22 @@ def test_server_bad_draft_tokens_is_a_400(pair, k):
     assert r.status_code == 400 and "runs no draft model" in r.json()["error"]["message"]
 
 
-def test_server_draft_with_lens_is_a_400(pair):
+def test_server_draft_with_lens_attention_and_attribution(pair, tiny_lm):
+    """A drafted request records its own verify forwards' lens, attention and attribution: the
+    trace generate gives with the same draft; a drafted branch still refuses the lens (a 400)."""
     _, fast = pair
-    r = fast.post("/v1/traces", json={"prompt": "Hello", "max_tokens": 2, "lens": True})
+    kw = {"temperature": 0, "lens": True, "attention": True, "attribution": True}
+    trace = fast.post("/v1/traces", json={"prompt": "Hello world", "max_tokens": 8, **kw}).json()
+    alone = lmtrace.generate(tiny_lm, "Hello world", max_new_tokens=8, draft="layers:1", draft_tokens=3, **kw)
+    assert trace["token_ids"] == alone.token_ids and trace["speculative"]["blocks"] > 1
+    for got, want in zip(trace["steps"], alone.to_dict()["steps"]):
+        assert got["draft"] == want["draft"]
+        for name in ("lens", "attention"):
+            a, b = got[name]["layers"], want[name]["layers"]
+            assert [[t["token_id"] for t in x["top"]] for x in a] == [[t["token_id"] for t in x["top"]] for x in b]
+        a, b = got["attribution"], want["attribution"]
+        assert all(abs(x["value"] - y["value"]) < 1e-5 for x, y in zip(a["parts"], b["parts"]))
+    r = fast.post("/v1/branch", json={"prompt": "Hello", "at": 1, "max_tokens": 2, "lens": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "lens"
     assert "lens: cannot be combined with this server's draft" in r.json()["error"]["message"]
 

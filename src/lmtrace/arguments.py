@@ -159,18 +159,6 @@ def against(value: str | int) -> tuple[str, int | str]:
     return ("text", text)
 
 
-def draft_in_batch(lens: bool = False, attention: bool | str = False) -> None:
-    """A row of a continuous batch (a batch line, a server's request) decodes its speculative
-    blocks beside the batch's forward, whose lens and attention hooks capture the batch's rows:
-    a drafted row's own forwards are not captured, so lens and attention are refused with a draft."""
-    for name, on in (("lens", lens), ("attention", attention)):
-        if on:
-            raise InvalidParameter(
-                f"draft and {name}: a drafted row of a continuous batch is not captured by the batch's "
-                f"{name} hooks (lmtrace generate takes both); drop one of them"
-            )
-
-
 def split(cls: type, keywords: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """`keywords` parted into those that are fields of the dataclass `cls` and the rest."""
     names = {f.name for f in dataclasses.fields(cls)}

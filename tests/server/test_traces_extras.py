@@ -62,9 +62,16 @@ def test_a_request_that_asks_wrongly_is_a_400_naming_the_field(app, fields, para
     assert error["param"] == param and all(w in error["message"] for w in words), error
 
 
-def test_the_servers_draft_and_a_requests_attribution_do_not_combine(tiny_lm):
-    with TestClient(create_app(tiny_lm, draft="layers:1")) as client:
-        r = client.post("/v1/traces", json={"prompt": "Hello", **BASE, "attribution": True})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "attribution", r.text
-        r = client.post("/v1/traces", json={"prompt": "Hello", **BASE, "attribution": True, "draft_tokens": 0})
-        assert r.status_code == 200, r.text
+def test_the_servers_draft_and_a_requests_attribution_combine(tiny_lm):
+    """A drafted request's attribution is its own verify forwards' (generate's with the draft);
+    with draft_tokens 0, the plain run's."""
+    with TestClient(create_app(tiny_lm, draft="layers:1", draft_tokens=3)) as client:
+        for extra, draft in (({}, {"draft": "layers:1", "draft_tokens": 3}), ({"draft_tokens": 0}, {})):
+            r = client.post("/v1/traces", json={"prompt": "Hello", **BASE, "attribution": True, **extra})
+            assert r.status_code == 200, r.text
+            alone = lmtrace.generate(
+                tiny_lm, "Hello", max_new_tokens=5, temperature=0, top_logprobs=2, attribution=True, **draft
+            )
+            got = [s["attribution"] for s in r.json()["steps"]]
+            found = differences(got, [s.attribution for s in alone.steps], BATCHED_TOL)
+            assert not found and len(got) == len(alone.steps), found[:4]

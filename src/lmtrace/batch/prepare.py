@@ -123,13 +123,7 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
                 raise InvalidParameter(f"{name}: a batch line does not take {name} (lmtrace generate does)")
         grammar.check(params)  # a constraint that does not compile is the line's error
         text, ids, messages = _encode(lm, line.data, chat or "messages" in line.data)
-        inside, draft = inside_of(line.data, defaults), draft_of(line.data, defaults)
-        if draft is not None:  # hooks that expect one position a forward, as lmtrace generate says
-            arguments.draft_in_batch(inside["lens"], inside["attention"])
-            if line.data.get("attribution"):
-                raise InvalidParameter(
-                    "draft: speculative decoding cannot be combined with attribution; drop one of them"
-                )
+        inside, draft = inside_of(line.data, defaults), draft_of(line.data, defaults)  # checked here: the line's error
         # the engine's own check, so a line's error reads as `lmtrace generate` would say it
         engine.check_context(lm.model, [ids], params)
         extras = extras_of(line.data, defaults, params)
@@ -137,9 +131,18 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
         return str(e)
     except (TypeError, ValueError) as e:  # a chat template missing or failing, odd field types
         return f"{type(e).__name__}: {' '.join(str(e).split())}"
-    job = Job(line, text, ids, params, chat or messages is not None, messages, inside_of(line.data, defaults),
-              draft_of(line.data, defaults), uncertainty_of(line.data), extras)  # fmt: skip
-    return job
+    return Job(
+        line,
+        text,
+        ids,
+        params,
+        chat or messages is not None,
+        messages,
+        inside,
+        draft,
+        uncertainty_of(line.data),
+        extras,
+    )
 
 
 def extras_of(data: dict[str, Any], defaults: dict[str, Any], params: SamplingParams) -> Extras:

@@ -32,16 +32,24 @@ class Attribution(Observer):
         self.anatomy: dla.Anatomy | None = None
         self.parts: dla.Parts | None = None
         self.own: dla.Parts | None = None  # a continuous batch's row: what its last forward captured for it
+        self.span = 1  # the last positions the next forward's hooks keep (a verify forward: several)
+        self.at = 0  # which of the kept positions the next step reads
 
     @contextlib.contextmanager
     def attached(self, model: Any) -> Iterator[None]:
-        self.anatomy = dla.anatomy(model)  # refuses an architecture it cannot split, before any forward
-        with dla.capturing(self.anatomy) as parts:
+        self.prepared(model)  # refuses an architecture it cannot split, before any forward
+        with dla.capturing(self.anatomy, lambda: self.span) as parts:
             self.parts = parts
             yield
 
     def observe(self, step: BatchStep, logits: torch.Tensor, tokens: torch.Tensor, how: Choosing) -> list[dict]:
-        return self._records(self.parts, logits, tokens)
+        return self._records(dla.at(self.parts, self.at), logits, tokens)
+
+    def positions(self, n: int) -> None:
+        self.span, self.at = n, 0
+
+    def select(self, at: int) -> None:
+        self.at = at
 
     def _records(self, parts: dla.Parts, logits: torch.Tensor, tokens: torch.Tensor) -> list[dict]:
         other = dla.against_ids(self.against, logits, tokens)
@@ -99,10 +107,9 @@ class Attribution(Observer):
         return out
 
 
-def wanted(lm: Any, attribution: bool, against: str | int | None, *, draft: Any = None,
-           compile: bool = False) -> list[Observer]:  # fmt: skip
-    """[Attribution] where asked for (else []), its combinations checked: it reads one position
-    a forward, so neither a draft's multi-token verification nor a compiled step carries it."""
+def wanted(lm: Any, attribution: bool, against: str | int | None, *, compile: bool = False) -> list[Observer]:
+    """[Attribution] where asked for (else []), its combinations checked: a compiled step's forward
+    runs inside its graph, where the hooks do not (a draft's verify forward keeps each position)."""
     from lmtrace.errors import InvalidParameter
 
     if attribution not in (True, False, None):
@@ -111,8 +118,6 @@ def wanted(lm: Any, attribution: bool, against: str | int | None, *, draft: Any 
         if against is not None:
             raise InvalidParameter(f"against needs attribution, got against={against!r} without it")
         return []
-    if draft is not None:
-        raise InvalidParameter("draft: speculative decoding cannot be combined with attribution; drop one of them")
     if compile:
         raise InvalidParameter("compile cannot be combined with attribution, got compile=True")
     return [Attribution(lm, dla.DEFAULT_AGAINST if against is None else against)]

@@ -4,7 +4,12 @@ block per batch step, while the other rows step together. The row keeps its own 
 caches, so its steps are exactly those of the same request decoded alone with the draft (token
 ids, numbers, `draft` verdicts, the trace's `speculative`, a stop string ending its block); its
 records, finish and `on_step` are the batch's own (decode/rows.py `record`). Every call runs
-under torch.inference_mode of its own: nothing is left suspended inside a context between steps."""
+under torch.inference_mode of its own: nothing is left suspended inside a context between steps.
+
+The row's lens, attention and attribution are its own forwards' (the prefill, each block's verify
+forward), as `lmtrace.generate` with the draft records them: their hooks are on the model only
+while the row's own prefill or block runs, never during the batch's forward (whose rows capture
+theirs through decode/inside_rows.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +18,11 @@ from typing import Any
 import torch
 
 from lmtrace.decode import engine, speculative
-from lmtrace.decode.observers import Echo
+from lmtrace.decode.observers import Echo, Inside, Observer, attached
 from lmtrace.decode.rows import Row, record
 from lmtrace.detokenize import TokenBytes
 from lmtrace.errors import GenerationError
+from lmtrace.inside.probe import Probe
 from lmtrace.logits import forced
 from lmtrace.model.lm import LM
 
@@ -34,18 +40,18 @@ class DraftedRow:
         def fed(_: int, token: int) -> bool:  # the row's record sees each token as the loop judges it
             return row.record.add(token, token in eos)
 
-        observers = [*([Echo(p.top_logprobs)] if spec.echo else []), *spec.observers]
-        setup = engine.Setup(eos, lm.pad_token_id, fed, False, observers, grammars, tuple(spec.logits_processors))
+        self.observers = own_observers(spec, p.top_logprobs)
+        setup = engine.Setup(eos, lm.pad_token_id, fed, False, self.observers, grammars, tuple(spec.logits_processors))
         drafting = speculative.Drafting(spec.draft.model, spec.draft_tokens, self.tally)
         self.run = speculative.Speculation(lm.model, spec.ids, p, row.generator, setup, drafting)
-        with torch.inference_mode():
+        with torch.inference_mode(), attached(self.observers, lm.model):
             self.run.prefill()
 
     def block(self, tb: TokenBytes) -> bool:
         """The row's next block of steps (up to the first rejected proposal and the target's own
         token); True when the row leaves the batch (its trace or its `error` set)."""
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), attached(self.observers, self.lm.model):
                 for bs in self.run.block():
                     if self._record(bs, tb):
                         return True
@@ -68,6 +74,16 @@ class DraftedRow:
         if left and self.row.trace is not None:
             self.row.trace.speculative = self.tally.to_dict()
         return left
+
+
+def own_observers(spec: Any, top_logprobs: int) -> list[Observer]:
+    """The drafted row's observers: echo, its lens and attention (a probe of its own prompt), the
+    request's own (the attribution among them)."""
+    out: list[Observer] = [*([Echo(top_logprobs)] if spec.echo else []), *spec.observers]
+    lens, attention = getattr(spec, "lens", False), getattr(spec, "attention", False)
+    if lens or attention:  # after the attribution, as generate orders them (decode/options.py)
+        out.append(Inside(Probe([spec.ids], top_logprobs, lens, attention)))
+    return out
 
 
 def drafted(spec: Any) -> bool:

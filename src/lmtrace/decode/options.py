@@ -96,7 +96,7 @@ def plan(lm: LM, options: GenerateOptions, ids: Sequence[list[int]]) -> Plan:
     chosen = _draft(lm, o)
     probe = inside.Probe(ids, p.top_logprobs, o.lens, o.attention)
     own = checked([*o.observers, *observer_for(o.uncertainty, lm.model.config.vocab_size)])
-    own += attributing.wanted(lm, o.attribution, o.against, draft=o.draft, compile=o.compile)
+    own += attributing.wanted(lm, o.attribution, o.against, compile=o.compile)
     user = processors.user_processors(o.logits_processors)
     built = build(probe, echo=o.echo, waterfall=o.waterfall, max_new_tokens=p.max_new_tokens, top_n=p.top_logprobs)
     # the attribution observes before the lens, which runs the final norm again (the norm's hook

@@ -12,11 +12,12 @@ logit difference. Per head: each head's output through its slice of the output p
 the heads of a layer (and its projection's bias, where it has one) sum to its attention part.
 
 Forward hooks keep the last position of each forward that produced a step (as the logit lens
-does, inside/lens.py): nothing is recomputed."""
+does, inside/lens.py), or its last n positions where one forward makes n steps (a speculative
+block's verify forward; `at` reads one of them): nothing is recomputed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,8 @@ class Block:
 
 @dataclass
 class Parts:
-    """What the hooks keep of one forward, at the last position: (batch, hidden) rows."""
+    """What the hooks keep of one forward, at the last position: (batch, hidden) rows (a verify
+    forward's last n positions: (batch, n, hidden), read one at a time through `at`)."""
 
     embed: torch.Tensor | None = None
     attn: list = field(default_factory=list)
@@ -58,6 +60,19 @@ def row_of(parts: Parts, r: int) -> Parts:
 
     def one(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t[r : r + 1]
+
+    lists = [[one(t) for t in slot] for slot in (parts.attn, parts.mlp, parts.heads_in, parts.post_in)]
+    return Parts(one(parts.embed), *lists, one(parts.final))
+
+
+def at(parts: Parts, position: int) -> Parts:
+    """The (batch, hidden) rows of kept position `position` (0: the first kept) where the hooks
+    kept several ((batch, n, hidden)); `parts` itself where they kept one."""
+    if parts.final is None or parts.final.dim() == 2:
+        return parts
+
+    def one(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[:, position]
 
     lists = [[one(t) for t in slot] for slot in (parts.attn, parts.mlp, parts.heads_in, parts.post_in)]
     return Parts(one(parts.embed), *lists, one(parts.final))
@@ -83,20 +98,27 @@ def blocks(model: Any) -> list[Block]:
     return out
 
 
-def _last(t: Any) -> torch.Tensor:
+def _last(t: Any, n: int) -> torch.Tensor:
     t = t[0] if isinstance(t, tuple) else t
-    return t[:, -1, :].clone()  # (batch, seq, hidden) -> (batch, hidden)
+    return t[:, -1, :].clone() if n == 1 else t[:, -n:, :].clone()  # (batch, seq, hidden) -> (batch, [n,] hidden)
 
 
 @contextmanager
-def capturing(an: Anatomy) -> Iterator[Parts]:
-    """Yields a Parts that each forward of the model refills at its last position."""
+def capturing(an: Anatomy, keep: Callable[[], int] = lambda: 1) -> Iterator[Parts]:
+    """Yields a Parts that each forward of the model refills at its last position; where `keep()`
+    is more than one (a speculative block's verify forward), at its last `keep()` positions."""
     un, bs = an.un, an.blocks
     parts = Parts(attn=[None] * len(bs), mlp=[None] * len(bs), heads_in=[None] * len(bs), post_in=[None] * len(bs))
+    # the final norm's input is the forward's only while a forward runs: the logit lens calls the
+    # same norm on its layers' rows after it (lens + attribution would read the lens's input)
+    live = [False]
 
     def pre(slot: list | None, i: int | str):
         def hook(module, args, kwargs):
-            h = _last(args[0] if args else kwargs["hidden_states"])
+            if i == "final" and not live[0]:
+                return
+            live[0] = i != "final"
+            h = _last(args[0] if args else kwargs["hidden_states"], keep())
             if slot is None:
                 setattr(parts, str(i), h)
             else:
@@ -106,7 +128,7 @@ def capturing(an: Anatomy) -> Iterator[Parts]:
 
     def post(slot: list, i: int):
         def hook(module, args, output):
-            slot[i] = _last(output)
+            slot[i] = _last(output, keep())
 
         return hook
 

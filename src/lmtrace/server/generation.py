@@ -159,7 +159,8 @@ def check_rows(job: Job, limit: int) -> None:
 
 def start(state: ServerState, job: Job) -> Handle:
     check_rows(job, state.max_rows)
-    drafted = check_draft(state, job.draft_tokens, job.inside)
+    # a drafted row of the batch records its lens, attention and attribution (decode/drafted.py)
+    drafted = check_draft(state, job.draft_tokens, {})
     job.draft, job.draft_tokens = drafted.get("draft"), drafted.get("draft_tokens")
     if isinstance(state.worker, BatchingWorker):  # every request inside the continuous batch
         try:
@@ -171,9 +172,10 @@ def start(state: ServerState, job: Job) -> Handle:
 
 
 def check_draft(state: ServerState, draft_tokens: int | None, inside: dict) -> dict:
-    """draft_tokens needs a server with a draft (0: without it); the server's draft and a
-    request's lens or attention do not combine (its draft_tokens 0 decodes it without the draft).
-    Returns the request's draft as keyword arguments ({draft, draft_tokens}; {}: none)."""
+    """draft_tokens needs a server with a draft (0: without it); the server's draft and the lens,
+    attention or attribution `inside` names do not combine (a drafted branch's: /v1/branch; its
+    draft_tokens 0 decodes it without the draft). Returns the request's draft as keyword arguments
+    ({draft, draft_tokens}; {}: none)."""
     if state.draft is None:
         if draft_tokens is not None:
             got = draft_tokens
