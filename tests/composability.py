@@ -271,10 +271,9 @@ REFUSES = {
 # generate itself: a draft with attribution (its hooks keep one position a forward); the compiled step with
 # hooks inside the forward (lens, attention, attribution)
 GENERATE_REFUSES = [({"attribution"}, set(DRAFTS)), ({"lens", "attention", "attribution"}, {"compile"})]
-# an entry point's own pairs: a drafted branch (decode/branch_draft.py) records the target's numbers
-# alone and decodes unconstrained
-ENTRY_PAIR_REFUSES = {
-    "branch": [({"lens", "attention", "echo", "waterfall", "processor", *GRAMMARS, *OBSERVERS}, set(DRAFTS))]
+# an entry point's own pairs (a drafted branch, decode/branch_draft.py, takes what generate takes with a draft)
+ENTRY_PAIR_REFUSES: dict[str, list[tuple[set[str], set[str]]]] = {
+    "branch": [],
 }
 # a drafted row of a continuous batch decodes its blocks beside the batch's forward, whose lens and
 # attention hooks capture the batch's rows, not the drafted row's own forwards
