@@ -285,10 +285,9 @@ REFUSES = {
 }
 # generate itself: the compiled step with hooks inside the forward (lens, attention, attribution)
 GENERATE_REFUSES = [({"lens", "attention", "attribution"}, {"compile"})]
-# an entry point's own pairs: a drafted branch (decode/branch_draft.py) records the target's numbers
-# alone and decodes unconstrained
-ENTRY_PAIR_REFUSES = {
-    "branch": [({"lens", "attention", "echo", "waterfall", "processor", *GRAMMARS, *OBSERVERS}, set(DRAFTS))]
+# an entry point's own pairs (a drafted branch, decode/branch_draft.py, takes what generate takes with a draft)
+ENTRY_PAIR_REFUSES: dict[str, list[tuple[set[str], set[str]]]] = {
+    "branch": [],
 }
 # (a drafted row of a continuous batch records its own forwards' lens, attention and attribution:
 # "batch local" and the server's entries refuse no pair of their own)

@@ -220,7 +220,7 @@ def branch(
     attention, uncertainty, attribution; its processors and penalty see the branch's own tokens);
     under a constraint every branch decodes under the grammar, and the alternatives are ranked
     among the tokens it allows at `at`. `draft` decodes the original and every branch
-    speculatively (decode/branch_draft.py)."""
+    speculatively, with the same options (decode/branch_draft.py)."""
     options = GenerateOptions.of(params, "branch", **kwargs)
     options = dataclasses.replace(options, params=seeded(options.params))
     p = options.params
@@ -237,17 +237,10 @@ def branch(
     the_plan = plan(lm, options, [ids])
     session = _Session(lm, prompt, ids, the_plan)
     with torch.inference_mode(), observers.attached(the_plan.watchers, lm.model):
-        original, fork = session.original(at)
-        if fork.logits is None:
-            raise InvalidParameter(f"at must be a step the decoding reached (0..{len(original.steps) - 1}), got {at}")
-        order = _order(fork, ranks, at, fan is not None)
-        if fan is not None:  # the original's own token is the original, not a branch
-            ranks = [k for k in ranks if k <= len(order) and order[k - 1] != original.steps[at].token_id]
-        traces = [original] + [session.branch(original, fork, at, order[k - 1]) for k in ranks]
-    return Branches(at, [None, *ranks], traces)
+        return _fanned(session, at, ranks, fan is not None)
 
 
-def _order(fork: _Fork, ranks: list[int], at: int, fan: bool) -> list[int]:
+def _order(fork: _Fork | branch_draft.Fork, ranks: list[int], at: int, fan: bool) -> list[int]:
     """The tokens by their raw probability at `at` (under a constraint: the tokens its grammar
     allowed there), as many as the highest rank asks for; an explicit rank past the allowed
     tokens is refused in one line."""
@@ -262,35 +255,34 @@ def _order(fork: _Fork, ranks: list[int], at: int, fan: bool) -> list[int]:
     return torch.topk(logits, min(max(ranks), allowed)).indices.tolist()
 
 
-# what the drafted branches (decode/branch_draft.py) take beside the sampling settings: the
-# original and each branch decode speculatively, their numbers the target's
-DRAFTED_ALONE = (
-    "echo",
-    "waterfall",
-    "compile",
-    "lens",
-    "attention",
-    "observers",
-    "logits_processors",
-    "uncertainty",
-    "attribution",
-)
+# what a drafted branch (decode/branch_draft.py) refuses beside what generate refuses with a draft:
+# compile, as every branch does
+DRAFTED_ALONE = ("compile",)
 
 
 def _drafted(
     lm: LM, prompt: str, ids: list[int], at: int, ranked: tuple[list[int], bool], options: GenerateOptions
 ) -> Branches:
-    """The branches decoded speculatively; what they do not record is refused in one line."""
-    plain = GenerateOptions(options.params, chat=options.chat, draft=options.draft)
+    """The original and every branch decoded speculatively (decode/branch_draft.py), with every
+    option generate takes beside a draft."""
     for name in DRAFTED_ALONE:
-        if getattr(options, name) != getattr(plain, name):
-            raise InvalidParameter(
-                f"draft and {name}: a drafted branch records the target's numbers alone; drop {name} or the draft"
-            )
-    if options.params.constraint is not None:
-        name = options.params.constraint
-        raise InvalidParameter(f"draft and {name}: a drafted branch decodes unconstrained; drop {name} or the draft")
+        if getattr(options, name):
+            raise InvalidParameter(f"draft and {name}: branch does not take {name}; drop {name}")
     the_plan = plan(lm, options, [ids])  # the draft loaded, its arguments checked
+    session = branch_draft.Session(lm, prompt, ids, the_plan)
+    ranks, fan = ranked
     with torch.inference_mode():
-        traces, ranks = branch_draft.branches(lm, prompt, ids, at, ranked, the_plan)
+        return _fanned(session, at, ranks, fan)
+
+
+def _fanned(session: _Session | branch_draft.Session, at: int, ranks: list[int], fan: bool) -> Branches:
+    """The original, then a branch per rank asked for (a fan: the ranks but the original's own
+    token), from the fork the original kept at `at`."""
+    original, fork = session.original(at)
+    if fork.logits is None:
+        raise InvalidParameter(f"at must be a step the decoding reached (0..{len(original.steps) - 1}), got {at}")
+    order = _order(fork, ranks, at, fan)
+    if fan:  # the original's own token is the original, not a branch
+        ranks = [k for k in ranks if k <= len(order) and order[k - 1] != original.steps[at].token_id]
+    traces = [original] + [session.branch(original, fork, at, order[k - 1]) for k in ranks]
     return Branches(at, [None, *ranks], traces)

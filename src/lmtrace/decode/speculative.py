@@ -216,6 +216,17 @@ class Speculation:
         self.width = self.held.shape[-1]
         self.held_saved = [o.snapshot() for o in self.setup.observers]
 
+    def forced(self, tokens: Sequence[int]) -> None:
+        """Instead of `prefill`: the run goes on after `tokens`, generated already (a branch's forced
+        prefix, whose steps the caller recorded). The target is fed the prompt and them but the
+        last (its next block starts from the last), the draft catches up as it proposes; the
+        penalty and the user's processors see them; the steps go on numbered after them."""
+        self.seq += list(tokens)
+        self.width = self.target.feed(self.seq[:-1], keep=1).shape[-1]
+        self.seen = processors.seen_mask(self.params, [self.seq], self.model.config.vocab_size, self.model.device)
+        if self.loop.history is not None:
+            self.loop.history[0] += list(tokens)
+
     def block(self) -> Iterator[BatchStep]:
         """The draft's proposals and the target's verification forward now; the block's steps
         as they are judged (up to the first rejected proposal, then the target's own token)."""
