@@ -159,8 +159,10 @@ def client(lm, kw: dict):
     key = (id(lm), kw.get("draft"), kw.get("draft_tokens"))
     if key not in _APPS:
         draft = {"draft": kw["draft"], "draft_tokens": kw["draft_tokens"]} if kw.get("draft") else {}
-        # the processors requests may name, registered as the operator would (serve --logits-processor)
-        _APPS[key] = TestClient(create_app(lm, **draft, logits_processors={"no_top_token": no_top_token}))
+        # the processors requests may name, registered as the operator would (serve --logits-processor);
+        # requests may ask for the compiled step (serve --compile)
+        known = {"no_top_token": no_top_token}
+        _APPS[key] = TestClient(create_app(lm, **draft, logits_processors=known, compile=True))
     return _APPS[key]
 
 
@@ -261,12 +263,12 @@ ALONE_TOL, BATCHED_TOL = 1e-6, 5e-5
 OBSERVERS = {"uncertainty", "attribution"}  # this round's observers
 REFUSES = {
     "stream": {"echo"},  # a stream has no trace for the prompt's logprobs
-    "branch": {"compile"},
-    "batch local": {"compile"},
+    "branch": set(),
+    "batch local": set(),
     "kv-lab reference": set(),
-    "server /v1/traces": {"compile"},
-    "server completions": {"compile"},
-    "server chat": {"echo", "compile"},
+    "server /v1/traces": set(),
+    "server completions": set(),
+    "server chat": {"echo"},
 }
 # generate itself: a draft with attribution (its hooks keep one position a forward); the compiled step with
 # hooks inside the forward (lens, attention, attribution)
@@ -276,6 +278,8 @@ GENERATE_REFUSES = [({"attribution"}, set(DRAFTS)), ({"lens", "attention", "attr
 ENTRY_PAIR_REFUSES = {
     "branch": [({"lens", "attention", "echo", "waterfall", "processor", *GRAMMARS, *OBSERVERS}, set(DRAFTS))]
 }
+# a drafted branch does not compile its draft's step yet (decode/branch.py DRAFTED_ALONE names compile)
+ENTRY_PAIR_REFUSES["branch"].append(({"compile"}, set(DRAFTS)))
 # a drafted row of a continuous batch decodes its blocks beside the batch's forward, whose lens and
 # attention hooks capture the batch's rows, not the drafted row's own forwards
 for _entry in ("batch local", "server /v1/traces", "server completions", "server chat"):

@@ -55,7 +55,8 @@ def test_lines_name_the_commands_processors_and_record_as_generate(tmp_path, tin
         ({"waterfall": 9}, ("waterfall", "9")),
         ({"against": "rank:3"}, ("against", "attribution")),
         ({"echo": "yes"}, ("echo", "'yes'")),
-        ({"compile": True}, ("compile",)),
+        ({"compile": "yes"}, ("compile", "'yes'")),
+        ({"compile": True, "lens": True}, ("compile", "lens")),
         ({"attribution": True, "draft": "layers:1"}, ("draft", "attribution")),
     ],
 )

@@ -16,6 +16,7 @@ from lmtrace.logits import named
 from lmtrace.model.lm import LM
 from lmtrace.server import (
     chat,
+    compiled,
     completions,
     errors,
     extensions,
@@ -67,6 +68,7 @@ def create_app(
     allowed_headers: Iterable[str] = ("*",),
     allow_credentials: bool = False,
     logits_processors: Mapping[str, Any] | None = None,
+    compile: bool = False,
 ) -> FastAPI:
     """The server for one loaded model. `max_concurrency` requests are admitted at once; their
     rows (a choice of a prompt each) decode together, up to `max_batch` rows, a request that
@@ -87,7 +89,9 @@ def create_app(
     sends no key with one), the Host check still first; `allowed_methods`, `allowed_headers`
     and `allow_credentials` as vLLM's (credentials never with the origin "*"). `logits_processors`
     ({name: function or "module:function"}, as vLLM v1's --logits-processors) are the processors a
-    /v1/traces request may name in its `logits_processors`."""
+    /v1/traces request may name in its `logits_processors`. With `compile` a request may ask for the
+    compiled decode step (`compile: true`; lmtrace.server.compiled: each choice decoded alone between
+    the batch's steps, a one-off compile per sampling setting); without it such a request is a 400."""
     _check_sizes(max_batch, prefix_cache_bytes, max_body_bytes, max_rows)
     origins = check_cors(allowed_origins, allow_credentials)
     if draft is not None:  # a spec ("packed", "layers:N", a path) loaded once, here
@@ -100,6 +104,7 @@ def create_app(
         worker = ModelWorker(max_concurrency)
     state = ServerState(lm, name or served_name(lm), worker, draft=draft, draft_tokens=draft_tokens, max_rows=max_rows)
     state.processors = named.registry(logits_processors)
+    state.compile = compile and compiled.allowed(lm, draft)  # checked now, not at each request
     longest_token(state.front.tokenizer)  # the length bound, computed now rather than in the first request
 
     @asynccontextmanager
