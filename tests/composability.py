@@ -171,9 +171,10 @@ def client(lm, kw: dict):
     if key not in _APPS:
         draft = {"draft": kw["draft"], "draft_tokens": kw["draft_tokens"]} if kw.get("draft") else {}
         # the processors and observers requests may name, registered as the operator would
-        # (serve --logits-processor, --observer)
+        # (serve --logits-processor, --observer); requests may ask for the compiled step (serve --compile)
         processors = {"no_top_token": no_top_token}
-        _APPS[key] = TestClient(create_app(lm, **draft, logits_processors=processors, observers=observers))
+        app = create_app(lm, **draft, logits_processors=processors, observers=observers, compile=True)
+        _APPS[key] = TestClient(app)
     return _APPS[key]
 
 
@@ -276,12 +277,12 @@ ALONE_TOL, BATCHED_TOL = 1e-6, 5e-5
 OBSERVERS = {"uncertainty", "attribution"}  # this round's observers
 REFUSES = {
     "stream": {"echo"},  # a stream has no trace for the prompt's logprobs
-    "branch": {"compile"},
-    "batch local": {"compile"},
+    "branch": set(),
+    "batch local": set(),
     "kv-lab reference": set(),
-    "server /v1/traces": {"compile"},
-    "server completions": {"compile"},
-    "server chat": {"echo", "compile"},
+    "server /v1/traces": set(),
+    "server completions": set(),
+    "server chat": {"echo"},
 }
 # generate itself: the compiled step with hooks inside the forward (lens, attention, attribution)
 GENERATE_REFUSES = [({"lens", "attention", "attribution"}, {"compile"})]
@@ -291,6 +292,8 @@ ENTRY_PAIR_REFUSES: dict[str, list[tuple[set[str], set[str]]]] = {
 }
 # (a drafted row of a continuous batch records its own forwards' lens, attention and attribution:
 # "batch local" and the server's entries refuse no pair of their own)
+# a drafted branch does not compile its draft's step yet (decode/branch.py DRAFTED_ALONE names compile)
+ENTRY_PAIR_REFUSES["branch"].append(({"compile"}, set(DRAFTS)))
 # --compile is an opt-in kernel path: within 5e-5 of the default path (its reference), its static
 # cache's allocation and the names of what ran compiled aside
 COMPILE_TOL = 5e-5

@@ -55,7 +55,8 @@ def test_lines_name_the_commands_processors_and_record_as_generate(tmp_path, tin
         ({"waterfall": 9}, ("waterfall", "9")),
         ({"against": "rank:3"}, ("against", "attribution")),
         ({"echo": "yes"}, ("echo", "'yes'")),
-        ({"compile": True}, ("compile",)),
+        ({"compile": "yes"}, ("compile", "'yes'")),
+        ({"compile": True, "lens": True}, ("compile", "lens")),
     ],
 )
 def test_a_line_that_asks_wrongly_gets_its_own_one_line_error(tmp_path, tiny_lm, line, words):

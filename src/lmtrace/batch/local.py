@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
+from lmtrace.batch import compiled
 from lmtrace.batch.lines import InputLine
 from lmtrace.batch.output import record_line
 from lmtrace.batch.prepare import Job, prepare
@@ -50,10 +51,15 @@ def batches(jobs: Sequence[Job], batch_size: int) -> Iterator[list[Job]]:
 def _decode(lm: LM, batch: list[Job], on_step: Callable[[int, Any], None] | None, known: Registered) -> list[Outcome]:
     """Every line of the batch a row of one continuous batch (lmtrace.decode.continuous), each with
     its own settings: plain, with the lens or the attention, with a draft, with echo, the waterfall,
-    the attribution or the command's processors (`known`, by name)."""
+    the attribution or the command's processors (`known`, by name); a line with `compile` decoded
+    alone with the compiled step (batch/compiled.py)."""
     hooks = [None if on_step is None else _row_hook(on_step, r) for r in range(len(batch))]
-    specs = [RowSpec(j.ids, j.params, j.text, j.chat, hook, **_asked(lm, j, known)) for j, hook in zip(batch, hooks)]
-    found = dict(zip((id(j) for j in batch), generate_rows(lm, specs, max_batch=len(specs))))
+    rows = [(j, hook) for j, hook in zip(batch, hooks) if not j.compile]
+    specs = [RowSpec(j.ids, j.params, j.text, j.chat, hook, **_asked(lm, j, known)) for j, hook in rows]
+    found = dict(zip((id(j) for j, _ in rows), generate_rows(lm, specs, max_batch=len(specs)) if specs else []))
+    for job, hook in zip(batch, hooks):
+        if job.compile:
+            found[id(job)] = compiled.decode_alone(lm, job, hook, known)
     traces = [found[id(j)] for j in batch]
     outcomes = []
     for job, trace in zip(batch, traces):

@@ -11,9 +11,11 @@ from typing import Any
 
 from lmtrace import arguments
 from lmtrace.batch.lines import InputLine
-from lmtrace.decode import engine, named_observers
+from lmtrace.decode import attribution as attributing
+from lmtrace.decode import engine, named_observers, static
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.errors import InvalidParameter
+from lmtrace.inside import probe
 from lmtrace.logits import grammar, named
 from lmtrace.model.lm import LM, require_chat_template
 from lmtrace.params import CONSTRAINTS, SamplingParams
@@ -24,7 +26,7 @@ OVERRIDES = tuple(SamplingParams.__dataclass_fields__)
 # generate's options that a batch line cannot have: refused, never silently dropped (a line's
 # `logits_processors` and `observers` name those the command registered: --logits-processor
 # NAME=module:function, --observer NAME=module:Class)
-NOT_IN_A_LINE = ("compile",)
+NOT_IN_A_LINE: tuple[str, ...] = ()
 
 
 @dataclass
@@ -57,11 +59,13 @@ class Job:
     # what a line records or runs beside (generate's options of the same names): the prompt's own
     # logprobs, the waterfall, the attribution, the command's processors it names
     extras: Extras = field(default_factory=lambda: Extras())
+    compile: bool = False  # decoded alone with the compiled step, as generate(compile=True) (batch/compiled.py)
     group: str = field(init=False)
 
     def __post_init__(self) -> None:
         extras = dataclasses.asdict(self.extras)
-        key = [{**self.params.to_dict(), "seed": None}, self.chat, self.inside, self.draft, self.uncertainty, extras]
+        settings = {**self.params.to_dict(), "seed": None}
+        key = [settings, self.chat, self.inside, self.draft, self.uncertainty, extras, self.compile]
         self.group = json.dumps(key, sort_keys=True)
 
 
@@ -127,6 +131,7 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
         # the engine's own check, so a line's error reads as `lmtrace generate` would say it
         engine.check_context(lm.model, [ids], params)
         extras = extras_of(line.data, defaults, params)
+        compiled = compile_of(lm, line.data, inside, extras.attribution)
     except InvalidParameter as e:
         return str(e)
     except (TypeError, ValueError) as e:  # a chat template missing or failing, odd field types
@@ -142,7 +147,21 @@ def prepare(lm: LM, line: InputLine, defaults: dict[str, Any]) -> Job | str:
         draft,
         uncertainty_of(line.data),
         extras,
+        compiled,
     )
+
+
+def compile_of(lm: LM, data: dict[str, Any], inside: dict[str, bool | str], attribution: bool) -> bool:
+    """The line's `compile`, checked as generate checks it: not with the lens, the attention or the
+    attribution (hooks inside the compiled forward), nor on a model torch.compile cannot trace."""
+    value = data.get("compile", False)
+    if not isinstance(value, bool):
+        raise InvalidParameter(f"compile must be true or false, got {value!r}")
+    if value:
+        probe.check(True, inside["lens"], inside["attention"])
+        attributing.wanted(lm, attribution, None, compile=True)
+        static.check(lm.model)
+    return value
 
 
 def extras_of(data: dict[str, Any], defaults: dict[str, Any], params: SamplingParams) -> Extras:
@@ -180,6 +199,7 @@ def not_for_vllm(job: Job) -> str | None:
     x = job.extras
     asked += ["waterfall"] * (x.waterfall is not None) + ["attribution"] * x.attribution
     asked += ["logits_processors"] * bool(x.logits_processors) + ["observers"] * bool(x.observers)
+    asked += ["compile"] * job.compile
     return asked[0] if asked else None
 
 

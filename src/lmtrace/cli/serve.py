@@ -121,6 +121,14 @@ def check_sizes(max_batch: int, prefix_cache_mb: int, max_body_mb: float, max_ro
         raise InvalidParameter(f"max_rows_per_request must be >= 1, got {max_rows_per_request}")
 
 
+def check_compile(compile_: bool, matmul: str, batch_invariant: bool) -> None:
+    """--compile chooses its own kernels (as lmtrace generate refuses it), before the model loads."""
+    if compile_ and matmul != "default":
+        raise InvalidParameter(f"compile: --compile chooses its own kernels; not with --matmul {matmul}")
+    if compile_ and batch_invariant:
+        raise InvalidParameter("compile: --compile chooses its own kernels; not with --batch-invariant")
+
+
 @cli.command(cls=ServeCommand)
 @model_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
@@ -192,6 +200,13 @@ def check_sizes(max_batch: int, prefix_cache_mb: int, max_body_mb: float, max_ro
 @click.option("--allow-credentials", is_flag=True,
               help="Let such a page send the browser's credentials (cookies, HTTP auth); not with origin *.")
 @click.option("--no-docs", is_flag=True, help="Do not serve the OpenAPI document (/openapi.json, /docs, /redoc).")
+@click.option(
+    "--compile",
+    "compile_",
+    is_flag=True,
+    help="Let requests ask for the static, compiled decode step (`compile: true`), each choice decoded alone "
+    "between the batch's steps; a one-off compile per sampling setting (tens of seconds on a CPU).",
+)
 @logits_processor_option
 @observer_option
 @draft_options
@@ -228,6 +243,7 @@ def serve(
     cors = cors_from(kw, api_key)
     draft, draft_tokens = draft_from(kw)
     check_sizes(max_batch, prefix_cache_mb, max_body_mb, max_rows_per_request)
+    check_compile(kw["compile_"], matmul, batch_invariant)
     from lmtrace.server import create_app
     from lmtrace.server.run import Runner
 
@@ -250,6 +266,7 @@ def serve(
         max_rows=max_rows_per_request,
         logits_processors=kw["logits_processor"],
         observers=kw["observer"],
+        compile=kw["compile_"],
         **cors,
     )
     name = app.state.lmtrace.name

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from lmtrace.decode import branch_draft, constrained, engine, observers
+from lmtrace.decode import branch_draft, branch_static, constrained, engine, observers
 from lmtrace.decode.loop import Finish, Watch, advance
 from lmtrace.decode.observers import Observer
 from lmtrace.decode.options import GenerateOptions, Plan, plan
@@ -85,10 +85,17 @@ class _From:
 
 
 def _decode(
-    lm: LM, cache, at: _From, how: Choosing, hook: Callable[[int, int], bool], watchers: Sequence[Observer]
+    lm: LM,
+    cache,
+    at: _From,
+    how: Choosing,
+    hook: Callable[[int, int], bool],
+    watchers: Sequence[Observer],
+    forward: branch_static.Forward = engine.decode_step,
 ) -> Iterator[BatchStep]:
     """The decoding loop for one sequence from step `at.start`: the same steps as
-    engine.generate_steps for a batch of one (decode/loop.py's `advance`, the plan's observers)."""
+    engine.generate_steps for a batch of one (decode/loop.py's `advance`, the plan's observers);
+    `forward` feeds each token (with compile, the compiled one: decode/branch_static.py)."""
     p, logits = how.params[0], at.logits
     eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
     watch = Watch(watchers, finish=Finish(eos, p, hook))
@@ -110,7 +117,7 @@ def _decode(
         started = time.perf_counter()
         how.saw(tokens)
         position = torch.tensor([[at.prompt_len + index]], device=logits.device)
-        logits = engine.decode_step(lm.model, tokens, position, None, cache)
+        logits = forward(lm.model, tokens, position, None, cache)
 
 
 def _save_grammar(fork: _Fork, how: Choosing) -> None:
@@ -148,7 +155,8 @@ class _Session:
     def __init__(self, lm: LM, prompt: str, ids: list[int], plan: Plan):
         self.lm, self.prompt, self.ids, self.plan, self.p = lm, prompt, ids, plan, plan.params
         engine.check_context(lm.model, [self.ids], self.p)
-        self.cache = ledger.new_cache(lm.model)
+        self.decoding = branch_static.decoding(lm, plan, len(ids))  # with compile: static, compiled
+        self.cache = self.decoding.cache
         self.eos = set(lm.eos_token_ids) if self.p.stop_on_eos else set()
         self.prompt_logprobs: list | None = None  # with echo: the original's, every branch's too
 
@@ -174,7 +182,8 @@ class _Session:
         history = [[]] if plan.user else None
         how = Choosing([p], generator(lm, p), seen, grammars=found, user=plan.user, history=history)
         start = _From(logits, 0, len(self.ids), fork=(at, fork))
-        trace = self._trace(lambda hook: _decode(lm, self.cache, start, how, hook, plan.watchers))
+        forward = self.decoding.forward
+        trace = self._trace(lambda hook: _decode(lm, self.cache, start, how, hook, plan.watchers, forward))
         return trace, fork
 
     def branch(self, original: Trace, fork: _Fork, at: int, token: int) -> Trace:
@@ -197,7 +206,7 @@ class _Session:
         start = _From(fork.logits, at, len(self.ids), forced=token)
 
         def make_steps(hook):
-            return _decode(self.lm, self.cache, start, how, hook, self.plan.watchers)
+            return _decode(self.lm, self.cache, start, how, hook, self.plan.watchers, self.decoding.forward)
 
         return self._trace(make_steps, prefix=original.steps[:at])
 
@@ -220,7 +229,8 @@ def branch(
     attention, uncertainty, attribution; its processors and penalty see the branch's own tokens);
     under a constraint every branch decodes under the grammar, and the alternatives are ranked
     among the tokens it allows at `at`. `draft` decodes the original and every branch
-    speculatively, with the same options (decode/branch_draft.py)."""
+    speculatively, with the same options (decode/branch_draft.py); `compile` decodes them with the
+    compiled forward on a static cache (decode/branch_static.py)."""
     options = GenerateOptions.of(params, "branch", **kwargs)
     options = dataclasses.replace(options, params=seeded(options.params))
     p = options.params
@@ -229,11 +239,6 @@ def branch(
     ids = encode_prompt(lm, prompt, options.chat)
     if options.draft is not None:
         return _drafted(lm, prompt, ids, at, (ranks, fan is not None), options)
-    if options.compile:
-        raise InvalidParameter(
-            "compile: branch does not take compile (a branch restarts from a step inside the original's cache, "
-            "which the compiled step's static cache is not cut back to)"
-        )
     the_plan = plan(lm, options, [ids])
     session = _Session(lm, prompt, ids, the_plan)
     with torch.inference_mode(), observers.attached(the_plan.watchers, lm.model):

@@ -200,9 +200,13 @@ class UserProcessor:
 
 
 def user_processors(fns: Sequence[Any] | None) -> tuple[UserProcessor, ...]:
-    """The user's callables as named processors; anything not callable is bad input."""
+    """The user's callables as named processors (one already named, such as a server's registered
+    processor, as it is); anything not callable is bad input."""
     out = []
     for fn in fns or ():
+        if isinstance(fn, UserProcessor):
+            out.append(fn)
+            continue
         if not callable(fn):
             raise InvalidParameter(
                 f"logits_processors: each must be a callable (token_ids, logits) -> logits, got {type(fn).__name__}"

@@ -16,6 +16,7 @@ from lmtrace.decode import named_observers
 from lmtrace.model.lm import LM
 from lmtrace.server import (
     chat,
+    compiled,
     completions,
     errors,
     extensions,
@@ -67,7 +68,10 @@ def create_app(lm: LM, options: ServerOptions | None = None, **keywords: Any) ->
     and `allow_credentials` as vLLM's (credentials never with the origin "*"). `logits_processors`
     ({name: function or "module:function"}, as vLLM v1's --logits-processors) are the processors a
     request may name in its `logits_processors`; `observers` ({name: an lmtrace.Observer class or
-    "module:Class"}) the observers it may name in its `observers` (each row a fresh instance)."""
+    "module:Class"}) the observers it may name in its `observers` (each row a fresh instance). With
+    `compile` a request may ask for the compiled decode step (`compile: true`;
+    lmtrace.server.compiled: each choice decoded alone between the batch's steps, a one-off compile
+    per sampling setting); without it such a request is a 400."""
     o = arguments.options(ServerOptions, options, "create_app", keywords)
     _check_sizes(o.max_batch, o.prefix_cache_bytes, o.max_body_bytes, o.max_rows)
     origins = check_cors(o.allowed_origins, o.allow_credentials)
@@ -83,6 +87,7 @@ def create_app(lm: LM, options: ServerOptions | None = None, **keywords: Any) ->
     name = o.name or served_name(lm)
     state = ServerState(lm, name, worker, draft=draft, draft_tokens=o.draft_tokens, max_rows=o.max_rows)
     state.registered = named_observers.registered_of(o.logits_processors, o.observers)
+    state.compile = o.compile and compiled.allowed(lm, draft)  # checked now, not at each request
     longest_token(state.front.tokenizer)  # the length bound, computed now rather than in the first request
 
     @asynccontextmanager

@@ -19,14 +19,15 @@ from starlette.requests import Request
 
 from lmtrace import __version__
 from lmtrace.decode.continuous import RowSpec, generate_rows
-from lmtrace.decode.prefill import PromptRow, prefill_many
 from lmtrace.decode.tracing import generate_ids
 from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
 from lmtrace.registered import Registered
+from lmtrace.server import compiled
 from lmtrace.server.batcher import BatchingWorker
 from lmtrace.server.errors import APIError, bad_request, failure
-from lmtrace.server.logprobs import PromptToken, prompt_tokens
+from lmtrace.server.lane import echo_alone
+from lmtrace.server.logprobs import PromptToken
 from lmtrace.server.prepare import Job, row_options
 from lmtrace.server.sse import DONE, ChoiceStream, sse
 from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, ShuttingDown, Work
@@ -50,6 +51,8 @@ class ServerState:
     # the processors and observers requests may name (lmtrace serve --logits-processor
     # NAME=module:function, --observer NAME=module:Class)
     registered: Registered = field(default_factory=Registered)
+    # whether requests may ask for the compiled step (lmtrace serve --compile; lmtrace.server.compiled)
+    compile: bool = False
     front: LM = field(init=False)
     front_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     # OpenAI's system_fingerprint of chat and completion answers (`fingerprint(lm)`)
@@ -94,11 +97,7 @@ def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
         return _rows_work(lm, job, draft, draft_tokens)
 
     def run(emit: Emit, check) -> None:
-        if job.echo:  # the prompts scored together, in one padded forward where they fit
-            top_n = job.top_n if job.logprobs else 0
-            rows = [PromptRow(p.ids, top_n) for p in job.prompts]
-            for i, done in enumerate(prefill_many(lm.model, rows, pad_id=lm.pad_token_id)):
-                emit(("prompt", i, prompt_tokens(lm, done.ids, done.numbers)))
+        echo_alone(lm, job, emit)
         if not job.generate:
             emit(("done", []))
             return
@@ -162,6 +161,9 @@ def start(state: ServerState, job: Job) -> Handle:
     # a drafted row of the batch records its lens, attention and attribution (decode/drafted.py)
     drafted = check_draft(state, job.draft_tokens, {})
     job.draft, job.draft_tokens = drafted.get("draft"), drafted.get("draft_tokens")
+    if job.compile:  # alone, between the batch's steps (or as the one-at-a-time worker's work)
+        compiled.check(state.compile, state.lm, job)
+        return _submit(state, compiled.work(state.lm, job, job.draft, job.draft_tokens or state.draft_tokens))
     if isinstance(state.worker, BatchingWorker):  # every request inside the continuous batch
         try:
             return state.worker.submit_job(job)

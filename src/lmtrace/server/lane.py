@@ -114,3 +114,14 @@ class Lane:
             "skipped": s.skipped,
             "cleared": s.cleared,
         }
+
+
+def echo_alone(lm: LM, job: Job, emit: Any) -> None:
+    """A request's echo on the one-at-a-time worker (and for a compiled request): its prompts
+    scored together, in one padded forward where they fit, each sent as ("prompt", i, tokens)."""
+    if not job.echo:
+        return
+    top_n = job.top_n if job.logprobs else 0
+    rows = [PromptRow(p.ids, top_n) for p in job.prompts]
+    for i, done in enumerate(prefill_many(lm.model, rows, pad_id=lm.pad_token_id)):
+        emit(("prompt", i, prompt_tokens(lm, done.ids, done.numbers)))

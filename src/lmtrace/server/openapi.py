@@ -205,6 +205,10 @@ def document(app: FastAPI, keyed: bool) -> dict[str, Any]:
     state = app.state.lmtrace
     config = state.lm.model.config
     tighten(schemas, getattr(config, "max_position_embeddings", None), int(config.vocab_size), state.draft is not None)
+    if not state.compile:  # a server without --compile takes `compile: false` only (lmtrace.server.compiled)
+        for schema in schemas.values():
+            if "compile" in schema.get("properties", {}):
+                schema["properties"]["compile"] = {"const": False, "default": False, "title": "Compile"}
     for path in doc.get("paths", {}).values():
         for operation in path.values():
             responses = operation.setdefault("responses", {})

@@ -31,7 +31,8 @@ class ServerOptions:
     `allowed_methods`, `allowed_headers`, `allow_credentials`: CORS, as vLLM's options.
     `logits_processors` ({name: function or "module:function"}): the processors a request may
     name; `observers` ({name: an lmtrace.Observer class or "module:Class"}): the observers a
-    request may name (each row a fresh instance)."""
+    request may name (each row a fresh instance). `compile`: requests may ask for the compiled
+    decode step (lmtrace.server.compiled)."""
 
     name: str | None = None
     api_key: str | None = None
@@ -50,3 +51,4 @@ class ServerOptions:
     allow_credentials: bool = False
     logits_processors: Mapping[str, Any] | None = None
     observers: Mapping[str, Any] | None = None
+    compile: bool = False

@@ -59,6 +59,7 @@ class Job:
     tools: ToolPlan | None = None  # chat with tools: the answer's calls are read back (lmtrace.server.tools)
     # echoed prompts share the prefix cache (an evaluation's); a trace's are computed as alone
     share: bool = True
+    compile: bool = False  # each choice decoded alone with the compiled step (lmtrace.server.compiled)
 
     @property
     def top_n(self) -> int:
@@ -244,7 +245,7 @@ def completion_job(lm: LM, body: CompletionRequest) -> Job:
     mode = body.logprobs_mode == "sampled"
     logprobs = body.logprobs is not None
     job = Job(prompts, params, body.n, False, logprobs, mode, body.echo, not score_only, many)
-    job.draft_tokens = body.draft_tokens
+    job.draft_tokens, job.compile = body.draft_tokens, body.compile
     return job
 
 
@@ -267,7 +268,7 @@ def chat_job(lm: LM, body: ChatRequest) -> Job:
     params = params_for(body, limit, top, "top_logprobs", plan, vocab_of(lm))
     check_fits(lm, ids, limit, "chat prompt", "messages")
     job = Job([Prompt(ids, text)], params, body.n, True, body.logprobs, body.logprobs_mode == "sampled")
-    job.draft_tokens, job.tools = body.draft_tokens, plan
+    job.draft_tokens, job.tools, job.compile = body.draft_tokens, plan, body.compile
     return job
 
 
@@ -300,7 +301,7 @@ def trace_job(lm: LM, body: TraceRequest, known: Registered | None = None) -> Jo
         job.inside["observers"] = [Uncertainty(vocab=lm.model.config.vocab_size)]
     job.inside.update(recorded(lm, body, params, known or Registered()))
     job.echo, job.share = body.echo, False  # the prompts measured in their prefill, as alone (lane.py)
-    job.draft_tokens, job.tools = body.draft_tokens, plan
+    job.draft_tokens, job.tools, job.compile = body.draft_tokens, plan, body.compile
     return job
 
 

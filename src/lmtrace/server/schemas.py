@@ -162,7 +162,15 @@ class Observing(BaseModel):
     observers: list[Text] | None = None
 
 
-class CompletionRequest(Observing, Sampling):
+class Compiling(BaseModel):
+    """The compiled decode step, on a server that lets requests ask for it (lmtrace serve --compile)."""
+
+    # Extension: decode with the static, compiled step, as `lmtrace generate --compile` (each choice
+    # alone, between the batch's steps; numbers within 5e-5 of the default path's).
+    compile: bool = False
+
+
+class CompletionRequest(Observing, Compiling, Sampling):
     # A string, or a list of token ids.
     prompt: Any = Field(...)
     # Return the logprob of each token and of this many alternatives (0-20).
@@ -277,7 +285,7 @@ class Tools(BaseModel):
     parallel_tool_calls: bool | None = None
 
 
-class ChatRequest(Observing, Tools, Sampling):
+class ChatRequest(Observing, Compiling, Tools, Sampling):
     # The conversation, rendered with the model's chat template.
     messages: list[Message]
     # Extension (as vLLM's): extra variables for the model's chat template, such as
@@ -296,7 +304,7 @@ class ChatRequest(Observing, Tools, Sampling):
     max_completion_tokens: Int | None = None
 
 
-class TraceRequest(Observing, Tools, Sampling):
+class TraceRequest(Observing, Compiling, Tools, Sampling):
     # One of: a prompt (string or token ids) or chat messages (with chat_template_kwargs, as chat's).
     prompt: Any = None
     messages: list[Message] | None = None
