@@ -3,7 +3,7 @@ one below is defined here and nowhere else, and runs through each entry point of
 composability table — as an instance where the call is Python's (generate, a batch, stream,
 branch, kv-lab), by name where a request cannot carry an object (a batch line, the server's
 /v1/traces, completions and chat: the operator registers its class, `--observer
-NAME=module:Class`). Each entry equals generate's, alone and with a grammar."""
+NAME=module:Class`). Each entry equals generate's, alone, with a draft and with a grammar."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def with_runner(monkeypatch):
     monkeypatch.setitem(world.FEATURES, "runner", {"observers": [Runner()]})
 
 
-@pytest.mark.parametrize("cell", [("runner",), ("runner", "regex")], ids="+".join)
+@pytest.mark.parametrize("cell", [("runner",), ("runner", "draft:packed"), ("runner", "regex")], ids="+".join)
 def test_a_new_observer_in_every_entry_point(gguf_lm, with_runner, cell):  # noqa: F811
     table = check_row(gguf_lm, cell)
     refused = {entry for entry, got in table.items() if got == "refused"}

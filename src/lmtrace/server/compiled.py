@@ -72,7 +72,9 @@ def _choice(lm: LM, job: Job, choice: int, drafted: tuple[Any, int], emit: Emit,
     if params.seed is not None and j:
         params = dataclasses.replace(params, seed=(params.seed + j) % 2**64)
     draft = {"draft": drafted[0], "draft_tokens": drafted[1]} if drafted[0] is not None else {}
-    options = GenerateOptions(params, chat=job.chat, compile=True, **job.inside, **draft)
+    x = {k: v for k, v in job.inside.items() if k != "named_observers"}
+    own = list(x.pop("observers", ())) + [make() for make in job.inside.get("named_observers", ())]
+    options = GenerateOptions(params, chat=job.chat, compile=True, observers=own, **x, **draft)
 
     def on_step(_row: int, step: Step) -> None:
         check_cancelled()  # raises Cancelled when the client has gone: the generation stops here
