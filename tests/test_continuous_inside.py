@@ -92,10 +92,15 @@ def test_drafted_rows_record_their_own_lens_attention_and_attribution(tiny_lm):
     draft = drafts.draft_for(tiny_lm, "layers:1")
     texts = ["Hello world", "The cat", "Once upon a time there was"]
     inside = {"lens": True, "attention": "heads"}
-    hooked = []  # at each of the plain row's steps: whether any hook is left on the model
+    hooked = []  # at each of the plain row's steps: whether any hook of ours is left on the model
+
+    def hooks() -> set:
+        return {(id(m), h) for m in tiny_lm.model.modules() for h in (*m._forward_hooks, *m._forward_pre_hooks)}
+
+    theirs = hooks()  # transformers' own, kept once a forward recorded its outputs (output_attentions)
 
     def look(step) -> None:
-        hooked.append(any(m._forward_hooks or m._forward_pre_hooks for m in tiny_lm.model.modules()))
+        hooked.append(bool(hooks() - theirs))
 
     waves = [
         [
