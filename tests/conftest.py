@@ -60,7 +60,9 @@ def shared_bundled(request, monkeypatch):
     import lmtrace
     from lmtrace.model import load as loading
 
-    def shared(source=None, **kwargs):
+    def shared(source=None, options=None, **kwargs):
+        if options is not None:  # a LoadOptions whole: the real load
+            return load(source, options, **kwargs)
         asked = {k: v for k, v in kwargs.items() if k != "status"}  # status: told nothing, nothing is loaded
         plain = all(v in _PLAIN_LOAD.get(k, ()) for k, v in asked.items())
         if source is None and plain and not torch.cuda.is_available():

@@ -108,9 +108,11 @@ def work(lm: LM, job: Job, draft: Any = None, draft_tokens: int = 4) -> Work:
                 check()  # raises Cancelled when the client has gone: the generation stops here
                 emit(("step", first + row, step))
 
+            x = {k: v for k, v in job.inside.items() if k != "named_observers"}
+            x["observers"] = list(x.get("observers", ())) + [make() for make in job.inside.get("named_observers", ())]
             traces += generate_ids(
                 lm, [p.ids] * job.n, job.params, prompt_texts=[p.text] * job.n, chat=job.chat, on_step=on_step,
-                **job.inside, **({"draft": draft, "draft_tokens": draft_tokens} if draft is not None else {}),
+                **x, **({"draft": draft, "draft_tokens": draft_tokens} if draft is not None else {}),
             )  # fmt: skip
         emit(("done", traces))
 
