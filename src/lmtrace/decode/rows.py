@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from lmtrace.decode import constrained, observers
-from lmtrace.decode.step import BatchStep, finish_reason
+from lmtrace.decode.step import BatchStep
 from lmtrace.detokenize import IncrementalDetokenizer, TokenBytes
 from lmtrace.errors import InvalidParameter
 from lmtrace.inside import probe as inside
@@ -26,6 +26,7 @@ from lmtrace.records.alternatives import alternatives
 from lmtrace.records.steps import StepNumbers, new_step
 from lmtrace.records.timing import timing
 from lmtrace.records.traces import new_trace
+from lmtrace.stops import StopStrings, finish_reason
 
 
 @dataclass
@@ -102,14 +103,13 @@ def make_params(params: SamplingParams | None = None, entry: str = "generate", *
 
 
 class RowRecord:
-    """Per-prompt state: its detokenizer, its steps, where a stop string cut the text."""
+    """Per-prompt state: its detokenizer, its steps, its stop strings (where one cut the text)."""
 
     def __init__(self, lm: LM, stops: Sequence[str]):
         self.detok = IncrementalDetokenizer(lm.tokenizer)
-        self.stops = stops
+        self.held = StopStrings(stops)  # fed the pieces the detokenizer emits, up to the end token
         self.steps: list[Step] = []
         self.piece = ""
-        self.cut: int | None = None
         self.stop_reason: str | int | None = None
         self.text_before_eos: str | None = None
         self.prompt_logprobs: list | None = None  # with echo: the prompt's TokenScores
@@ -123,19 +123,13 @@ class RowRecord:
 
     def add(self, token_id: int, is_eos: bool) -> bool:
         """Feeds a token; True when a stop string is now complete."""
-        before = self.detok.emitted
         if is_eos:  # the answer's text ends before the end token, held-back bytes included
             self.text_before_eos = self.detok.tokenizer.decode(self.detok.ids)
         self.piece = self.detok.add(token_id)
-        if is_eos or not self.stops:
+        if is_eos or not self.held.feed(self.piece):
             return False
-        text = self.detok.emitted
-        start = max(0, len(before) - max(len(s) for s in self.stops))
-        hits = [(text.find(s, start), s) for s in self.stops if text.find(s, start) >= 0]
-        if hits:
-            self.cut, self.stop_reason = min(hits)
-            return True
-        return False
+        self.stop_reason = self.held.stop
+        return True
 
 
 def step_record(lm: LM, bs: BatchStep, row: int, piece: str, tb: TokenBytes) -> Step:
@@ -234,14 +228,14 @@ def to_trace(
     extras = extras or Extras()
     compile, probe = extras.compile, extras.probe
     full = row.detok.emitted
-    if row.cut is not None:
-        text = full[: row.cut]
+    cut = row.held.cut
+    if cut is not None:
+        text = full[:cut]
     elif row.text_before_eos is not None:
         text = row.text_before_eos
     else:
         text = full
-    last = row.steps[-1] if row.steps else None
-    finish = "length" if last is not None and row.cut is None and row.text_before_eos is None else "stop"
+    finish = finish_reason(row.text_before_eos is not None, cut is not None, bool(row.steps), openai=True)
     times = [s.time_ms for s in row.steps]
     fields, choices = constrained.summaries(lm, ids, params, row.steps, text)
     model = lm.record()

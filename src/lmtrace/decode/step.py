@@ -24,6 +24,7 @@ from lmtrace.errors import GenerationError, InvalidParameter
 from lmtrace.kv import ledger
 from lmtrace.logits import acceptance, grammar, measure, processors, sampling
 from lmtrace.params import SamplingParams
+from lmtrace.stops import finish_reason
 
 # on_token(row, token_id) -> True when the row must stop (a stop string was completed)
 TokenHook = Callable[[int, int], bool]
@@ -299,11 +300,6 @@ def nothing_allowed(step: BatchStep, how: Choosing, indices: Sequence[int] | Non
             at = step.index if indices is None else indices[row]
             out[row] = InvalidParameter(f"{name}: the grammar allows no token at step {at} (nothing can follow)")
     return out
-
-
-def finish_reason(is_eos: bool, hit_stop: bool, last: bool) -> str | None:
-    """Why a row ends at this step: its end token, a completed stop string, or its length."""
-    return "eos" if is_eos else "stop" if hit_stop else "length" if last else None
 
 
 def finish(step: BatchStep, eos_token_ids: Sequence[int], params: SamplingParams, on_token: TokenHook | None) -> None:

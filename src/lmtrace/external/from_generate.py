@@ -28,6 +28,7 @@ from lmtrace.records.alternatives import alternatives
 from lmtrace.records.steps import StepNumbers, new_step
 from lmtrace.records.timing import timing
 from lmtrace.records.traces import new_trace
+from lmtrace.stops import finish_reason
 
 FLAGS = "model.generate(..., return_dict_in_generate=True, output_scores=True, output_logits=True)"
 # a model's output layer may be padded past its tokenizer's vocabulary (to a multiple of 64 or 128,
@@ -106,16 +107,15 @@ def _row_span(run: _Run, row: int, eos: set[int], pad: int | None) -> tuple[list
         index, tokens = index[:length], tokens[:length]
     else:
         index = [row] * len(tokens)
-    for t, token in enumerate(tokens):
-        if token in eos:
-            return index[: t + 1], tokens[: t + 1], "stop", token
-    if pad is not None and tokens and tokens[-1] == pad:
+    end = next((t + 1 for t, token in enumerate(tokens) if token in eos), None)
+    is_eos, stopped = end is not None, False
+    if not is_eos and pad is not None and tokens and tokens[-1] == pad:
         # a stop string ended this row while others ran on: generate wrote pads after its end
-        end = len(tokens)
+        end, stopped = len(tokens), True
         while end and tokens[end - 1] == pad:
             end -= 1
-        return index[:end], tokens[:end], "stop", None
-    return index, tokens, "length", None
+    finish = finish_reason(is_eos, stopped, True, openai=True)
+    return index[:end], tokens[:end], finish, tokens[end - 1] if is_eos else None
 
 
 def _gather(dists: Sequence[torch.Tensor] | None, index: list[int]) -> torch.Tensor | None:

@@ -20,6 +20,7 @@ from lmtrace.model.lm import model_name, model_record
 from lmtrace.records import Step, Trace
 from lmtrace.records.timing import timing
 from lmtrace.records.traces import new_trace
+from lmtrace.stops import finish_reason
 
 
 def _as_list(tokens: Any, row: int) -> list[int]:
@@ -120,7 +121,8 @@ def build(w: Any, tokenizer: Any, *, row: int = 0, tokens: Any = None, top_logpr
     logits = _logits(w, row, [k for _, k in chosen], tokenizer)
     numbers = measure(logits, None, torch.tensor(ids, device=logits.device), top_logprobs)
     end = ids[-1] in eos
-    decoded = records_of(ids, numbers, tokenizer, TokenBytes(tokenizer), "stop" if end else "length")
+    finish = finish_reason(end, False, True, openai=True)  # the loop's end token, or as long as it ran
+    decoded = records_of(ids, numbers, tokenizer, TokenBytes(tokenizer), finish)
     steps = decoded[0]
     starts: dict[int, int] = {}
     for i, (step, (_, k)) in enumerate(zip(steps, chosen)):
@@ -153,7 +155,7 @@ def _trace(
     return new_trace(
         steps,
         text=text,
-        finish_reason="stop" if end else "length",
+        finish_reason=finish_reason(end, False, True, openai=True),
         stop_reason=ids[-1] if end else None,
         model=model_record(model_name(w.model), summarize(w.model.config, w.model).to_dict()),
         params={"max_new_tokens": len(ids), "top_logprobs": top_logprobs, "settings": "unknown"},

@@ -29,6 +29,7 @@ from lmtrace.records.alternatives import alternatives
 from lmtrace.records.steps import StepNumbers, new_step
 from lmtrace.records.timing import timing
 from lmtrace.records.traces import new_trace
+from lmtrace.stops import finish_reason
 
 
 def _finite(x: Any) -> Any:
@@ -122,7 +123,7 @@ def _forced_trace(lm: LM, prompt: str, ids: list[int], forced: Forced, params: d
     return new_trace(
         forced.steps,
         text=forced.text,
-        finish_reason="length",
+        finish_reason=finish_reason(False, False, True, openai=True),  # forced: as long as the text
         stop_reason=None,
         model=lm.record(),
         params={**params, "teacher_forced": True},

@@ -22,6 +22,7 @@ from lmtrace.server.schemas import CompletionRequest
 from lmtrace.server.sse import SSEResponse, answer_pieces
 from lmtrace.server.threaded import ThreadedRoute
 from lmtrace.server.worker import Handle
+from lmtrace.stops import finish_reason
 
 router = APIRouter(route_class=ThreadedRoute)  # bodies parsed, answers encoded off the loop
 
@@ -60,7 +61,7 @@ def _choice(job: Job, index: int, trace: Trace | None, prompt: list[PromptToken]
         "index": index,
         "text": (prompt_text if job.echo else "") + text,
         "logprobs": logprobs,
-        "finish_reason": trace.finish_reason if trace else "length",
+        "finish_reason": trace.finish_reason if trace else finish_reason(False, False, True, openai=True),
     }
     if observed.observing(job):
         out[observed.NAME] = observed.trace_entries(trace)

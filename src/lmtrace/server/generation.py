@@ -31,6 +31,7 @@ from lmtrace.server.logprobs import PromptToken
 from lmtrace.server.prepare import Job, row_options
 from lmtrace.server.sse import DONE, ChoiceStream, sse
 from lmtrace.server.worker import Busy, Emit, Handle, ModelWorker, ShuttingDown, Work
+from lmtrace.stops import finish_reason
 
 
 @dataclass
@@ -281,7 +282,8 @@ async def stream_parts(state: ServerState, job: Job, handle: Handle, request: Re
             traces = event[1] or [None] * job.choices  # echo with max_tokens 0 generates nothing
             for i, trace in enumerate(traces):
                 text, ready = streams[i].finish(trace.text) if trace else ("", [])
-                yield Part(i, text, ready, finish_reason=trace.finish_reason if trace else "length", trace=trace)
+                finish = trace.finish_reason if trace else finish_reason(False, False, True, openai=True)
+                yield Part(i, text, ready, finish_reason=finish, trace=trace)
             yield Part(-1, "", usage=usage(job, event[1], cached))
 
 

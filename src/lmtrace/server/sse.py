@@ -14,6 +14,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from lmtrace.records import Step
+from lmtrace.stops import StopStrings
 
 DONE = "data: [DONE]\n\n"
 
@@ -36,13 +37,11 @@ def answer_pieces(steps: Sequence[Step], text: str) -> list[str]:
 
 class ChoiceStream:
     """One streamed choice: `add` each step as it comes, `finish` with the final answer text.
-    Both return (text to send now, [(step, its piece)] whose text that releases)."""
+    Both return (text to send now, [(step, its piece)] whose text that releases). What is final
+    is the stop strings' rule (lmtrace.stops.StopStrings), as the row's own record applies it."""
 
     def __init__(self, stops: Sequence[str]):
-        self.stops = list(stops)
-        self.longest = max((len(s) for s in self.stops), default=0)
-        self.text = ""  # the pieces so far, without the end-of-sequence token's
-        self.sent = 0
+        self.held = StopStrings(stops)  # its text: the pieces so far, without the end token's
         self.raw_end = 0  # where the pieces end, the end token's included (answer_pieces' count)
         self.pending: list[tuple[Step, int, int]] = []
 
@@ -50,40 +49,24 @@ class ChoiceStream:
         start = self.raw_end
         self.raw_end += len(step.text)
         if not is_eos:
-            self.text += step.text
+            self.held.feed(step.text)
         self.pending.append((step, start, self.raw_end))
-        safe = self._safe()
-        delta, self.sent = self.text[self.sent : safe], safe
+        delta, text = self.held.release(), self.held.text
         ready = []
-        while self.pending and self.pending[0][2] <= self.sent:
+        while self.pending and self.pending[0][2] <= self.held.released:
             s, a, b = self.pending.pop(0)
-            ready.append((s, self.text[a:b]))
+            ready.append((s, text[a:b]))
         return delta, ready
 
     def finish(self, text: str) -> tuple[str, list[tuple[Step, str]]]:
-        delta = text[self.sent :] if text.startswith(self.text[: self.sent]) else ""
-        self.sent = len(text)
+        sent = self.held.released
+        delta = text[sent:] if text.startswith(self.held.text[:sent]) else ""
         end = len(text)
         ready = [(s, text[min(a, end) : min(b, end)]) for s, a, b in self.pending]
         if ready and self.raw_end < end:
             ready[-1] = (ready[-1][0], ready[-1][1] + text[self.raw_end :])
         self.pending = []
         return delta, ready
-
-    def _safe(self) -> int:
-        """How much of the text is final: up to the first complete stop string, and short of
-        any tail that could still grow into one."""
-        text = self.text
-        if not self.stops:
-            return len(text)
-        lo = max(0, self.sent - self.longest)
-        hits = [i for s in self.stops if (i := text.find(s, lo)) >= 0]
-        if hits:
-            return max(self.sent, min(hits))
-        for k in range(min(len(text) - self.sent, self.longest - 1), 0, -1):
-            if any(s.startswith(text[-k:]) for s in self.stops):
-                return len(text) - k
-        return len(text)
 
 
 class SSEResponse(StreamingResponse):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmtrace.detokenize import pieces
+from lmtrace.stops import StopStrings, finish_reason
 
 
 @dataclass
@@ -28,11 +29,9 @@ def completion_text(
     before_eos = None
     if token_ids and ended and token_ids[-1] in eos:  # the answer ends before the end token, held bytes included
         before_eos = tokenizer.decode(list(token_ids[:-1]))
-    full = "".join(texts)
-    if before_eos is not None:
-        return Text(texts, before_eos, "stop", token_ids[-1])
-    hits = [(full.find(s), s) for s in stops if full.find(s) >= 0] if ended else []
-    if hits:
-        cut, stop = min(hits)
-        return Text(texts, full[:cut], "stop", stop)
-    return Text(texts, full, "length" if not ended else "stop", None)
+    held = StopStrings(stops if ended and before_eos is None else ())
+    held.feed("".join(texts))
+    text = before_eos if before_eos is not None else held.text[: held.cut]
+    reason = token_ids[-1] if before_eos is not None else held.stop
+    finish = finish_reason(before_eos is not None, held.cut is not None, not ended, openai=True)
+    return Text(texts, text, finish, reason)
