@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,8 @@ from typing import Any
 import torch
 
 from lmtrace.decode import branch_draft, branch_static, constrained, engine, observers
-from lmtrace.decode.loop import Finish, Watch, advance
+from lmtrace.decode.choosing import Rows, choosing
+from lmtrace.decode.loop import Fed, Finish, Watch, drive
 from lmtrace.decode.observers import Observer
 from lmtrace.decode.options import GenerateOptions, Plan, plan
 from lmtrace.decode.rows import RowRecord, generator, records, seeded
@@ -27,7 +27,6 @@ from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.decode.tracing import encode_prompt, traced
 from lmtrace.errors import GenerationError, InvalidParameter
 from lmtrace.kv import ledger
-from lmtrace.logits import processors
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams, check_integer
 from lmtrace.records import Trace
@@ -93,31 +92,57 @@ def _decode(
     watchers: Sequence[Observer],
     forward: branch_static.Forward = engine.decode_step,
 ) -> Iterator[BatchStep]:
-    """The decoding loop for one sequence from step `at.start`: the same steps as
-    engine.generate_steps for a batch of one (decode/loop.py's `advance`, the plan's observers);
-    `forward` feeds each token (with compile, the compiled one: decode/branch_static.py)."""
-    p, logits = how.params[0], at.logits
+    """The decoding loop for one sequence from step `at.start`: decode/loop.py's `drive` over a
+    `_Line` (engine.generate_steps's steps for a batch of one, the plan's observers); `forward`
+    feeds each token (with compile, the compiled one: decode/branch_static.py)."""
+    p = how.params[0]
     eos = sorted(lm.eos_token_ids) if p.stop_on_eos else []
-    watch = Watch(watchers, finish=Finish(eos, p, hook))
-    expected = engine.expected_bytes(lm.model, 1)
-    started = time.perf_counter()
-    for index in range(at.start, p.max_new_tokens):
-        forced = at.forced is not None and index == at.start
-        how.forced = torch.tensor([at.forced], device=logits.device) if forced else None
-        saving = at.fork is not None and index == at.fork[0]
-        if saving:  # before the step's token moves the grammar
-            _save_grammar(at.fork[1], how)
-        tokens, step = advance(index, logits, how, [True], ledger.state(cache, expected), watch)
-        if saving:  # the seen mask and the history move only at how.saw below
-            _save(at.fork[1], logits, how, step, watchers)
-        step.time_ms = (time.perf_counter() - started) * 1000
+    line = _Line(lm, cache, at, how, Watch(watchers, finish=Finish(eos, p, hook)), forward, watchers)
+    for _, step in drive(line):
         yield step
-        if step.finish[0] is not None:
-            return
-        started = time.perf_counter()
-        how.saw(tokens)
-        position = torch.tensor([[at.prompt_len + index]], device=logits.device)
-        logits = forward(lm.model, tokens, position, None, cache)
+
+
+class _Line:
+    """One sequence as the loop's source: from step `at.start` (its raw distribution kept, its
+    token forced where `at.forced` says) until it finishes; saves the fork at `at.fork`'s step."""
+
+    def __init__(
+        self,
+        lm: LM,
+        cache,
+        at: _From,
+        how: Choosing,
+        watch: Watch,
+        forward: branch_static.Forward,
+        watchers: Sequence[Observer],
+    ):
+        self.lm, self.cache, self.at, self.how, self.watch = lm, cache, at, how, watch
+        self.forward, self.watchers = forward, watchers
+        self.index, self.logits, self.done = at.start, at.logits, False
+        self.expected = engine.expected_bytes(lm.model, 1)
+
+    def _saving(self) -> bool:
+        return self.at.fork is not None and self.index == self.at.fork[0]
+
+    def next(self) -> Fed | None:
+        if self.done or self.index >= self.how.params[0].max_new_tokens:
+            return None
+        forced = self.at.forced is not None and self.index == self.at.start
+        self.how.forced = torch.tensor([self.at.forced], device=self.logits.device) if forced else None
+        if self._saving():  # before the step's token moves the grammar
+            _save_grammar(self.at.fork[1], self.how)
+        return Fed(self.index, self.logits, self.how, [True], ledger.state(self.cache, self.expected), self.watch)
+
+    def chose(self, tokens: torch.Tensor, step: BatchStep) -> None:
+        if self._saving():  # the seen mask and the history move only after the step is yielded
+            _save(self.at.fork[1], self.logits, self.how, step, self.watchers)
+
+    def took(self, tokens: torch.Tensor, step: BatchStep | None) -> None:
+        self.done = step.finish[0] is not None
+        position = torch.tensor([[self.at.prompt_len + self.index]], device=self.logits.device)
+        self.index += 1
+        if not self.done and self.index < self.how.params[0].max_new_tokens:
+            self.logits = self.forward(self.lm.model, tokens, position, None, self.cache)
 
 
 def _save_grammar(fork: _Fork, how: Choosing) -> None:
@@ -175,12 +200,10 @@ class _Session:
 
     def original(self, at: int) -> tuple[Trace, _Fork]:
         lm, p, fork, plan = self.lm, self.p, _Fork(), self.plan
-        seen = processors.seen_mask(p, [self.ids], lm.model.config.vocab_size, lm.model.device)
         ids = torch.tensor([self.ids], device=lm.model.device)
         logits = engine.prefill_observed(lm.model, ids, torch.ones_like(ids), False, self.cache, plan.watchers)
-        found = constrained.matchers(lm, [p])
-        history = [[]] if plan.user else None
-        how = Choosing([p], generator(lm, p), seen, grammars=found, user=plan.user, history=history)
+        rows = Rows([p], generator(lm, p), [self.ids], [[]], grammars=constrained.matchers(lm, [p]), user=plan.user)
+        how = choosing(rows, lm.model)
         start = _From(logits, 0, len(self.ids), fork=(at, fork))
         forward = self.decoding.forward
         trace = self._trace(lambda hook: _decode(lm, self.cache, start, how, hook, plan.watchers, forward))
@@ -197,12 +220,12 @@ class _Session:
         if fork.rng_state is not None:
             rng = torch.Generator(device=self.lm.model.device)
             rng.set_state(fork.rng_state)
-        seen = None if fork.seen is None else fork.seen.clone()
         for observer, saved in zip(self.plan.watchers, fork.saved or []):
             observer.restore(saved, [self.ids + original.token_ids[:at]])
         grammars = None if fork.matcher is None else [fork.matcher.fork()]
-        history = None if fork.history is None else [list(fork.history)]
-        how = Choosing([self.p], rng, seen, grammars=grammars, user=self.plan.user, history=history)
+        made = None if fork.history is None else [fork.history]
+        seen = None if fork.seen is None else fork.seen.clone()
+        how = choosing(Rows([self.p], rng, None, made, seen, grammars, self.plan.user))
         start = _From(fork.logits, at, len(self.ids), forced=token)
 
         def make_steps(hook):

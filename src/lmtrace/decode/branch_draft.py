@@ -15,14 +15,15 @@ from typing import Any
 import torch
 
 from lmtrace.decode import constrained, engine, speculative
-from lmtrace.decode.loop import Finish, Watch, advance
+from lmtrace.decode.choosing import Rows, choosing
+from lmtrace.decode.loop import Fed, Finish, Once, Watch, drive
 from lmtrace.decode.observers import Observer, attached
 from lmtrace.decode.options import Plan
 from lmtrace.decode.rows import RowRecord, records
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.decode.tracing import traced
 from lmtrace.kv import ledger
-from lmtrace.logits import grammar, processors
+from lmtrace.logits import grammar
 from lmtrace.model.lm import LM
 from lmtrace.records import Trace
 
@@ -106,9 +107,10 @@ class Session:
             for observer, saved in zip(plan.watchers, fork.saved):
                 observer.restore(saved, [self.ids + before])
                 observer.select(fork.position)
-            _, step = advance(at, fork.logits, how, [True], kv, Watch(plan.watchers, finish=Finish(eos, p, hook)))
-            step.draft = [None]  # the forced token: no proposal
-            yield step
+            watch = Watch(plan.watchers, finish=Finish(eos, p, hook))
+            for _, step in drive(Once(Fed(at, fork.logits, how, [True], kv, watch))):
+                step.draft = [None]  # the forced token: no proposal
+                yield step
             if step.finish[0] is not None:
                 return
             run = speculative.Speculation(lm.model, self.ids, p, how.rng, setup, drafting)
@@ -124,9 +126,7 @@ class Session:
         if fork.rng_state is not None:
             rng = torch.Generator(device=lm.model.device)
             rng.set_state(fork.rng_state)
-        seen = processors.seen_mask(p, [self.ids + before], lm.model.config.vocab_size, lm.model.device)
         grammars = constrained.matchers(lm, [p])
         for t in before if grammars is not None else ():  # the grammar replayed to where the original stood
             grammar.accept(grammars, torch.tensor([t]), [True])
-        history = [list(before)] if self.plan.user else None
-        return Choosing([p], rng, seen, grammars=grammars, user=self.plan.user, history=history)
+        return choosing(Rows([p], rng, [self.ids], [before], grammars=grammars, user=self.plan.user), lm.model)

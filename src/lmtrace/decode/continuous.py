@@ -27,15 +27,15 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from lmtrace.decode import engine, inside_rows
-from lmtrace.decode import step as one_step
+from lmtrace.decode.choosing import Rows, choosing
 from lmtrace.decode.drafted import DraftedRow, drafted
-from lmtrace.decode.loop import Watch, advance, settle
+from lmtrace.decode.loop import Fed, Once, Watch, drive
 from lmtrace.decode.observers import inside_entry
 from lmtrace.decode.packed import Ride
 from lmtrace.decode.prefill import Prefilled, PromptRow, prefill_many, stack_left
@@ -179,27 +179,31 @@ class ContinuousBatch:
         records it (calling the rows' `on_step`), takes the rows that finished out, and runs the
         decode forward for the others: in the forward of the `joining` prompts when they take
         the ride, whose rows then join. Returns the rows that left at this step (a trace each,
-        or `error` set when their `on_step` raised)."""
+        or `error` set when their `on_step` raised). The step is decode/loop.py's `drive` over a
+        `Stepping`; with `overlap` (rows without a grammar, observers, lens, attention or
+        processors) it is measured and recorded beside the forward."""
         gone = [d.row for d in self.drafted if d.block(self.tb)]
         self.drafted = [d for d in self.drafted if d.row not in gone]
-        if self.rows and self.overlap and all(_plain(r) for r in self.rows):
-            return gone + self._overlapped(joining)
-        tokens = None
-        if self.rows:
-            started = time.perf_counter()
-            with torch.inference_mode():
-                tokens, bs = self._choose()
-            choose_ms = (time.perf_counter() - started) * 1000
-            pads = (self.mask == 0).sum(dim=1).tolist()  # each row's left padding
-            left = [r for r in range(len(self.rows)) if self._record(r, bs, choose_ms, pads[r])]
-            gone += [self.rows[r] for r in left]
-            if left:
-                self._remove(left)
-                tokens = tokens[[r for r in range(len(tokens)) if r not in set(left)]]
-        self._forward(tokens, joining)
-        return gone
+        if not self.rows:
+            self.forward(None, joining)
+            return gone
+        beside = None
+        if self.overlap and all(_plain(r) for r in self.rows):
+            if self._beside is None:  # the measuring thread, started at the first such step
+                self._beside = ThreadPoolExecutor(1, thread_name_prefix="lmtrace-measure")
+            beside = self._beside
+        source = Stepping(self, joining, beside)
+        for _ in drive(source):
+            pass
+        if beside is not None:
+            self.stats["overlapped"] += 1
+            late = {id(row) for row in source.left}
+            out = [r for r in range(len(self.rows)) if id(self.rows[r]) in late]
+            if out:  # ended by its record after the forward started: its row of that forward unused
+                self.take_out(out, logits=True)
+        return gone + source.left
 
-    def _forward(self, tokens: torch.Tensor | None, joining: Joining | None) -> None:
+    def forward(self, tokens: torch.Tensor | None, joining: Joining | None) -> None:
         """The step's forward: the rows' decode step (riding in the joining prompts' forward
         when they take it), then the joined rows merged in."""
         ride = self._ride(tokens) if joining is not None and self.rows else None
@@ -231,86 +235,12 @@ class ContinuousBatch:
             row.position += 1
             row.step_ms = (time.perf_counter() - started) * 1000
 
-    def _how(self) -> Choosing:
-        return choosing(self.rows)
-
-    def _overlapped(self, joining: Joining | None) -> list[Row]:
-        """`step` with the numbers measured and the rows recorded beside the forward: the tokens
-        chosen, the rows that surely end here (their length, their end token) taken out, the
-        forward started; a row that a record ends otherwise (a stop string, its consumer gone)
-        leaves after the forward, its row of it unused."""
-        rows, started = list(self.rows), time.perf_counter()
-        with torch.inference_mode():
-            how = self._how()
-            picked = one_step.pick(self.logits, how, [True] * len(rows))
-            how.saw(picked.tokens)
-        state = ledger.state(self.cache, self._formula(len(rows)))
-        pads = (self.mask == 0).sum(dim=1).tolist()  # each row's left padding
-        # read before the measuring thread moves the rows on
-        sure = [r for r, token in enumerate(picked.tokens.tolist()) if _ends(rows[r], token, self.lm.eos_token_ids)]
-        if self._beside is None:
-            self._beside = ThreadPoolExecutor(1, thread_name_prefix="lmtrace-measure")
-        # torch's kernels let go of the interpreter: the two threads run together
-        pick_ms = (time.perf_counter() - started) * 1000
-        beside = self._beside.submit(self._settled, rows, self.logits, picked, how, state, pads,
-                                     [r.step_ms for r in rows], self._formula(1), pick_ms)  # fmt: skip
-        try:
-            tokens = picked.tokens
-            if sure:
-                self._remove(sure)
-                tokens = tokens[[r for r in range(len(rows)) if r not in set(sure)]]
-            self._forward(tokens, joining)
-        finally:
-            left = beside.result()
-        self.stats["overlapped"] += 1
-        late = {id(row) for row in left}
-        out = [r for r in range(len(self.rows)) if id(self.rows[r]) in late]
-        if out:  # ended by its record after the forward started: its row of that forward unused
-            self._remove(out, logits=True)
-        return left
-
-    def _settled(self, rows: list[Row], logits: torch.Tensor, picked: one_step.Picked, how: Choosing,
-                 state: ledger.KVState, pads: list[int], forward_ms: list[float], formula: Any,
-                 pick_ms: float) -> list[Row]:  # fmt: skip
-        """The measuring thread's part of an overlapped step: the BatchStep and each row's record;
-        returns the rows that leave."""
-        started = time.perf_counter()
-        watch = Watch(wanted=[r.spec.observers for r in rows], indices=[r.index for r in rows], failed={})
-        with torch.inference_mode():
-            bs = settle(0, logits, picked, how, [True] * len(rows), state, watch)
-        choose_ms = pick_ms + (time.perf_counter() - started) * 1000
-        kv = bs.kv.to_dict()
-        return [row for r, row in enumerate(rows)
-                if record(self.lm, row, bs, r, kv_rows.own_part(kv, pads[r], len(rows), formula), choose_ms, self.tb,
-                          forward_ms=forward_ms[r])]  # fmt: skip
-
-    def _choose(self) -> tuple[torch.Tensor, BatchStep]:
-        """Each row's token from its own processed distribution; the numbers of all rows."""
-        rows = self.rows
-        how = self._how()
-        state = ledger.state(self.cache, self._formula(len(rows)))
-        failed: dict[int, Exception] = {}  # a row whose grammar allowed nothing: that row alone fails
-        watch = Watch(wanted=[r.spec.observers for r in rows], indices=[r.index for r in rows], failed=failed)
-        tokens, bs = advance(0, self.logits, how, [True] * len(rows), state, watch)
-        for r, error in failed.items():
-            rows[r].error = error
-        inside = inside_entry(*inside_rows.take(self.lm.model, rows, self.logits, tokens))
-        if inside is not None:
-            bs.entries["inside"] = inside
-        how.saw(tokens)
-        return tokens, bs
-
-    def _record(self, r: int, bs: BatchStep, choose_ms: float, pad: int) -> bool:
-        """Row r's Step for this batch step; True when the row leaves the batch."""
-        kv = kv_rows.own_part(bs.kv.to_dict(), pad, len(self.rows), self._formula(1))
-        return record(self.lm, self.rows[r], bs, r, kv, choose_ms, self.tb)
-
-    def _formula(self, batch: int) -> Any:
+    def formula(self, batch: int) -> Any:
         if batch not in self._expected:
             self._expected[batch] = engine.expected_bytes(self.lm.model, batch)
         return self._expected[batch]
 
-    def _remove(self, left: Sequence[int], logits: bool = False) -> None:
+    def take_out(self, left: Sequence[int], logits: bool = False) -> None:
         """Takes rows out of the batch (with `logits`, out of the next step's logits too)."""
         keep = [r for r in range(len(self.rows)) if r not in set(left)]
         self.rows = [self.rows[r] for r in keep]
@@ -343,9 +273,77 @@ class ContinuousBatch:
             row.step_ms = (time.perf_counter() - started) * 1000
 
 
-def _ends(row: Row, token: int, eos: Sequence[int]) -> bool:
-    """Whether the row ends with this token whatever its record finds: its length, its end token."""
-    return row.index == row.params.max_new_tokens - 1 or (row.params.stop_on_eos and token in eos)
+def _ends(row: Row, index: int, token: int, eos: Sequence[int]) -> bool:
+    """Whether the row ends with this token at its step `index` whatever its record finds: its
+    length, its end token."""
+    return index == row.params.max_new_tokens - 1 or (row.params.stop_on_eos and token in eos)
+
+
+class Stepping:
+    """One step of a continuous batch's rows as the loop's source (decode/loop.py): each row at its
+    own step, with its own rule (`rows_choosing`); a row whose grammar allowed nothing fails
+    alone; the lens and attention of the rows that asked; each row's record; then the rows that
+    left taken out and the others' forward (riding in the `joining` prompts' when they take it).
+    With `beside` the step is measured and recorded on that thread while the forward runs: the
+    rows that surely end here (their length, their end token) are taken out first; `left` then
+    holds the rows that leave, some still in the batch (the caller takes them out after)."""
+
+    def __init__(self, batch: ContinuousBatch, joining: Joining | None, beside: Executor | None):
+        self.batch, self.joining, self.beside = batch, joining, beside
+        self.rows = list(batch.rows)
+        self.fed: Fed | None = None
+        self.left: list[Row] = []
+
+    def next(self) -> Fed | None:
+        if self.fed is not None:  # one step
+            return None
+        batch, rows = self.batch, self.rows
+        state = ledger.state(batch.cache, batch.formula(len(rows)))
+        watch = Watch(wanted=[r.spec.observers for r in rows], indices=[r.index for r in rows], failed={})
+        # read before the step (and, beside the forward, the measuring thread) moves the rows on
+        self.pads = (batch.mask == 0).sum(dim=1).tolist()  # each row's left padding
+        self.forward_ms = [r.step_ms for r in rows]
+        self.fed = Fed(0, batch.logits, rows_choosing(rows), [True] * len(rows), state, watch, beside=self.beside)
+        return self.fed
+
+    def chose(self, tokens: torch.Tensor, bs: BatchStep) -> None:
+        """A failed grammar's error on its row, the rows' lens and attention; beside the forward,
+        each row's record (the thread's part)."""
+        rows, batch = self.rows, self.batch
+        for r, error in (self.fed.watch.failed or {}).items():
+            rows[r].error = error
+        if self.beside is not None:
+            self.left = [rows[r] for r in self._recorded(bs)]
+            return
+        inside = inside_entry(*inside_rows.take(batch.lm.model, rows, batch.logits, tokens))
+        if inside is not None:
+            bs.entries["inside"] = inside
+
+    def _recorded(self, bs: BatchStep) -> list[int]:
+        """Each row's record of the step; the rows that leave (their places in `rows`)."""
+        batch, rows, choose_ms = self.batch, self.rows, bs.time_ms  # read once: a record sets bs.time_ms
+        kv, one = bs.kv.to_dict(), batch.formula(1)
+        out = []
+        for r, row in enumerate(rows):
+            own = kv_rows.own_part(kv, self.pads[r], len(rows), one)
+            if record(batch.lm, row, bs, r, own, choose_ms, batch.tb, forward_ms=self.forward_ms[r]):
+                out.append(r)
+        return out
+
+    def took(self, tokens: torch.Tensor, bs: BatchStep | None) -> None:
+        """The rows that leave taken out (with the step measured beside: those that surely end),
+        the others' forward."""
+        batch, rows = self.batch, self.rows
+        if bs is not None:
+            out = self._recorded(bs)
+            self.left = [rows[r] for r in out]
+        else:
+            eos, indices = batch.lm.eos_token_ids, self.fed.watch.indices
+            out = [r for r, t in enumerate(tokens.tolist()) if _ends(rows[r], indices[r], t, eos)]
+        if out:
+            batch.take_out(out)
+            tokens = tokens[[r for r in range(len(rows)) if r not in set(out)]]
+        batch.forward(tokens, self.joining)
 
 
 def _plain(row: Row) -> bool:
@@ -355,15 +353,14 @@ def _plain(row: Row) -> bool:
     return row.grammar is None and not s.observers and not inside_rows.wants(s) and not s.logits_processors
 
 
-def choosing(rows: Sequence[Row]) -> Choosing:
+def rows_choosing(rows: Sequence[Row]) -> Choosing:
     """How the rows choose: each with its own params, generator, penalty, grammar and processors
     (handed the row's tokens generated so far)."""
     grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
-    how = Choosing([r.params for r in rows], [r.generator for r in rows], [r.seen for r in rows], grammars=grammars)
-    if any(r.spec.logits_processors for r in rows):
-        how.own_user = [r.spec.logits_processors for r in rows]
-        how.history = [[s.token_id for s in r.record.steps] for r in rows]
-    return how
+    own = [r.spec.logits_processors for r in rows] if any(r.spec.logits_processors for r in rows) else None
+    made = [[s.token_id for s in r.record.steps] for r in rows] if own is not None else None
+    seen = [r.seen for r in rows]
+    return choosing(Rows([r.params for r in rows], [r.generator for r in rows], None, made, seen, grammars, (), own))
 
 
 def _echoed(lm: LM, row: Row, ids: Sequence[int], numbers: measure.Forced | None, tb: TokenBytes) -> None:
@@ -397,13 +394,12 @@ def first_steps(lm: LM, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]
     tb = TokenBytes(lm.tokenizer)
     for row, p in zip(rows, prefilled):
         _echoed(lm, row, p.ids, p.numbers, tb)
-    how = choosing(rows)
-    with torch.inference_mode():
-        logits = torch.stack([p.logits for p in prefilled])  # (k, vocab)
-        watch = Watch(wanted=[r.spec.observers for r in rows], failed={})
-        _, bs = advance(0, logits, how, [True] * len(rows), states[id(prefilled[0])], watch)
-        for r, error in watch.failed.items():
-            rows[r].error = error
+    how = rows_choosing(rows)
+    logits = torch.stack([p.logits for p in prefilled])  # (k, vocab)
+    watch = Watch(wanted=[r.spec.observers for r in rows], failed={})
+    [(_, bs)] = drive(Once(Fed(0, logits, how, [True] * len(rows), states[id(prefilled[0])], watch)))
+    for r, error in watch.failed.items():
+        rows[r].error = error
     choose_ms = (time.perf_counter() - started) * 1000
     for r, (row, p) in enumerate(zip(rows, prefilled)):
         record(lm, row, bs, r, states[id(p)].to_dict(), choose_ms, tb)

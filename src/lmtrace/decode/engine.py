@@ -1,7 +1,7 @@
 """The explicit decoding loop: one prefill forward over the prompt, then one forward per step
-that feeds only the new token and the KV cache. Each step is decode/step.py's `take`; what is
-recorded beside the numbers comes from the observers (decode/observers.py). No printing, no
-files."""
+that feeds only the new token and the KV cache: the static batch, a source of decode/loop.py's
+one loop (`drive`), which runs each step (decode/step.py's `take`) and the observers
+(decode/observers.py). No printing, no files."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from lmtrace.decode import static
-from lmtrace.decode.loop import Finish, Watch, advance
+from lmtrace.decode.choosing import Rows, choosing
+from lmtrace.decode.loop import Fed, Finish, Watch, drive
 from lmtrace.decode.observers import Observer, attached
 from lmtrace.decode.step import BatchStep, Choosing, TokenHook
 from lmtrace.errors import InvalidParameter
@@ -122,37 +123,63 @@ def generate_steps(
     batch = len(prompt_ids)
     input_ids, mask = left_pad(prompt_ids, setup.pad_token_id, model.device)
     padded = bool((mask == 0).any())
-    seen = processors.seen_mask(params, prompt_ids, model.config.vocab_size, model.device)  # (batch, vocab)
-    history = [[] for _ in prompt_ids] if setup.user else None
-    how = Choosing([params], rng, seen, grammars=setup.grammars, user=setup.user, history=history)
-    next_pos = positions(mask)[:, -1:] + 1  # (batch, 1)
+    rows = Rows([params], rng, prompt_ids, [[] for _ in prompt_ids], grammars=setup.grammars, user=setup.user)
+    how = choosing(rows, model)  # the penalty's seen tokens (batch, vocab) from the prompts
     length = static.capacity(input_ids.shape[1] + params.max_new_tokens)  # with compile: whole buckets
     cache = ledger.new_cache(model, length if setup.compile else None)
-    decode = static.compiled_forward(model) if setup.compile else decode_step
     if setup.compile and padded:  # one mask of the cache's length keeps the compiled graph's shapes fixed
         mask = torch.cat([mask, mask.new_ones((batch, length - input_ids.shape[1]))], dim=-1)
-    expected = expected_bytes(model, batch)
-    eos = torch.tensor(sorted(set(setup.eos_token_ids)), dtype=torch.long, device=model.device)
-    active = [True] * batch
     watch = Watch(setup.observers, finish=Finish(setup.eos_token_ids, params, setup.on_token))
     started = time.perf_counter()
     with torch.inference_mode(), attached(setup.observers, model):
         logits = prefill_observed(model, input_ids, mask[:, : input_ids.shape[1]], padded, cache, setup.observers)
-        for index in range(params.max_new_tokens):
-            tokens, step = advance(index, logits, how, active, ledger.state(cache, expected), watch)
-            step.time_ms = (time.perf_counter() - started) * 1000
+        source = Batch(model, how, watch, cache, setup)
+        source.feeding(logits, mask if padded else None, positions(mask)[:, -1:] + 1)
+        for _, step in drive(source, started):
             yield step
-            active = [a and f is None for a, f in zip(active, step.finish)]
-            if not any(active):
-                return
-            started = time.perf_counter()
-            how.saw(tokens)
-            if len(eos) and not all(active):  # finished rows keep being fed an end token
-                tokens = torch.where(torch.tensor([not a for a in active], device=model.device), eos[0], tokens)
-            if padded and not setup.compile:
-                mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=-1)
-            logits = decode(model, tokens, next_pos, mask if padded else None, cache)
-            next_pos = next_pos + 1
+
+
+class Batch:
+    """The static batch as the loop's source (decode/loop.py): every row steps until all have
+    finished or the params' max_new_tokens; a finished row keeps being fed an end token; each step
+    feeds only the new tokens (the compiled forward with `setup.compile`)."""
+
+    def __init__(self, model, how: Choosing, watch: Watch, cache, setup: Setup):
+        self.model, self.how, self.watch, self.cache, self.setup = model, how, watch, cache, setup
+        self.limit = how.params[0].max_new_tokens
+        self.forward = static.compiled_forward(model) if setup.compile else decode_step
+        self.eos = torch.tensor(sorted(set(setup.eos_token_ids)), dtype=torch.long, device=model.device)
+        self.index, self.logits, self.mask, self.next_pos = 0, None, None, None
+        self.active: list[bool] = []
+
+    def feeding(self, logits: torch.Tensor, mask: torch.Tensor | None, next_pos: torch.Tensor) -> None:
+        """The first step's logits (batch, vocab), the attention mask (None: no padding) and the
+        positions (batch, 1) the next forward feeds."""
+        self.logits, self.mask, self.next_pos, self.active = logits, mask, next_pos, [True] * len(logits)
+        self.expected = expected_bytes(self.model, len(logits))
+
+    def next(self) -> Fed | None:
+        if self.index >= self.limit or not any(self.active):
+            return None
+        kv = ledger.state(self.cache, self.expected)
+        return Fed(self.index, self.logits, self.how, self.active, kv, self.watch)
+
+    def chose(self, tokens: torch.Tensor, step: BatchStep) -> None:
+        pass
+
+    def took(self, tokens: torch.Tensor, step: BatchStep | None) -> None:
+        """The rows that finished leave `active`; the others' next forward."""
+        self.active = [a and f is None for a, f in zip(self.active, step.finish)]
+        self.index += 1
+        if self.index >= self.limit or not any(self.active):
+            return
+        if len(self.eos) and not all(self.active):  # finished rows keep being fed an end token
+            ended = torch.tensor([not a for a in self.active], device=self.model.device)
+            tokens = torch.where(ended, self.eos[0], tokens)
+        if self.mask is not None and not self.setup.compile:
+            self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.active), 1))], dim=-1)
+        self.logits = self.forward(self.model, tokens, self.next_pos, self.mask, self.cache)
+        self.next_pos = self.next_pos + 1
 
 
 def prefill_observed(model, input_ids, prompt_mask, padded: bool, cache, observers: Sequence[Observer]) -> torch.Tensor:

@@ -1,20 +1,34 @@
-"""What every decoding loop does at each step, written once: the step itself (decode/step.py
-`take`: the grammar mask, the processors, the choice, the numbers), a constrained row whose grammar
-allowed nothing, the observers (decode/observers.py) on the rows that asked for them, and the finish
-reasons. The static batch (engine.py), continuous batching (continuous.py), speculative blocks
-(speculative.py), branches (branch.py, branch_draft.py) differ only in what they feed the model
-between steps; each calls `advance` (continuous batching may call its two halves, `one_step.pick` and
-`settle`, to measure a step while the next forward runs), and nothing else calls `take`; the
-compiled step (static_loop.py) measures in its graph and records through `recorded`.
+"""The one decoding loop, `drive`, over sources of logits, and what it does at each step, written
+once (`advance`): the step itself (decode/step.py `take`: the grammar mask, the processors, the
+choice, the numbers), a constrained row whose grammar allowed nothing, the observers
+(decode/observers.py) on the rows that asked for them, and the finish reasons.
 
+A source (`Source`) is what differs between loops: it gives each step's input (`Fed`: the step's
+index, the raw logits, how the rows choose, which rows are active, the cache's state, what is
+recorded beside the numbers), sees the chosen tokens and their step before the step is yielded
+(`chose`: a fork saved, a block's crop) and takes them back after (`took`: the next forward, a
+draft's next block, a branch's forced prefix; it says when it is done by giving no next step).
+The static batch (engine.py), a branch (branch.py, its forced step in branch_draft.py, a one-step
+`Once`), a speculative block (speculative.py: the draft's proposal judged in the step) and a
+continuous batch's step (continuous.py) are sources; `advance` is called here and nowhere else,
+and nothing else calls `take`. Two modes of the same loop: a step whose numbers were measured
+elsewhere (`Fed.measured`: the compiled step, decode/static_loop.py, measures in its graph a step
+ahead and is recorded through `recorded`), and a step measured beside the next forward
+(`Fed.beside`: continuous batching's `overlap`; the tokens picked, `settle` on that thread while
+the source's `took` runs the forward).
+
+    how = choosing(Rows([params], rng, prompts), model)        # decode/choosing.py
     watch = Watch(observers, finish=Finish(eos_token_ids, params, on_token))
-    tokens, step = advance(index, logits, how, active, kv, watch)
+    for tokens, step in drive(source): ...                       # source.next() -> Fed(..., how, ..., watch)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -51,11 +65,113 @@ class Watch:
     failed: dict[int, Exception] | None = None
 
 
+@dataclass
+class Fed:
+    """One step's input from its source: its index, the raw logits (batch, vocab) float32, how the
+    rows choose, which rows are active, the cache's state, what is recorded beside the numbers.
+    `measured`: the step's numbers measured elsewhere (the compiled step: measure.chosen's floats
+    and ints; `logits` unused), recorded without a choice here. `beside`: the step measured on
+    that executor's thread while the source's `took` runs (continuous batching's `overlap`)."""
+
+    index: int
+    logits: torch.Tensor | None
+    how: Choosing
+    active: Sequence[bool]
+    kv: ledger.KVState
+    watch: Watch
+    measured: tuple[list, list] | None = None
+    beside: Executor | None = None
+
+
+class Source(Protocol):
+    """Where the loop's steps come from: `next()` the next step's input (None: done), `chose`
+    the chosen tokens (batch,) and their step before it is yielded, `took` them after it (the
+    next forward). In the `beside` mode `chose` runs on the measuring thread and `took` (with no
+    step yet) beside it."""
+
+    def next(self) -> Fed | None: ...
+
+    def chose(self, tokens: torch.Tensor, step: BatchStep) -> None: ...
+
+    def took(self, tokens: torch.Tensor, step: BatchStep | None) -> None: ...
+
+
+class Once:
+    """A source of one step, fed as given, with nothing after it: a branch's forced step, the
+    first steps chosen from prefills."""
+
+    def __init__(self, fed: Fed):
+        self.fed: Fed | None = fed
+
+    def next(self) -> Fed | None:
+        fed, self.fed = self.fed, None
+        return fed
+
+    def chose(self, tokens: torch.Tensor, step: BatchStep) -> None:
+        pass
+
+    def took(self, tokens: torch.Tensor, step: BatchStep | None) -> None:
+        pass
+
+
+def drive(source: Source, started: float | None = None) -> Iterator[tuple[torch.Tensor, BatchStep]]:
+    """The decoding loop: each step of `source` chosen and measured (`advance`; a measured one
+    recorded), its time set (from `started`, or the loop's start, to the step; then from the
+    step's yield on), handed to the source (`chose`), yielded, marked seen (where it was chosen
+    here) and handed back (`took`), until the source gives no next step. The step, `chose` and the
+    marking run under torch.inference_mode; `took` (the forward) in the caller's mode."""
+    started = time.perf_counter() if started is None else started
+    while (fed := source.next()) is not None:
+        if fed.beside is not None:
+            tokens, step = _beside(fed, source, started)
+            yield tokens, step
+            started = time.perf_counter()
+            continue
+        with torch.inference_mode():
+            if fed.measured is not None:
+                step = recorded(fed.index, *fed.measured, fed.how, fed.active, fed.kv, fed.watch)
+                tokens = torch.tensor(step.token_ids)
+            else:
+                tokens, step = advance(fed.index, fed.logits, fed.how, fed.active, fed.kv, fed.watch)
+            step.time_ms = (time.perf_counter() - started) * 1000
+            source.chose(tokens, step)
+        yield tokens, step
+        started = time.perf_counter()
+        if fed.measured is None:
+            with torch.inference_mode():
+                fed.how.saw(tokens)
+        source.took(tokens, step)
+
+
+def _beside(fed: Fed, source: Source, started: float) -> tuple[torch.Tensor, BatchStep]:
+    """A step in two halves: the tokens picked (and marked seen) now; the step measured and handed
+    to the source's `chose` on `fed.beside`'s thread while its `took` starts the next forward
+    from the tokens; the step once both are done."""
+    with torch.inference_mode():
+        picked = one_step.pick(fed.logits, fed.how, fed.active)
+        fed.how.saw(picked.tokens)
+
+    def measure() -> BatchStep:
+        with torch.inference_mode():  # the thread's own: the mode is per thread
+            step = settle(fed.index, fed.logits, picked, fed.how, fed.active, fed.kv, fed.watch)
+        step.time_ms = (time.perf_counter() - started) * 1000
+        source.chose(picked.tokens, step)
+        return step
+
+    # torch's kernels let go of the interpreter: the two threads run together
+    measuring = fed.beside.submit(measure)
+    try:
+        source.took(picked.tokens, None)
+    finally:
+        step = measuring.result()
+    return picked.tokens, step
+
+
 def advance(
     index: int, logits: torch.Tensor, how: Choosing, active: Sequence[bool], kv: ledger.KVState, watch: Watch
 ) -> tuple[torch.Tensor, BatchStep]:
     """One step of every row: the tokens (batch,) and the BatchStep with the observers' entries
-    and (with a finish rule) the finish reasons."""
+    and (with a finish rule) the finish reasons. `drive`'s, the only caller."""
     tokens, step = one_step.take(index, logits, how, active, kv)
     _watched(step, logits, tokens, how, watch)
     return tokens, step

@@ -22,12 +22,12 @@ from typing import Any
 import torch
 
 from lmtrace.decode import constrained, engine, static
-from lmtrace.decode.loop import Finish, Watch, advance
+from lmtrace.decode.choosing import Rows, choosing, forked
+from lmtrace.decode.loop import Fed, Finish, Watch, drive
 from lmtrace.decode.observers import Observer, attached
 from lmtrace.decode.rows import RowRecord, generator, records
 from lmtrace.decode.step import BatchStep, Choosing, Proposal
 from lmtrace.kv import ledger
-from lmtrace.logits import grammar, processors
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.records import Step
@@ -133,21 +133,16 @@ def fit(logits: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([logits, logits.new_full((*logits.shape[:-1], width - have), float("-inf"))], dim=-1)
 
 
-def propose(
-    draft: Side, seq: list[int], k: int, params: SamplingParams, rng: Any, seen: torch.Tensor | None, block: int,
-    width: int, matcher: grammar.Matcher | None = None, user: Sequence[processors.UserProcessor] = (),
-    history: list[list[int]] | None = None,
-) -> list[Proposal]:  # fmt: skip
-    """The draft's K proposals, each drawn from its processed distribution (the target's
-    processors, the seen tokens including the proposals before it). A constrained row's draft
-    proposes under the same grammar: a fork of the row's matcher moves past each proposal (the
-    row's own matcher moves only past the tokens the verification emits)."""
+def propose(draft: Side, seq: list[int], k: int, how: Choosing, block: int, width: int) -> list[Proposal]:
+    """The draft's K proposals, each drawn from its processed distribution under `how`, the row's
+    rule (the target's processors, the seen tokens including the proposals before it). A
+    constrained row's draft proposes under the same grammar: a fork of the row's matcher moves
+    past each proposal (the row's own matcher moves only past the tokens the verification emits)."""
     if k == 0:
         return []
     logits = fit(draft.feed(seq[draft.fed :], keep=1), width)  # (1, vocab)
-    grammars = None if matcher is None else [matcher.fork()]
-    own = Choosing([params], rng, None if seen is None else seen.clone(), grammars=grammars, user=user,
-                   history=None if history is None else [list(h) for h in history])  # fmt: skip
+    own = forked(how)  # its seen tokens, grammar and history moved by the proposals alone
+    grammars = own.grammars if own.grammars is not None and own.grammars[0] is not None else None
     out: list[Proposal] = []
     for j in range(k):
         allowed = own.allowed(width, [True])  # (1, vocab) bool, None unconstrained
@@ -193,9 +188,8 @@ class Speculation:
         if drafting.compile:  # room for the prompt, the tokens and a block past them, in whole buckets
             length = static.capacity(len(self.seq) + params.max_new_tokens + k + 1)
         self.target, self.proposer = Side(model), Side(drafting.model, length)
-        self.seen = processors.seen_mask(params, [self.seq], model.config.vocab_size, model.device)
-        self.loop = _Loop(self.target, self.proposer, params, rng, setup, tally, engine.expected_bytes(model, 1),
-                          [[]] if setup.user else None)  # fmt: skip
+        self.how = choosing(Rows([params], rng, [self.seq], [[]], grammars=setup.grammars, user=setup.user), model)
+        self.loop = _Loop(self.target, self.proposer, params, setup, tally, engine.expected_bytes(model, 1))
         self.held: torch.Tensor | None = None  # the prefill's distribution, owed to the first block
         self.held_saved: list = []  # the observers' captures of the prefill, for that step
         self.width = 0  # the target's vocabulary: a draft's logits are fitted to it
@@ -223,17 +217,15 @@ class Speculation:
         penalty and the user's processors see them; the steps go on numbered after them."""
         self.seq += list(tokens)
         self.width = self.target.feed(self.seq[:-1], keep=1).shape[-1]
-        self.seen = processors.seen_mask(self.params, [self.seq], self.model.config.vocab_size, self.model.device)
-        if self.loop.history is not None:
-            self.loop.history[0] += list(tokens)
+        prompt, made = [self.seq[: self.prompt_len]], [self.seq[self.prompt_len :]]
+        rows = Rows([self.params], self.rng, prompt, made, grammars=self.setup.grammars, user=self.setup.user)
+        self.how = choosing(rows, self.model)
 
     def block(self) -> Iterator[BatchStep]:
         """The draft's proposals and the target's verification forward now; the block's steps
         as they are judged (up to the first rejected proposal, then the target's own token)."""
         k_now = min(self.k, self.params.max_new_tokens - self.made - 1)
-        matcher = self.setup.grammars[0] if self.setup.grammars else None
-        proposals = propose(self.proposer, self.seq, k_now, self.params, self.rng, self.seen, len(self.tally.blocks),
-                            self.width, matcher, self.setup.user, self.loop.history)  # fmt: skip
+        proposals = propose(self.proposer, self.seq, k_now, self.how, len(self.tally.blocks), self.width)
         observers = self.setup.observers
         fed = len(proposals) + (1 if self.held is None else 0)  # the verify forward's steps
         for o in observers:
@@ -247,7 +239,7 @@ class Speculation:
         if self.held is not None:
             captured.insert(0, (self.held_saved, 0))
         self.held = None
-        return self.loop.block(self.seq, self.made, proposals, rows, self.seen, captured)
+        return self.loop.block(self.seq, self.made, proposals, rows, self.how, captured)
 
 
 def generate_steps(
@@ -270,15 +262,13 @@ class _Loop:
     target: Side
     proposer: Side
     params: SamplingParams
-    rng: Any
     setup: engine.Setup
     tally: Tally
     expected: Any
-    history: list[list[int]] | None = None  # the tokens emitted so far, for the user's processors
     done: bool = False
     started: float = field(default_factory=time.perf_counter)
 
-    def _observe_at(self, captured: tuple[list, int], seq: list[int]) -> None:
+    def observe_at(self, captured: tuple[list, int], seq: list[int]) -> None:
         """The observers back to the forward that made this step, at its position there."""
         saved, at = captured
         for o, state in zip(self.setup.observers, saved):
@@ -291,39 +281,55 @@ class _Loop:
         index: int,
         proposals: list[Proposal],
         rows: torch.Tensor,
-        seen: torch.Tensor | None,
+        how: Choosing,
         captured: Sequence[tuple[list, int]] = (),
     ) -> Iterator[BatchStep]:
-        """The block's steps: each proposal judged in turn until one is rejected, then the bonus;
-        `seq` gets the emitted tokens. `captured`: each step's observer snapshots and its position
-        among the positions they kept."""
-        verdicts: list[bool] = []
-        for i in range(len(proposals) + 1):
-            if i < len(captured):
-                self._observe_at(captured[i], seq)
-            proposal = proposals[i] if i < len(proposals) else None
-            how = Choosing([self.params], self.rng, seen, grammars=self.setup.grammars, draft=proposal,
-                           user=self.setup.user, history=self.history)  # fmt: skip
-            kv = ledger.prefix_state(self.target.cache, len(seq), self.expected)
-            watch = Watch(self.setup.observers, finish=Finish(self.setup.eos_token_ids, self.params,
-                                                                self.setup.on_token))  # fmt: skip
-            tokens, step = advance(index + i, rows[i : i + 1], how, [True], kv, watch)
-            step.draft = step.draft or [None]
-            seq.append(int(tokens[0]))
-            how.saw(tokens)
-            if proposal is not None:
-                verdicts.append(proposal.accepted)
-            self.done = step.finish[0] is not None
-            ended = self.done or proposal is None or not proposal.accepted
-            if ended:  # the block ends at this step: the caches keep the emitted tokens but the last
-                self.tally.blocks.append((len(proposals), verdicts))
-                step.crop = _crop(self.target, self.proposer, len(seq) - 1)
-                self.tally.target_forwards, self.tally.draft_forwards = self.target.forwards, self.proposer.forwards
-            step.time_ms = (time.perf_counter() - self.started) * 1000
+        """The block's steps (decode/loop.py's `drive` over a `_Block`): each proposal judged in
+        turn until one is rejected, then the bonus; `seq` gets the emitted tokens. `captured`:
+        each step's observer snapshots and its position among the positions they kept."""
+        for _, step in drive(_Block(self, seq, (index, proposals, rows), how, captured), self.started):
             yield step
-            self.started = time.perf_counter()
-            if ended:
-                return
+
+
+class _Block:
+    """A speculative block as the loop's source: step i's logits are the verify forward's row i,
+    judged against proposal i (the bonus past the last); the block ends at a rejection, the
+    bonus or a finish, where both caches are cropped back to the emitted tokens but the last.
+    `judged` = (the first step's index, the proposals, the verify forward's rows)."""
+
+    def __init__(self, loop: _Loop, seq: list[int], judged: tuple, how: Choosing, captured: Sequence):
+        self.loop, self.seq, self.how, self.captured = loop, seq, how, captured
+        self.index, self.proposals, self.rows = judged
+        self.i, self.verdicts, self.ended = 0, [], False
+        setup = loop.setup
+        self.watch = Watch(setup.observers, finish=Finish(setup.eos_token_ids, loop.params, setup.on_token))
+
+    def next(self) -> Fed | None:
+        if self.ended:
+            return None
+        i, loop = self.i, self.loop
+        if i < len(self.captured):
+            loop.observe_at(self.captured[i], self.seq)
+        self.how.draft = self.proposals[i] if i < len(self.proposals) else None
+        kv = ledger.prefix_state(loop.target.cache, len(self.seq), loop.expected)
+        return Fed(self.index + i, self.rows[i : i + 1], self.how, [True], kv, self.watch)
+
+    def chose(self, tokens: torch.Tensor, step: BatchStep) -> None:
+        loop, proposal = self.loop, self.how.draft
+        step.draft = step.draft or [None]
+        self.seq.append(int(tokens[0]))
+        if proposal is not None:
+            self.verdicts.append(proposal.accepted)
+        loop.done = step.finish[0] is not None
+        self.ended = loop.done or proposal is None or not proposal.accepted
+        if self.ended:  # the block ends at this step: the caches keep the emitted tokens but the last
+            loop.tally.blocks.append((len(self.proposals), self.verdicts))
+            step.crop = _crop(loop.target, loop.proposer, len(self.seq) - 1)
+            loop.tally.target_forwards, loop.tally.draft_forwards = loop.target.forwards, loop.proposer.forwards
+
+    def took(self, tokens: torch.Tensor, step: BatchStep | None) -> None:
+        self.i += 1
+        self.loop.started = time.perf_counter()  # the next block's first step counts its forwards
 
 
 def _crop(target: Side, draft: Side, keep: int) -> dict[str, Any] | None:

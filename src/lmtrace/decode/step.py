@@ -1,11 +1,11 @@
 """The one decoding step: from a batch's raw logits and how each row chooses, the chosen tokens
 with their measured numbers: `take`, in two halves, `pick` (the choice) and `measured` (its
 numbers), so that a loop can start the next forward from the picked tokens while the step is
-measured. Every loop reaches it through decode/loop.py's `advance` (the step with the observers
-and the finish reasons; `settle` is its second half), the only caller of `take`; speculative
+measured. The one loop (decode/loop.py `drive`) reaches it through `advance` (the step with the
+observers and the finish reasons; `settle` is its second half), the only caller of `take`; speculative
 decoding and grammar masks change the step here and nowhere else.
 
-    how = Choosing([params], rng, seen, grammars=rows)   # one params for all rows, or one per row
+    how = choosing(Rows([params], rng, prompts))         # decode/choosing.py: one params, or one per row
     tokens, step = take(index, logits, how, active, kv)  # logits (batch, vocab) float32 raw
     picked = pick(logits, how, active)                  # or in two halves: the tokens first,
     step = measured(index, logits, picked, how, active, kv)  # the numbers beside the next forward
@@ -103,7 +103,8 @@ class Choosing:
     tokens so far for a repetition penalty: (batch, vocab) bool, or per row (1, vocab) or None;
     `forced` (batch,) tokens that replace the choice (a branch's alternative); `grammars` each
     row's grammar matcher (None: unconstrained), moved past each chosen token by `take`; `draft`
-    a draft's proposal that the step judges instead of choosing (speculative decoding, one row)."""
+    a draft's proposal that the step judges instead of choosing (speculative decoding, one row).
+    Made only by decode/choosing.py `choosing` (from the rows' state) and `forked` (a draft's copy)."""
 
     params: Sequence[SamplingParams]
     rng: sampling.Rng = None

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from lmtrace.decode.step import Choosing
+from lmtrace.decode.choosing import Rows, choosing
 from lmtrace.kv import ledger
 from lmtrace.kvlab import capture, metrics
 from lmtrace.kvlab.cache import LabCache
@@ -108,8 +108,7 @@ class Rule:
     def choose(self, arm: Arm, seen: torch.Tensor | None) -> int:
         """The token the arm's own logits give under the reference's rule (and the arm's generator)."""
         grammars = None if self.matcher is None else [self.matcher]
-        history = [list(self.history)] if self.user else None
-        how = Choosing([self.params], arm.rng, seen, grammars=grammars, user=self.user, history=history)
+        how = choosing(Rows([self.params], arm.rng, None, [self.history], seen, grammars, self.user))
         processed = how.process(arm.logits[None], how.allowed(arm.logits.shape[-1], [True]))
         return int(how.choose(processed)[0])
 
