@@ -120,3 +120,19 @@ def test_a_prefix_cache_hit_equals_a_cold_prefill(invariant_lm):
         again = echo(c, later)  # the whole prompt from the cache
     assert cached(cold) == 0 and cached(hit) > 0 and cached(again) == cold["usage"]["prompt_tokens"]
     assert hit["choices"] == cold["choices"] and again["choices"] == cold["choices"]
+
+
+def test_prompts_packed_with_their_cache_hits_equal_cold_prefills(invariant_lm):
+    """One request's prompts sharing beginnings with each other and with an earlier request (one
+    packed forward: two hits on one cached entry, a prompt from another's beginning) give the bits
+    each gets from a server without a prefix cache."""
+    other = "a blue mat and the dog ran over the hills and far and the cat sat on the mat and"
+    prompts = [SHARED + " the cat sat", SHARED + " and the dog sat on a blue mat", SHARED[:30] + " over a blue mat"]
+    prompts += [other, other + " the dog ran"]
+    with TestClient(create_app(invariant_lm, name="tiny", prefix_cache_bytes=0)) as c:
+        cold = echo(c, prompts[1:], max_tokens=2)
+    with TestClient(create_app(invariant_lm, name="tiny")) as c:
+        echo(c, prompts[0], max_tokens=2)
+        hit = echo(c, prompts[1:], max_tokens=2)
+    assert cached(hit) > 0
+    assert hit["choices"] == cold["choices"]
