@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 import lmtrace
 from lmtrace.model.invariant import mode
@@ -91,3 +92,47 @@ def test_rollouts_of_the_invariant_server_teacher_force_to_zero(invariant_lm, ti
     assert summary["causes"] == []
     plain = LM.from_objects(copy.deepcopy(tiny_lm.model), tiny_lm.tokenizer)  # the default operations
     assert lmtrace.rollouts(plain, records)["summary"]["bitwise_equal"] is False
+
+
+def echo(c, prompt, max_tokens: int = 4) -> dict:
+    """An echo completion (the requests that share the prefix cache): prompt and generated logprobs, top 5."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "logprobs": 5, "echo": True, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    r = c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def cached(answer: dict) -> int:
+    return answer["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+
+
+def test_a_prefix_cache_hit_equals_a_cold_prefill(invariant_lm):
+    """A prompt that starts from an earlier prompt's cached KV (its new queries attend the cached
+    columns: a causal mask offset by the cached length) gives the cold prefill's bits: the echoed
+    prompt's logprobs and alternatives and the generated ones."""
+    first, later = SHARED + " the cat", SHARED + " and the dog sat on a blue mat"
+    with TestClient(create_app(invariant_lm, name="tiny", prefix_cache_bytes=0)) as c:
+        cold = echo(c, later)
+    with TestClient(create_app(invariant_lm, name="tiny")) as c:
+        echo(c, first)
+        hit = echo(c, later)
+        again = echo(c, later)  # the whole prompt from the cache
+    assert cached(cold) == 0 and cached(hit) > 0 and cached(again) == cold["usage"]["prompt_tokens"]
+    assert hit["choices"] == cold["choices"] and again["choices"] == cold["choices"]
+
+
+def test_prompts_packed_with_their_cache_hits_equal_cold_prefills(invariant_lm):
+    """One request's prompts sharing beginnings with each other and with an earlier request (one
+    packed forward: two hits on one cached entry, a prompt from another's beginning) give the bits
+    each gets from a server without a prefix cache."""
+    other = "a blue mat and the dog ran over the hills and far and the cat sat on the mat and"
+    prompts = [SHARED + " the cat sat", SHARED + " and the dog sat on a blue mat", SHARED[:30] + " over a blue mat"]
+    prompts += [other, other + " the dog ran"]
+    with TestClient(create_app(invariant_lm, name="tiny", prefix_cache_bytes=0)) as c:
+        cold = echo(c, prompts[1:], max_tokens=2)
+    with TestClient(create_app(invariant_lm, name="tiny")) as c:
+        echo(c, prompts[0], max_tokens=2)
+        hit = echo(c, prompts[1:], max_tokens=2)
+    assert cached(hit) > 0
+    assert hit["choices"] == cold["choices"]

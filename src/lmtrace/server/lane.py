@@ -10,7 +10,8 @@ running batch with the KV their prefill made (ContinuousBatch.join_prefilled).
 
 Only the prompts of echo requests (whose prompt is scored: evaluation, perplexity; not a trace's,
 which records every number as alone) share the prefix cache and each other's beginnings: their
-numbers equal lone teacher forcing within float noise. A generation is computed as before any
+numbers equal lone teacher forcing within float noise (on a batch-invariant model, bit for bit:
+lmtrace.model.invariant.layout). A generation is computed as before any
 cache, so its answer does not depend on what was asked before it.
 
 Events a request gets from here, besides its steps: ("prompt", i, [PromptToken]) with echo and
@@ -69,7 +70,11 @@ class Lane:
             top_n = (job.top_n if job.logprobs else 0) if job.echo else None
             rows.append(PromptRow(job.prompts[i].ids, top_n, share=job.echo and job.share))
         done = prefill_many(
-            self.lm.model, rows, pad_id=self.lm.pad_token_id, cache=self.cache, keep_kv=keep_kv and self.reuse_kv,
+            self.lm.model,
+            rows,
+            pad_id=self.lm.pad_token_id,
+            cache=self.cache,
+            keep_kv=keep_kv and self.reuse_kv,
             ride=ride,
         )
         return dict(zip(keys, done))

@@ -11,8 +11,11 @@ keys:
   CHUNK gives the same sums with any number of masked chunks after it (measured);
 - values: (rows, CHUNK) @ (CHUNK, head_dim) per chunk, the chunks' parts added one after another
   (a masked chunk adds exactly 0).
-All of it is autograd's own operations, so gradients flow. Masks: causal with any padding (each
-query's keys a prefix of its row's keys); anything else is refused rather than run variant."""
+All of it is autograd's own operations, so gradients flow. Masks (layout.py): causal with any
+padding, or offset by a cached beginning, computed a row at a time; anything else (prompts packed
+into one row, a batch's decode step riding in their forward) a segment of queries at a time, each
+segment as a row of its own: a query's bits depend only on its own keys, in order. A mask that
+adds a bias, and a model whose attention has a window, sinks or a soft cap, are refused."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from lmtrace.errors import InvalidParameter
+from lmtrace.model.invariant.layout import Rows, layout
 
 NAME = "lmtrace_batch_invariant"
 CHUNK = 64  # keys per chunk of the scores and the values
@@ -35,39 +39,6 @@ def invariant_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     return sdpa_mask(*args, **kwargs)
 
 
-def _compact(mask: torch.Tensor, kv: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(index (batch, keys) of each row's keys in order, lengths (batch, q) of each query's prefix)
-    from the boolean `mask` (batch, 1, q, kv); refuses a mask whose keys are not prefixes."""
-    allowed = mask[:, 0, :, -kv:]  # (batch, q, kv)
-    seen = allowed.any(dim=1)  # (batch, kv): the keys any query of the row sees
-    n = int(seen.sum(-1).max())
-    index = torch.argsort((~seen).to(torch.int8), dim=-1, stable=True)[:, :n]  # (batch, n)
-    lengths = allowed.sum(-1)  # (batch, q)
-    gathered = allowed.gather(-1, index[:, None, :].expand(-1, allowed.shape[1], -1))  # (batch, q, n)
-    prefix = torch.arange(n, device=mask.device) < lengths[..., None]
-    if not torch.equal(gathered, prefix):
-        raise InvalidParameter("batch_invariant: this attention mask (packed sequences or a window) is not "
-                               "causal with padding, which the invariant attention computes")  # fmt: skip
-    return index, lengths
-
-
-# the last mask's compact form: every layer of a forward is handed the same mask tensor, so it is
-# computed once a forward (the memo holds that one mask: it is the tensor itself that is compared)
-_memo: list = []
-
-
-def _compacted(mask: torch.Tensor, kv: int) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """`_compact` once per mask tensor; the index None where every row's keys are all the keys in
-    order (no padding: nothing to gather)."""
-    if _memo and _memo[0] is mask and _memo[1] == kv:
-        return _memo[2], _memo[3]
-    index, lengths = _compact(mask, kv)
-    if index.shape[1] == kv and torch.equal(index, torch.arange(kv, device=index.device).expand_as(index)):
-        index = None
-    _memo[:] = [mask, kv, index, lengths]
-    return index, lengths
-
-
 def _keys(t: torch.Tensor, index: torch.Tensor | None, padded: int) -> torch.Tensor:
     """`t` (batch, kv_heads, kv, d) gathered to the row's keys (None: all of them, in order) and
     zero-padded: (batch, kv_heads, padded, d)."""
@@ -77,21 +48,12 @@ def _keys(t: torch.Tensor, index: torch.Tensor | None, padded: int) -> torch.Ten
     return torch.nn.functional.pad(t, (0, 0, 0, padded - n))
 
 
-def invariant_attention(
-    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
-    scaling: float | None = None, dropout: float = 0.0, **kwargs: Any,
-) -> tuple[torch.Tensor, None]:  # fmt: skip
-    """transformers' attention interface: `query` (b, heads, q, d), `key`/`value` (b, kv_heads, kv, d)
-    -> ((b, q, heads, d), None)."""
-    if kwargs.get("sliding_window") or kwargs.get("s_aux") is not None or getattr(module, "softcap", None):
-        raise InvalidParameter("batch_invariant: this model's attention (a sliding window, sinks or a soft cap) "
-                               "has no invariant kernel")  # fmt: skip
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keys: Rows, scale: float) -> torch.Tensor:
+    """`query` (b, heads, q, d) against each row's keys (`key`/`value` (b, kv_heads, kv, d), gathered
+    by `keys.index`; query i of row r sees the first `keys.lengths[r, i]`) -> (b, heads, q, d)."""
     b, heads, q, d = query.shape
     kv_heads, kv = key.shape[1], key.shape[2]
-    if attention_mask is None:  # plain causal, queries at the end of the keys
-        attention_mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril(kv - q)[None, None]
-        attention_mask = attention_mask.expand(b, 1, q, kv)
-    index, lengths = _compacted(attention_mask, kv)
+    index, lengths = keys.index, keys.lengths
     chunks = -(-(kv if index is None else index.shape[1]) // CHUNK)
     padded = chunks * CHUNK
     k = _keys(key, index, padded).view(b, kv_heads, chunks, CHUNK, d)
@@ -100,7 +62,6 @@ def invariant_attention(
     rows = groups * q  # a KV head's queries: its query heads' rows one after another
     pad = max(rows, MIN_QUERIES) - rows
     qq = torch.nn.functional.pad(query.reshape(b, kv_heads, rows, d), (0, 0, 0, pad))  # (b, kvh, rows', d)
-    scale = scaling if scaling is not None else d**-0.5
     scores = torch.matmul(qq[:, :, None], k.transpose(-1, -2)) * scale  # (b, kvh, chunks, rows', CHUNK)
     scores = scores.permute(0, 1, 3, 2, 4).reshape(b, kv_heads, rows + pad, padded)
     # each query row's own key count (a padding query, which sees none, one: finite, never read)
@@ -113,7 +74,46 @@ def invariant_attention(
     out = parts[:, :, 0]
     for c in range(1, chunks):  # chunk by chunk, in order: a masked chunk adds exactly 0
         out = out + parts[:, :, c]
-    out = out[:, :, :rows].reshape(b, heads, q, d)
+    return out[:, :, :rows].reshape(b, heads, q, d)
+
+
+def _rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`t` (b, kv_heads, kv, d) at `rows` (S,): (S, kv_heads, kv, d), without a copy where b is 1."""
+    return t.expand(rows.shape[0], -1, -1, -1) if t.shape[0] == 1 else t[rows]
+
+
+def _segmented(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, found: list, scale: float) -> torch.Tensor:
+    """Each segment (layout.Segment) attended as a row of its own -> (b, heads, q, d)."""
+    out = torch.zeros_like(query)
+    for seg in found:
+        rows = seg.rows[:, None].expand_as(seg.queries)  # (S, m)
+        q = query.transpose(1, 2)[rows, seg.queries].transpose(1, 2)  # (S, heads, m, d)
+        k, v = _rows(key, seg.rows), _rows(value, seg.rows)
+        done = attend(q, k, v, Rows(seg.index, seg.lengths), scale)
+        out.transpose(1, 2)[rows, seg.queries] = done.transpose(1, 2)  # (S, m, heads, d) into (b, q, heads, d)
+    return out
+
+
+def invariant_attention(
+    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+    scaling: float | None = None, dropout: float = 0.0, **kwargs: Any,
+) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """transformers' attention interface: `query` (b, heads, q, d), `key`/`value` (b, kv_heads, kv, d)
+    -> ((b, q, heads, d), None)."""
+    if kwargs.get("sliding_window") or kwargs.get("s_aux") is not None or getattr(module, "softcap", None):
+        raise InvalidParameter("batch_invariant: this model's attention (a sliding window, sinks or a soft cap) "
+                               "has no invariant kernel")  # fmt: skip
+    b, _, q, d = query.shape
+    kv = key.shape[2]
+    if attention_mask is None:  # plain causal, queries at the end of the keys
+        attention_mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril(kv - q)[None, None]
+        attention_mask = attention_mask.expand(b, 1, q, kv)
+    found = layout(attention_mask, kv)
+    scale = scaling if scaling is not None else d**-0.5
+    if isinstance(found, Rows):
+        out = attend(query, key, value, found, scale)
+    else:
+        out = _segmented(query, key, value, found, scale)
     return out.transpose(1, 2).contiguous(), None
 
 
