@@ -117,7 +117,7 @@ sys.modules[__name__].__class__ = _Package
 
 def _notebook_html(obj: Any) -> str:
     # imported when a notebook first shows a record: the records themselves import no renderer
-    from lmtrace.render.html import notebook_html
+    from lmtrace.render.html.trace import notebook_html
 
     return notebook_html(obj)
 

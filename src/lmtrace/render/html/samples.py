@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from lmtrace.files import write_atomic
-from lmtrace.render.confidence import confidence_svg, shade
-from lmtrace.render.templating import env
+from lmtrace.render.html.templating import env
+from lmtrace.render.html.uncertainty import confidence_svg, shade
 
 
 def _fmt(x: Any, spec: str = ".4f") -> str:

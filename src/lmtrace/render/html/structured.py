@@ -8,9 +8,9 @@ from typing import Any
 
 from markupsafe import Markup
 
-from lmtrace.render.structured import flagged, probability, shown, weakest_first
-from lmtrace.render.svg import Series, line_chart
-from lmtrace.render.templating import parts
+from lmtrace.render.html.svg import Series, line_chart
+from lmtrace.render.html.templating import parts
+from lmtrace.render.terminal.structured import flagged, probability, shown, weakest_first
 from lmtrace.render.views import bucket
 
 

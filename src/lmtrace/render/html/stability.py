@@ -11,9 +11,9 @@ from typing import Any
 from markupsafe import Markup
 
 from lmtrace.files import write_atomic
-from lmtrace.render.kvlab_html import delta_colour
-from lmtrace.render.plots import PALETTE
-from lmtrace.render.templating import env
+from lmtrace.render.html.kvlab import delta_colour
+from lmtrace.render.html.templating import env
+from lmtrace.render.plots.trace import PALETTE
 
 WIDTH, HEIGHT, PAD = 760, 240, 44
 FLOOR = 1e-7  # the plot's lowest value: float32 rounding of a logprob

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lmtrace.records import Trace
-from lmtrace.render.terminal import legend
+from lmtrace.render.terminal.trace import legend
 from lmtrace.render.tokens import colour, escape, prob, show_bytes
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from lmtrace.render.attribution_terminal import layer_of, ranked
+from lmtrace.render.terminal.attribution import layer_of, ranked
 from lmtrace.render.tokens import escape as visible
 
 LEFT, TOP, GAP, BOTTOM = 40, 30, 16, 22

@@ -12,9 +12,10 @@ from markupsafe import Markup
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.files import write_atomic
-from lmtrace.render import facts, inside, sections, views
+from lmtrace.render import views
+from lmtrace.render.html import facts, inside, sections
+from lmtrace.render.html.templating import env, parts, script_hash, script_json, script_lines, static
 from lmtrace.render.kinds import BRANCHES, SCORE, TRACE, as_record
-from lmtrace.render.templating import env, parts, script_hash, script_json, script_lines, static
 
 _PAGES = {TRACE: sections.trace_page, SCORE: sections.score_page, BRANCHES: sections.branches_page}
 _HEADINGS = {TRACE: "Trace", SCORE: "Score", BRANCHES: "Branches"}

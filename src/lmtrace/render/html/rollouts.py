@@ -13,7 +13,7 @@ from typing import Any
 from markupsafe import Markup
 
 from lmtrace.files import write_atomic
-from lmtrace.render.templating import env
+from lmtrace.render.html.templating import env
 
 WIDTH, HEIGHT, PAD = 760, 200, 40
 SHOWN = 200  # rollouts whose tokens are drawn (the most disagreeing first)

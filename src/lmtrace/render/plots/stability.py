@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from lmtrace.files import write_atomic_bytes
-from lmtrace.render.plots import PALETTE, figure_png
-from lmtrace.render.stability_html import FLOOR
+from lmtrace.render.html.stability import FLOOR
+from lmtrace.render.plots.trace import PALETTE, figure_png
 
 NAN = float("nan")
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from lmtrace.render.stability_terminal import plain
+from lmtrace.render.terminal.stability import plain
 
 WORST = 5  # rollouts listed
 

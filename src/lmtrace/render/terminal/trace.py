@@ -12,7 +12,7 @@ from rich.text import Text
 
 from lmtrace.records import Step, Trace
 from lmtrace.render.speculative import draft_cell, recorded, summary
-from lmtrace.render.structured import FLAG, structured_view
+from lmtrace.render.terminal.structured import FLAG, structured_view
 from lmtrace.render.tokens import SCALE, colour, escape, prob, show_bytes
 
 _ORIGIN = {"model.generate": "from model.generate", "watch": "from a watched loop", "vllm": "from vLLM"}

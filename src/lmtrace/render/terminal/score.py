@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lmtrace.records import TokenScore
-from lmtrace.render.terminal import legend
+from lmtrace.render.terminal.trace import legend
 from lmtrace.render.tokens import colour, escape, prob, show_bytes
 
 

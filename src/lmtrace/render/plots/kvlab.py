@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtrace.files import write_atomic_bytes
-from lmtrace.render.plots import PALETTE, figure_png
+from lmtrace.render.plots.trace import PALETTE, figure_png
 
 
 def lab_png(result: Any, dpi: int = 110) -> bytes:

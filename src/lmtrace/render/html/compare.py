@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtrace.files import write_atomic
-from lmtrace.render.html import render_html
+from lmtrace.render.html.trace import render_html
 
 
 def as_score(d: dict[str, Any], source: str) -> dict[str, Any]:

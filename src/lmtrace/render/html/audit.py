@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lmtrace.files import write_atomic
-from lmtrace.render.templating import env
+from lmtrace.render.html.templating import env
 
 EVIDENCE_CHARS = 20000  # a pasted issue stays readable; the JSON report holds it all
 

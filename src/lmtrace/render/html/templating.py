@@ -30,7 +30,7 @@ def _script_safe(text: str) -> str:
 @lru_cache(maxsize=1)
 def env() -> Environment:
     return Environment(
-        loader=PackageLoader("lmtrace.render", "templates"),
+        loader=PackageLoader("lmtrace.render.html", "templates"),
         autoescape=True,  # every value from a record is text, never markup
         trim_blocks=True,
         lstrip_blocks=True,
@@ -45,7 +45,7 @@ def parts() -> Any:
 
 @lru_cache(maxsize=4)
 def static(name: str) -> str:
-    return resources.files("lmtrace.render").joinpath("templates", name).read_text(encoding="utf-8")
+    return resources.files("lmtrace.render.html").joinpath("templates", name).read_text(encoding="utf-8")
 
 
 def script_hash(script: str) -> str:

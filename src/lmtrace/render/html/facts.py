@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lmtrace.render.svg import human_bytes
+from lmtrace.render.html.svg import human_bytes
 
 Group = tuple[str, list[tuple[str, str]]]
 

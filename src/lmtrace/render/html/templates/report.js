@@ -284,7 +284,7 @@
       c.setAttribute("x1", x); c.setAttribute("x2", x); c.setAttribute("visibility", "visible");
     });
   }
-  // A long trace's heatmap is painted as paths (render/inside.py): its cell under the pointer is
+  // A long trace's heatmap is painted as paths (render/html/inside.py): its cell under the pointer is
   // found from the grid the svg describes, [view, step, layer], or null off the cells.
   function paintedCell(e) {
     var svg = e.target.closest ? e.target.closest("svg.heatmap[data-cw]") : null;

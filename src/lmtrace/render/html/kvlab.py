@@ -13,11 +13,12 @@ from typing import Any
 from markupsafe import Markup, escape
 
 from lmtrace.files import write_atomic
-from lmtrace.render import facts, views
-from lmtrace.render.kvlab_terminal import human_bytes, reference_perplexity
-from lmtrace.render.sections import Section, text_section
-from lmtrace.render.svg import Series, line_chart
-from lmtrace.render.templating import env, parts, script_hash, script_json, static
+from lmtrace.render import views
+from lmtrace.render.html import facts
+from lmtrace.render.html.sections import Section, text_section
+from lmtrace.render.html.svg import Series, line_chart
+from lmtrace.render.html.templating import env, parts, script_hash, script_json, static
+from lmtrace.render.terminal.kvlab import human_bytes, reference_perplexity
 from lmtrace.render.tokens import escape as visible
 
 WIDTH, ROW = 560, 6  # the kept map's viewBox width and row height

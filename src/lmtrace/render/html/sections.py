@@ -11,10 +11,14 @@ from typing import Any
 from markupsafe import Markup
 
 from lmtrace.render import anatomy as kv_anatomy
-from lmtrace.render import attribution_html, confidence, facts, inside, structured_html, views
 from lmtrace.render import speculative as spec_view
-from lmtrace.render.svg import Series, bar_chart, human_bytes, line_chart
-from lmtrace.render.templating import parts
+from lmtrace.render import views
+from lmtrace.render.html import attribution as attribution_html
+from lmtrace.render.html import facts, inside
+from lmtrace.render.html import structured as structured_html
+from lmtrace.render.html import uncertainty as confidence
+from lmtrace.render.html.svg import Series, bar_chart, human_bytes, line_chart
+from lmtrace.render.html.templating import parts
 from lmtrace.render.tokens import SCALE
 
 LEGEND = [f"≥ {t:g}" for t, _ in SCALE[:-1]] + [f"< {SCALE[-2][0]:g}"]
@@ -202,7 +206,7 @@ def steps_table(tv: list[dict[str, Any]], sampled: bool) -> Section:
 
 def uncertainty_section(d: dict[str, Any]) -> Section | None:
     """--uncertainty: the text shaded by each token's DeepConf confidence and the confidence
-    chart with the group window (render/confidence.py)."""
+    chart with the group window (render/html/uncertainty.py)."""
     u, steps = d.get("uncertainty"), d.get("steps") or []
     if not isinstance(u, dict) or not steps or not all(isinstance(s.get("uncertainty"), dict) for s in steps):
         return None
