@@ -44,7 +44,7 @@ def rollouts_command(file, fmt, trainer, caps, locate, locate_threshold, json_pa
     masked shares, and the causes: off_by_one, retokenized, processing_mismatch, numeric, weights."""
     from lmtrace.scoring.rollouts import options as checks
     from lmtrace.scoring.rollouts import readers
-    from lmtrace.scoring.variant_spec import parse_variant
+    from lmtrace.scoring.variants.spec import parse_variant
 
     if fmt not in FORMATS:
         raise InvalidParameter(f"format: unknown format {fmt!r} (known: {', '.join(FORMATS)})")

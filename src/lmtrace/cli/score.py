@@ -81,7 +81,7 @@ def _progress(console, total: int) -> Progress:
 
 def _scored(lm, records, status, options) -> list:
     """[(id, ScoreResult)] of every record, batched, with a progress bar."""
-    from lmtrace.scoring.score import score_batch
+    from lmtrace.scoring.teacher.score import score_batch
 
     with _progress(status, len(records)) as progress:
         task = progress.add_task("score", total=len(records))
@@ -189,7 +189,7 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
     view, status = consoles(json_path, no_color)
     announce(status, loading[0])
     from lmtrace.render.terminal.score import print_score
-    from lmtrace.scoring.score import score as run
+    from lmtrace.scoring.teacher.score import score as run
 
     lm = load_model(status, *loading, batch_invariant=invariant)
     kwargs = {k: options[k] for k in ("window", "stride", "top_logprobs")}

@@ -17,7 +17,7 @@ from lmtrace.cli.options import (
 )
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
-from lmtrace.scoring import variant_spec
+from lmtrace.scoring.variants import spec as variant_spec
 
 VARIANT_HELP = (
     "A variant (repeatable): dtype:bfloat16, dtype:float16, weights:packed, attention:eager, attention:sdpa, "
@@ -75,7 +75,7 @@ def stability_command(prompt, prompt_file, variants, runs, threshold, json_path,
     lm = load_model(status, *loading, batch_invariant=invariant)
 
     from lmtrace.render.terminal.stability import print_stability
-    from lmtrace.scoring.stability import stability
+    from lmtrace.scoring.stability.ledger import stability
 
     with status.status("Decoding the reference…") as spinner:
         result = stability(lm, text, specs, runs=runs, threshold=threshold, chat=chat, params=params,

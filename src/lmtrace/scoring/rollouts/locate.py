@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from lmtrace.model.lm import LM
-from lmtrace.scoring import variants
 from lmtrace.scoring.rollouts.options import check_locate
 from lmtrace.scoring.rollouts.rollout import Rollout
-from lmtrace.scoring.variant_spec import VariantSpec
+from lmtrace.scoring.variants import worlds as variants
+from lmtrace.scoring.variants.spec import VariantSpec
 
 
 def modules(model) -> list[tuple[str, torch.nn.Module]]:

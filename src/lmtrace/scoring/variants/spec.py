@@ -32,7 +32,7 @@ KINDS = {
 }
 DEFAULT = ("dtype:bfloat16", "weights:packed", "attention:eager", "batch:4", "threads:1")
 
-# engine name -> a function (lm, spec) -> a World (lmtrace.scoring.variants.World)
+# engine name -> a function (lm, spec) -> a World (lmtrace.scoring.variants.worlds.World)
 _ENGINES: dict[str, Callable[[Any, VariantSpec], Any]] = {}
 
 

@@ -16,7 +16,7 @@ from lmtrace.logits import measure, sampling
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
 from lmtrace.records import Trace
-from lmtrace.scoring.score import forward_windows, resolve_window
+from lmtrace.scoring.teacher.score import forward_windows, resolve_window
 
 
 def _diff(recorded: float | None, rescored: float) -> float | None:

@@ -4,7 +4,7 @@ kernel, a batch, a thread count, torch.compile, vLLM, another file of the model)
 tokens are teacher-forced (each step's logprob, its delta, whether the variant's top-1 differs)
 and the prompt is decoded freely (greedy, or the same seed) to find the first step whose token
 differs. Per step the margin (top-1 minus top-2 raw logprob) is set against the noise the
-variants show there (lmtrace.scoring.noise)."""
+variants show there (lmtrace.scoring.stability.noise)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from lmtrace.errors import GenerationError, InvalidParameter, ModelLoadError
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams, check_integer
 from lmtrace.records import Trace
-from lmtrace.scoring import noise
-from lmtrace.scoring.variant_spec import DEFAULT, VariantSpec, parse_variants
-from lmtrace.scoring.variants import World, build
+from lmtrace.scoring.stability import noise
+from lmtrace.scoring.variants.spec import DEFAULT, VariantSpec, parse_variants
+from lmtrace.scoring.variants.worlds import World, build
 
 # what a variant that cannot run here raises: it is reported skipped, with the reason
 CANNOT_RUN = (
@@ -245,7 +245,7 @@ def stability(
     **keywords: Any,
 ) -> StabilityResult:
     """Decodes `prompt` (sampling: max_new_tokens, temperature, seed, ...; or `params`), then
-    measures it under each variant spec (lmtrace.scoring.variant_spec; a variant that cannot run
+    measures it under each variant spec (lmtrace.scoring.variants.spec; a variant that cannot run
     here is reported skipped, with the reason). `options` (StabilityOptions: runs, threshold,
     chat, params, on_status), or its fields as keywords; the other keywords are sampling settings.
     `runs` decodes the reference that many times in

@@ -4,7 +4,7 @@ of the same model), each able to teacher-force a sequence and to decode a prompt
 
 A World is built once per variant and can serve many prompts (bench/stability_calibration.py);
 `close` frees what it copied. Teacher forcing is one plain uncached forward of prompt + tokens
-under the variant (lmtrace.scoring.score.forward_windows), so that its numbers are those of the
+under the variant (lmtrace.scoring.teacher.score.forward_windows), so that its numbers are those of the
 variant's model and nothing else (compile: its compiled decode step, see CompiledWorld);
 decoding is lmtrace's engine under the variant, which is transformers' generate step for step."""
 
@@ -21,9 +21,9 @@ import torch
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
-from lmtrace.scoring import variant_spec
-from lmtrace.scoring.score import forward_windows, resolve_window
-from lmtrace.scoring.variant_spec import VariantSpec
+from lmtrace.scoring.teacher.score import forward_windows, resolve_window
+from lmtrace.scoring.variants import spec as variant_spec
+from lmtrace.scoring.variants.spec import VariantSpec
 
 # the other rows of batch:N are this text's tokens, cut to other lengths than the prompt's
 FILLER = (

@@ -2,7 +2,7 @@
 definitions: PMI and conditional PMI (the generated tokens teacher-forced once without the
 prompt) and p(True) (one forward of the model's own "Is the possible answer true?" prompt).
 
-    extra = lmtrace.scoring.polygraph.estimate(lm, trace)
+    extra = lmtrace.scoring.uncertainty.polygraph.estimate(lm, trace)
     extra["pmi"], extra["cpmi"], extra["p_true"]
 """
 
@@ -16,7 +16,7 @@ import torch
 from lmtrace.logits import measure, sequence
 from lmtrace.model.lm import LM
 from lmtrace.records import Trace
-from lmtrace.scoring.score import score
+from lmtrace.scoring.teacher.score import score
 
 # LM-Polygraph's PTrue prompt (estimators/p_true.py, after Kadavath et al. 2022), scored on the
 # continuation " True"
