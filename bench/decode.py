@@ -281,8 +281,8 @@ def measure(bench: Bench, batch: int, rounds: int, errors: dict[str, str]) -> di
 
 def fidelity(bench: Bench, n: int) -> dict[str, dict]:
     """Cost of bfloat16 and packed against float32: greedy on every bench prompt, then the
-    float32 model teacher-forced on the same tokens (lmtrace.scoring.verify.float32_cost)."""
-    from lmtrace.scoring.verify import cached_greedy, float32_cost
+    float32 model teacher-forced on the same tokens (lmtrace.scoring.teacher.verify.float32_cost)."""
+    from lmtrace.scoring.teacher.verify import cached_greedy, float32_cost
 
     found = {}
     for label, lm in (("bfloat16", bench.bf16), ("packed", bench.packed)):

@@ -149,7 +149,7 @@ def run_case(case: str, tokens: int, runs: int) -> dict:
             result[f"{kind}_write_s"] = files[f"{kind}_write_s"]
         result.update(_read_back(trace, files["jsonl_path"], files["json_path"]))
         if inside:
-            from lmtrace.render.html import write_html
+            from lmtrace.render.html.trace import write_html
 
             html_path = Path(folder) / "report.html"
             write_html(str(html_path), trace)

@@ -17,9 +17,9 @@ import time
 import torch
 
 import lmtrace
-from lmtrace.scoring.stability import reference_of
-from lmtrace.scoring.variant_spec import parse_variant
-from lmtrace.scoring.variants import build
+from lmtrace.scoring.stability.ledger import reference_of
+from lmtrace.scoring.variants.spec import parse_variant
+from lmtrace.scoring.variants.worlds import build
 
 PROMPT = "Write a haiku about autumn leaves."
 

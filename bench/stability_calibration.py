@@ -27,10 +27,10 @@ import torch
 
 import lmtrace
 from lmtrace.model.folder import save_folder
-from lmtrace.scoring import noise
-from lmtrace.scoring.stability import forced_steps, reference_of
-from lmtrace.scoring.variant_spec import parse_variant
-from lmtrace.scoring.variants import build
+from lmtrace.scoring.stability import noise
+from lmtrace.scoring.stability.ledger import forced_steps, reference_of
+from lmtrace.scoring.variants.spec import parse_variant
+from lmtrace.scoring.variants.worlds import build
 
 PROMPTS = Path(__file__).with_name("stability_prompts.txt")
 THRESHOLDS = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0)

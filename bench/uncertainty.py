@@ -16,7 +16,7 @@ import re
 
 import lmtrace
 from lmtrace.files import write_atomic
-from lmtrace.scoring import polygraph
+from lmtrace.scoring.uncertainty import polygraph
 
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin",
             "Egypt": "Cairo", "Canada": "Ottawa", "Australia": "Canberra", "Brazil": "Brasilia", "Kenya": "Nairobi",
@@ -61,7 +61,7 @@ def correct(task: str, text: str, expected: str) -> bool:
 
 
 def score_of(u: dict, name: str) -> float:
-    if name in ("pmi", "cpmi", "PTrue"):  # the extra passes (lmtrace.scoring.polygraph)
+    if name in ("pmi", "cpmi", "PTrue"):  # the extra passes (lmtrace.scoring.uncertainty.polygraph)
         return u["extra"]["p_true"]["PTrue"] if name == "PTrue" else u["extra"][name]
     if name.startswith("deepconf."):
         return -u["deepconf"][name.split(".")[1]]  # a confidence: negated to an uncertainty

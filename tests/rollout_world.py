@@ -10,8 +10,8 @@ import torch
 
 from lmtrace.decode.tracing import generate_ids
 from lmtrace.model.lm import LM
-from lmtrace.scoring import variants
 from lmtrace.scoring.rollouts.probes import canonical
+from lmtrace.scoring.variants import worlds as variants
 
 PROMPTS = ["Hello world, the", "Once upon a time", "The quick brown"]
 

@@ -15,7 +15,7 @@ from transformers import Gemma2Config
 import lmtrace
 from lmtrace.kv import size as kvsize
 from lmtrace.render import anatomy
-from lmtrace.render.html import write_html
+from lmtrace.render.html.trace import write_html
 from tests.server.cdp import find_browser
 
 

@@ -7,10 +7,10 @@ import pytest
 from rich.console import Console
 
 import lmtrace
-from lmtrace.render.attribution_terminal import attribution_table, parts_table, ranked
-from lmtrace.render.html import page_data, render_html
-from lmtrace.render.intervene_html import render_intervene_html
-from lmtrace.render.intervene_terminal import print_arms
+from lmtrace.render.html.intervene import render_intervene_html
+from lmtrace.render.html.trace import page_data, render_html
+from lmtrace.render.terminal.attribution import attribution_table, parts_table, ranked
+from lmtrace.render.terminal.intervene import print_arms
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lmtrace
-from lmtrace.scoring.variants import cast
+from lmtrace.scoring.variants.worlds import cast
 from tests.test_rollouts_formats import by_hand
 
 pytestmark = pytest.mark.integration

@@ -11,9 +11,9 @@ import re
 import pytest
 
 import lmtrace
-from lmtrace.render.html import write_html
-from lmtrace.render.inside import lens_heatmap
-from lmtrace.render.svg import Series, human_bytes, line_chart, nice_ticks
+from lmtrace.render.html.inside import lens_heatmap
+from lmtrace.render.html.svg import Series, human_bytes, line_chart, nice_ticks
+from lmtrace.render.html.trace import write_html
 from tests.test_report_browser import BROWSER, hover, open_report, problems
 
 
@@ -70,7 +70,7 @@ def test_panel_probabilities_read_as_numbers(tmp_path):
 @pytest.mark.skipif(BROWSER is None, reason="no Chromium on this machine")
 def test_kv_lab_page_shares_the_report_style_axes_and_panels(tiny_lm, tmp_path):
     from lmtrace.kvlab import kvlab
-    from lmtrace.render.kvlab_html import write_lab_html
+    from lmtrace.render.html.kvlab import write_lab_html
 
     lab = kvlab(tiny_lm, "Hello world, the quick brown fox", ["window:size=4", "streaming:sinks=1,window=3"],
                 max_new_tokens=6, temperature=0)  # fmt: skip

@@ -11,8 +11,8 @@ import pytest
 from rich.text import Text
 
 import lmtrace
-from lmtrace.render.html import write_html
-from lmtrace.render.terminal import coloured_text
+from lmtrace.render.html.trace import write_html
+from lmtrace.render.terminal.trace import coloured_text
 from tests.server.cdp import find_browser
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}<eos>{% endfor %}<assistant>"

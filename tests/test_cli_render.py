@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from lmtrace.cli import main
-from lmtrace.render.plots import plot_png
+from lmtrace.render.plots.trace import plot_png
 from tests import handmade
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -10,7 +10,7 @@ import pytest
 
 import lmtrace
 from lmtrace.cli import main
-from lmtrace.render.html import page_data
+from lmtrace.render.html.trace import page_data
 
 FLAGS = {
     "both": {"output_scores": True, "output_logits": True},

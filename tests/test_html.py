@@ -15,9 +15,9 @@ import pytest
 
 import lmtrace
 from lmtrace import InvalidParameter, Trace
-from lmtrace.render.html import notebook_html, render_html, write_html
-from lmtrace.render.svg import human_bytes, nice_ticks
-from lmtrace.render.templating import script_json
+from lmtrace.render.html.svg import human_bytes, nice_ticks
+from lmtrace.render.html.templating import script_json
+from lmtrace.render.html.trace import notebook_html, render_html, write_html
 from lmtrace.render.tokens import escape, show_bytes
 from tests import handmade
 from tests.handmade import PAYLOAD

@@ -9,8 +9,8 @@ import json
 import pytest
 
 import lmtrace
-from lmtrace.render.html import render_html, write_html
-from lmtrace.render.inside import sink_positions
+from lmtrace.render.html.inside import sink_positions
+from lmtrace.render.html.trace import render_html, write_html
 from lmtrace.render.tokens import escape as visible
 from tests.test_report_browser import BROWSER, PAYLOAD, hover, open_report, problems
 

@@ -132,7 +132,7 @@ def _att_step(raw: dict[int, float], valued: dict[int, float]) -> dict:
 def test_only_positions_that_behave_as_sinks_are_marked():
     """A 5-token prompt: position 0 takes most raw weight but little once weighted by its value
     (a sink); positions 1-3 ("capital of France") carry weight either way (no sinks)."""
-    from lmtrace.render.inside import sink_positions
+    from lmtrace.render.html.inside import sink_positions
 
     steps = [_att_step({0: 0.6, 1: 0.1, 2: 0.15, 3: 0.15}, {0: 0.05, 1: 0.3, 2: 0.3, 3: 0.35})] * 3
     assert sink_positions(steps) == {0}
@@ -141,7 +141,7 @@ def test_only_positions_that_behave_as_sinks_are_marked():
 
 
 def test_recent_mass_only_past_its_window(tiny_lm):
-    from lmtrace.render.html import render_html
+    from lmtrace.render.html.trace import render_html
 
     short = lmtrace.generate(tiny_lm, "Hello world", max_new_tokens=3, temperature=0, attention=True)
     assert 'data-recent=""' in render_html(short)

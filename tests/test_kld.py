@@ -183,7 +183,7 @@ def test_the_terminal_view_fits_80_columns(capsys, monkeypatch, tiny_dir, other_
 
 
 def test_model_and_corpus_text_is_not_rich_markup(tiny_lm, other_dir):
-    from lmtrace.render.kld import terminal
+    from lmtrace.render.terminal.kld import terminal
     from tests.test_anatomy import plain
 
     result = kld(tiny_lm, against_model(tiny_lm, str(other_dir)), TEXT, ctx=32, chunks=2, worst=1)

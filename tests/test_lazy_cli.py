@@ -61,7 +61,7 @@ def test_help_and_argument_errors_import_no_torch():
 def test_import_lmtrace_is_light_and_the_api_still_resolves():
     code = (
         "import sys, lmtrace; light = 'torch' not in sys.modules; "
-        "import lmtrace.scoring.score, lmtrace.decode.branch; "  # modules named as public functions
+        "import lmtrace.scoring.teacher.score, lmtrace.decode.branch; "  # modules named as public functions
         "print(light, callable(lmtrace.score), callable(lmtrace.branch), lmtrace.load.__module__, "
         "lmtrace.model.load.__name__, sorted(lmtrace.__all__) == sorted(set(lmtrace.__all__)))"
     )

@@ -14,7 +14,7 @@ from lmtrace.comparison.audit.runner import audit
 from lmtrace.interventions import InterveneOptions
 from lmtrace.kvlab import LabOptions
 from lmtrace.samples.settings import SampleOptions
-from lmtrace.scoring.stability import StabilityOptions
+from lmtrace.scoring.stability.ledger import StabilityOptions
 from lmtrace.server import ServerOptions, create_app
 
 

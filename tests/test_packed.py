@@ -223,7 +223,7 @@ def test_bundled_packed_against_float32(bundled_packed, bundled_lm):
 
 def test_verify_reports_the_packed_cost_against_float32(tiny_packed, tiny_tok):
     from lmtrace.model.lm import LM
-    from lmtrace.scoring.verify import verify
+    from lmtrace.scoring.teacher.verify import verify
 
     model, _, fast, _ = tiny_packed
     fast.generation_config.eos_token_id = tiny_tok.eos_token_id

@@ -12,7 +12,7 @@ import torch
 
 import lmtrace
 from lmtrace.logits import sequence
-from lmtrace.scoring import polygraph
+from lmtrace.scoring.uncertainty import polygraph
 from tests import uncertainty_oracle as oracle
 
 TOL = 1e-6

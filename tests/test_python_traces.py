@@ -10,8 +10,8 @@ import torch
 
 import lmtrace
 from lmtrace.model.lm import LM, model_name
-from lmtrace.render.html import render_html
-from lmtrace.render.terminal import header
+from lmtrace.render.html.trace import render_html
+from lmtrace.render.terminal.trace import header
 
 
 def test_a_converted_copy_is_named_by_its_gguf(tiny_lm, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import json
 import pytest
 
 import lmtrace
-from lmtrace.render.html import write_html
+from lmtrace.render.html.trace import write_html
 from tests.server.cdp import Browser, find_browser
 
 BROWSER = find_browser()

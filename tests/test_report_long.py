@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from lmtrace.render.html import render_html
+from lmtrace.render.html.trace import render_html
 from tests.long_trace import long_trace
 from tests.test_report_browser import BROWSER, open_report, problems
 

@@ -131,7 +131,7 @@ def test_trainer_with_a_float32_lm_head(tiny_lm):
     """--trainer lm_head:float32: the model in bfloat16, its lm_head in float32 — the trainer's
     numbers equal the bf16 model's final hidden state (transformers' own, after the norm) through
     the float32 lm_head, processed by transformers' warpers."""
-    from lmtrace.scoring.variants import cast
+    from lmtrace.scoring.variants.worlds import cast
 
     records = world.decode(tiny_lm, world.prompt_ids(tiny_lm)[:2], n=8, seed=4, temperature=0.7)
     bf16 = cast(tiny_lm.model, torch.bfloat16)

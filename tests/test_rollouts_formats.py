@@ -11,7 +11,7 @@ import torch
 import lmtrace
 from lmtrace.scoring.rollouts import readers
 from lmtrace.scoring.rollouts.locate import locate_at
-from lmtrace.scoring.variants import cast
+from lmtrace.scoring.variants.worlds import cast
 from tests import rollout_world as world
 
 PAD = 1
@@ -114,7 +114,7 @@ def test_locate_equals_a_hand_computation_with_hooks(tiny_lm, records):
     ref, var = by_hand(tiny_lm.model, ids), by_hand(cast(tiny_lm.model, torch.bfloat16), ids)
     # a zero vector (the pad token's embedding row) has no relative difference: 0, as locate says
     expected = [float((v - a).norm() / a.norm()) if a.norm() > 0 else 0.0 for a, v in zip(ref, var)]
-    got = locate_at(tiny_lm, r, 4, lmtrace.scoring.variant_spec.parse_variant("dtype:bfloat16"), threshold=1e-3)
+    got = locate_at(tiny_lm, r, 4, lmtrace.scoring.variants.spec.parse_variant("dtype:bfloat16"), threshold=1e-3)
     assert [x["layer"] for x in got["layers"]] == ["embed", "L0", "L1", "norm", "lm_head"]
     for x, e in zip(got["layers"], expected):
         assert abs(x["relative"] - e) <= 1e-5, (x, e)

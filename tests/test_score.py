@@ -9,7 +9,7 @@ import torch
 
 import lmtrace
 from lmtrace import InvalidParameter
-from lmtrace.scoring.score import ScoreResult, spans
+from lmtrace.scoring.teacher.score import ScoreResult, spans
 
 TEXT = "Once upon a time there was a little model. 很久很久以前 🙂 naïve café"
 # longer than the tiny model's 256 positions
@@ -172,7 +172,7 @@ def test_bad_input_names_the_parameter(tiny_lm, kwargs, message):
 
 
 def test_batches_are_bounded_by_size_and_padded_tokens():
-    from lmtrace.scoring.score import _groups
+    from lmtrace.scoring.teacher.score import _groups
 
     lengths = [5, 300, 40, 6, 100, 7, 90, 8]
     groups = _groups(lengths, batch_size=3, window=256)

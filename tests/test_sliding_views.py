@@ -15,7 +15,7 @@ import lmtrace
 from lmtrace.cli import main
 from lmtrace.kv import size as kvsize
 from lmtrace.render import anatomy
-from lmtrace.render.kv_terminal import steps_view
+from lmtrace.render.terminal.kv import steps_view
 from tests.test_anatomy import plain
 from tests.test_terminal_80 import check_80
 from tests.tiny_archs import gemma3_config, tiny_gemma3
@@ -131,7 +131,7 @@ def test_cache_at_80_columns_on_a_sliding_window_model(capsys, monkeypatch, tmp_
 
 
 def test_the_report_header_names_the_sliding_layers(lm, trace):
-    from lmtrace.render.facts import model_group
+    from lmtrace.render.html.facts import model_group
 
     assert lm.summary.sliding == "5 of 6 layers, window 4"
     rows = dict(model_group(trace.to_dict()["model"])[1])

@@ -146,8 +146,8 @@ def test_views_show_the_draft(tiny_lm):
     the terminal's draft column and summary line."""
     from rich.console import Console
 
-    from lmtrace.render.html import render_html
-    from lmtrace.render.terminal import print_trace
+    from lmtrace.render.html.trace import render_html
+    from lmtrace.render.terminal.trace import print_trace
 
     trace = lmtrace.generate(tiny_lm, "Hello world", max_new_tokens=16, temperature=0, draft="layers:1",
                              draft_tokens=3, stop_on_eos=False)  # fmt: skip

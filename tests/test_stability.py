@@ -12,9 +12,10 @@ import torch
 
 import lmtrace
 from lmtrace.decode.engine import left_pad, positions
-from lmtrace.scoring import noise, variant_spec
-from lmtrace.scoring.stability import first_divergence
-from lmtrace.scoring.variants import BatchWorld
+from lmtrace.scoring.stability import noise
+from lmtrace.scoring.stability.ledger import first_divergence
+from lmtrace.scoring.variants import spec as variant_spec
+from lmtrace.scoring.variants.worlds import BatchWorld
 from tests.same_record import one_thread  # noqa: F401
 from tests.tiny_gguf import write_tiny_gguf
 

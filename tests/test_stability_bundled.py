@@ -11,9 +11,9 @@ import torch
 
 import lmtrace
 from lmtrace.decode.engine import left_pad, positions
-from lmtrace.scoring.stability import first_divergence
-from lmtrace.scoring.variant_spec import parse_variant
-from lmtrace.scoring.variants import BatchWorld
+from lmtrace.scoring.stability.ledger import first_divergence
+from lmtrace.scoring.variants.spec import parse_variant
+from lmtrace.scoring.variants.worlds import BatchWorld
 from tests.same_record import one_thread  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lmtrace
-from lmtrace.scoring.stability import first_divergence
+from lmtrace.scoring.stability.ledger import first_divergence
 from tests.same_record import one_thread  # noqa: F401
 from tests.vllm_world import needs_vllm, save_tiny_32
 

@@ -123,7 +123,7 @@ def test_cli_generate_uncertainty(tiny_dir, tmp_path, capsys):
 
 
 def test_report_shows_the_scores_and_the_confidence_view(tiny_lm):
-    from lmtrace.render.html import render_html
+    from lmtrace.render.html.trace import render_html
 
     trace = lmtrace.generate(tiny_lm, "Hello", max_new_tokens=6, temperature=0.7, seed=4, uncertainty=True)
     html = render_html(trace)

@@ -10,7 +10,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 import lmtrace
 from lmtrace.cli import main
 from lmtrace.kv import ledger as kv
-from lmtrace.scoring.verify import verify
+from lmtrace.scoring.teacher.verify import verify
 
 
 def broken_cache(model):

@@ -16,9 +16,9 @@ from rich.console import Console
 import lmtrace
 from lmtrace.kv import ledger as kv
 from lmtrace.records import Trace
-from lmtrace.render.html import page_data, render_html, write_html
-from lmtrace.render.plots import plot_png
-from lmtrace.render.terminal import print_trace
+from lmtrace.render.html.trace import page_data, render_html, write_html
+from lmtrace.render.plots.trace import plot_png
+from lmtrace.render.terminal.trace import print_trace
 from tests.server.cdp import find_browser
 from tests.test_from_generate import assert_equal
 

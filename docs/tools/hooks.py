@@ -30,8 +30,8 @@ SECTIONS = [
 # Names below the package's top level that the guides use, by the module that defines them.
 # These module paths are written here and nowhere else in the generated page.
 MODULES = [
-    ("Reports", "lmtrace.render.html", ["write_html", "render_html"]),
-    ("Plots", "lmtrace.render.plots", ["write_plot", "plot_png"]),
+    ("Reports", "lmtrace.render.html.trace", ["write_html", "render_html"]),
+    ("Plots", "lmtrace.render.plots.trace", ["write_plot", "plot_png"]),
     ("The server", "lmtrace.server", ["create_app", "ServerOptions"]),
 ]
 

@@ -76,7 +76,7 @@ def reports(lm, work: Path) -> dict[str, Path]:
     import torch
 
     import lmtrace
-    from lmtrace.render.html import write_html
+    from lmtrace.render.html.trace import write_html
 
     made = {}
     trace = lmtrace.generate(lm, "Explain what a KV cache is in one sentence.", chat=True, max_new_tokens=40,
@@ -96,7 +96,7 @@ def reports(lm, work: Path) -> dict[str, Path]:
             seq = torch.cat([seq, out.logits[:, -1].topk(2).indices[:, -1:]], dim=1)
     write_html(made.setdefault("loop", work / "loop.html"), w.trace(lm.tokenizer, tokens=seq))
 
-    from lmtrace.render.kvlab_html import write_lab_html
+    from lmtrace.render.html.kvlab import write_lab_html
 
     lab = lmtrace.kvlab(lm, "Summarize the plot of Romeo and Juliet in three sentences.",
                         policies=["streaming:sinks=4,window=16", "h2o:budget=0.25", "fp8"],

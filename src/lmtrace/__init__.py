@@ -12,7 +12,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from lmtrace import records
-from lmtrace.scoring import variant_spec
+from lmtrace.scoring.variants import spec as variant_spec
 
 # public name -> the module that defines it
 _NAMES = {
@@ -38,14 +38,14 @@ _NAMES = {
     "Step": "lmtrace.records",
     "TokenScore": "lmtrace.records",
     "Trace": "lmtrace.records",
-    "rescore": "lmtrace.scoring.rescore",
+    "rescore": "lmtrace.scoring.teacher.rescore",
     "rollouts": "lmtrace.scoring.rollouts.report",
-    "ScoreResult": "lmtrace.scoring.score",
-    "score": "lmtrace.scoring.score",
-    "score_batch": "lmtrace.scoring.score",
+    "ScoreResult": "lmtrace.scoring.teacher.score",
+    "score": "lmtrace.scoring.teacher.score",
+    "score_batch": "lmtrace.scoring.teacher.score",
     "kld": "lmtrace.scoring.kld",
-    "StabilityResult": "lmtrace.scoring.stability",
-    "stability": "lmtrace.scoring.stability",
+    "StabilityResult": "lmtrace.scoring.stability.ledger",
+    "stability": "lmtrace.scoring.stability.ledger",
     "encode_prompt": "lmtrace.decode.tracing",
     "generate": "lmtrace.decode.tracing",
     "GenerateOptions": "lmtrace.decode.options",
@@ -80,10 +80,10 @@ if TYPE_CHECKING:
     from lmtrace.records import Alternative, Candidate, Step, TokenScore, Trace  # noqa: F401
     from lmtrace.samples.run import SampleResult, sample  # noqa: F401
     from lmtrace.scoring.kld import kld  # noqa: F401
-    from lmtrace.scoring.rescore import rescore  # noqa: F401
     from lmtrace.scoring.rollouts.report import rollouts  # noqa: F401
-    from lmtrace.scoring.score import ScoreResult, score, score_batch  # noqa: F401
-    from lmtrace.scoring.stability import StabilityResult, stability  # noqa: F401
+    from lmtrace.scoring.stability.ledger import StabilityResult, stability  # noqa: F401
+    from lmtrace.scoring.teacher.rescore import rescore  # noqa: F401
+    from lmtrace.scoring.teacher.score import ScoreResult, score, score_batch  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
@@ -117,7 +117,7 @@ sys.modules[__name__].__class__ = _Package
 
 def _notebook_html(obj: Any) -> str:
     # imported when a notebook first shows a record: the records themselves import no renderer
-    from lmtrace.render.html import notebook_html
+    from lmtrace.render.html.trace import notebook_html
 
     return notebook_html(obj)
 

@@ -11,7 +11,7 @@ import pytest
 from lmtrace.comparison.audit import AuditReport, ProbeResult, check_probes
 from lmtrace.comparison.audit.client import base_url
 from lmtrace.errors import InvalidParameter
-from lmtrace.render.audit_html import render_audit_html
+from lmtrace.render.html.audit import render_audit_html
 
 
 def report() -> AuditReport:

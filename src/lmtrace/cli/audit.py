@@ -53,7 +53,7 @@ def audit(url, model, device, dtype, allow_pickle, trust_remote_code, served_mod
     lm = load_model(status, model, device, "float32" if dtype == "auto" else dtype, allow_pickle, trust_remote_code)
 
     from lmtrace.comparison.audit.runner import audit as run
-    from lmtrace.render.audit_terminal import probe_line, summary_line
+    from lmtrace.render.terminal.audit import probe_line, summary_line
 
     def show(result) -> None:
         view.print(probe_line(result.to_dict()), soft_wrap=True)
@@ -62,7 +62,7 @@ def audit(url, model, device, dtype, allow_pickle, trust_remote_code, served_mod
         report = run(lm, server, probes=names, tolerance=tolerance, max_tokens=max_tokens, on_probe=show)
     write_json(json_path, report.to_json(indent=json_indent()))
     if html_path is not None:
-        from lmtrace.render.audit_html import write_audit_html
+        from lmtrace.render.html.audit import write_audit_html
 
         write_audit_html(html_path, report)
         status.print(f"[dim]report written to {html_path}[/dim]", soft_wrap=True)

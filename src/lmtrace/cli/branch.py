@@ -72,7 +72,7 @@ def branch(prompt, prompt_file, at, alternatives, fan, json_path, html_path, plo
             result = run(lm, text, at, fields["alternatives"], fan=fan, params=params, chat=kw["chat"],
                          lens=kw["lens"], attention=kw["attention"], draft=chosen,
                          draft_tokens=draft_tokens)  # fmt: skip
-    from lmtrace.render.branch import print_branches
+    from lmtrace.render.terminal.branch import print_branches
 
     write_json(json_path, result.to_json(indent=json_indent()))
     print_branches(result, view)

@@ -61,7 +61,7 @@ def _demo(lm, text: str, chat: bool, rounds: int, json_path: str | None, view, s
     """--demo-misuse: a right and a re-feeding hand-written loop side by side."""
     from lmtrace.decode.tracing import encode_prompt
     from lmtrace.external.misuse import compare
-    from lmtrace.render.kv_terminal import misuse_view
+    from lmtrace.render.terminal.kv import misuse_view
 
     with status.status("Running both loops…"):
         result = compare(lm, encode_prompt(lm, text, chat), rounds)
@@ -71,8 +71,8 @@ def _demo(lm, text: str, chat: bool, rounds: int, json_path: str | None, view, s
 
 def _show(trace, json_path: str | None, view) -> None:
     """The ledger as JSON; the anatomy, the generated text, the steps and the growth chart."""
-    from lmtrace.render.kv_terminal import anatomy_view, chart, steps_view
-    from lmtrace.render.terminal import coloured_text
+    from lmtrace.render.terminal.kv import anatomy_view, chart, steps_view
+    from lmtrace.render.terminal.trace import coloured_text
 
     ledger = [s.kv for s in trace.steps]
     record = {"model": trace.model, "anatomy": trace.kv_anatomy, "steps": ledger}
@@ -103,7 +103,7 @@ def kv_size(model_or_config, context, batch, dtype, trust_remote_code, json_path
     bundled model) at --context positions, from the config alone: no weights are loaded."""
     from lmtrace.kv.size import anatomy, context_table
     from lmtrace.model.load import load_config
-    from lmtrace.render.kv_terminal import anatomy_view, size_view
+    from lmtrace.render.terminal.kv import anatomy_view, size_view
 
     if context < 1:
         raise InvalidParameter(f"context must be >= 1, got {context}")

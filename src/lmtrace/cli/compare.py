@@ -57,7 +57,7 @@ def compare(response_file, model, device, dtype, allow_pickle, trust_remote_code
         result = run(lm, rep, temperature=temperature, top_k=top_k, top_p=top_p, threshold=threshold)
     write_json(json_path, json.dumps(result.to_dict(), indent=json_indent()))
     if html_path is not None:
-        from lmtrace.render.compare_html import write_compare_html
+        from lmtrace.render.html.compare import write_compare_html
 
         write_compare_html(html_path, result.to_dict(), lm.source)
     view.print(comparison_view(result.to_dict()))

@@ -40,8 +40,8 @@ def print_extras(trace, waterfall: str | None, view) -> None:
     """The echoed prompt tokens and the chosen step's waterfall, below the trace."""
     from rich.text import Text
 
-    from lmtrace.render.score import tokens_table
-    from lmtrace.render.waterfall import waterfall_view
+    from lmtrace.render.terminal.score import tokens_table
+    from lmtrace.render.terminal.waterfall import waterfall_view
 
     if trace.prompt_logprobs is not None:
         view.print(Text("\nprompt tokens (teacher-forced in the prefill pass)", style="bold"))
@@ -221,21 +221,21 @@ def _traced_here(status, model, local: dict, text: str, params, kw: dict, draft:
 
 def _show(trace: Trace, kw: dict, view, json_path, html_path, plot_path) -> None:
     """The trace on screen, in the JSON file and the reports asked for."""
-    from lmtrace.render.terminal import print_trace
+    from lmtrace.render.terminal.trace import print_trace
 
     save_trace(json_path, trace)
     print_trace(trace, view, kw["show_prompt"])
     print_extras(trace, kw["waterfall"], view)
     if "uncertainty" in trace.entries:
-        from lmtrace.render.uncertainty_terminal import scores_table
+        from lmtrace.render.terminal.uncertainty import scores_table
 
         view.print(scores_table(trace.uncertainty))
     if kw["lens"]:
-        from lmtrace.render.lens_terminal import settled_line
+        from lmtrace.render.terminal.inside import settled_line
 
         view.print(settled_line(trace))
     if kw["attribution"]:
-        from lmtrace.render.attribution_terminal import attribution_table
+        from lmtrace.render.terminal.attribution import attribution_table
 
         view.print(attribution_table(trace, view.width))
     if json_path and json_path != "-":

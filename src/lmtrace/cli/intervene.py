@@ -49,12 +49,12 @@ def intervene(prompt, prompt_file, ablate, steer, patch, no_free, json_path, htm
     view, status = consoles(json_path, no_color)
     lm = load_model(status, *loading)
     from lmtrace.interventions import intervene as run
-    from lmtrace.render.intervene_terminal import print_arms
+    from lmtrace.render.terminal.intervene import print_arms
 
     result = run(lm, text, ablate, steer, patch, chat=chat, free=not no_free, params=params)
     write_json(json_path, result.to_json(indent=json_indent()))
     print_arms(result.to_dict(), view)
     if html_path is not None:
-        from lmtrace.render.intervene_html import write_intervene_html
+        from lmtrace.render.html.intervene import write_intervene_html
 
         write_reports(result, html_path, None, view, html=write_intervene_html)

@@ -47,7 +47,8 @@ def kld_command(against, file_path, ctx, chunks, worst, model, device, dtype, al
     view, status = consoles(json_path, no_color)
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code)
 
-    from lmtrace.render import kld as render
+    from lmtrace.render.html import kld as kld_html
+    from lmtrace.render.terminal import kld as render
     from lmtrace.scoring.kld import against_model, kld
 
     with status.status(f"Loading B ({against})…") as spinner:
@@ -57,5 +58,5 @@ def kld_command(against, file_path, ctx, chunks, worst, model, device, dtype, al
     write_json(json_path, json.dumps(result, indent=json_indent(), ensure_ascii=False))
     view.print(render.terminal(result))
     if html_path is not None:
-        render.write_html(result, html_path)
+        kld_html.write_html(result, html_path)
         view.print(f"HTML report: {html_path}", markup=False, highlight=False)

@@ -52,7 +52,7 @@ def kv_lab(prompt, prompt_file, policies, continuation, continuation_file, free,
 
     from lmtrace.kvlab import kvlab, parse_policies
     from lmtrace.params import SamplingParams
-    from lmtrace.render.kvlab_terminal import print_lab
+    from lmtrace.render.terminal.kvlab import print_lab
 
     keys = ("model", "device", "dtype", "allow_pickle", "trust_remote_code")
     loading = [options.pop(k) for k in keys]
@@ -80,7 +80,7 @@ def kv_lab(prompt, prompt_file, policies, continuation, continuation_file, free,
     write_json(json_path, result.to_json(indent=json_indent()))
     print_lab(result, view)
     if html_path is not None or plot_path is not None:
-        from lmtrace.render.kvlab_html import write_lab_html
-        from lmtrace.render.kvlab_plot import write_lab_plot
+        from lmtrace.render.html.kvlab import write_lab_html
+        from lmtrace.render.plots.kvlab import write_lab_plot
 
         write_reports(result, html_path, plot_path, view, html=write_lab_html, plot=write_lab_plot)

@@ -39,12 +39,12 @@ def _print_score(d: dict[str, Any], console: Console) -> None:
 
 def print_record(kind: str, d: dict[str, Any], path: str, console: Console, show_prompt: bool = False) -> None:
     """The terminal view: the same as `generate` showed for a trace; each branch in turn."""
-    from lmtrace.render.terminal import print_trace
+    from lmtrace.render.terminal.trace import print_trace
 
     if kind == SCORE:
         _print_score(d, console)
     elif kind == STABILITY:
-        from lmtrace.render.stability_terminal import print_stability
+        from lmtrace.render.terminal.stability import print_stability
 
         print_stability(d, console)
     elif kind == BRANCHES:
@@ -56,7 +56,7 @@ def print_record(kind: str, d: dict[str, Any], path: str, console: Console, show
 
 
 def _print_lens(kind: str, d: dict[str, Any], path: str, step: int | None, console: Console) -> None:
-    from lmtrace.render.lens_terminal import inside_table, pick_step, settled_line
+    from lmtrace.render.terminal.inside import inside_table, pick_step, settled_line
 
     if kind != "trace":
         raise InvalidParameter(f"lens: {path!r} is a {kind} record, not a trace")
@@ -89,8 +89,8 @@ def render(trace_path, html_path, plot_path, no_color, lens=False, step=None, sh
         print_record(kind, d, trace_path, console, show_prompt)
         return
     if kind == STABILITY:
-        from lmtrace.render.stability_html import write_stability_html
-        from lmtrace.render.stability_plot import write_stability_plot
+        from lmtrace.render.html.stability import write_stability_html
+        from lmtrace.render.plots.stability import write_stability_plot
 
         write_reports(d, html_path, plot_path, console, html=write_stability_html, plot=write_stability_plot)
         return

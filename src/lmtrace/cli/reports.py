@@ -59,13 +59,13 @@ def write_reports(
     write another kind of result than lmtrace.render's (a KV-lab result)."""
     if html_path is not None:
         if html is None:
-            from lmtrace.render.html import write_html as html
+            from lmtrace.render.html.trace import write_html as html
 
         html(html_path, result)
         console.print(f"[dim]report written to {html_path}[/dim]", soft_wrap=True)
     if plot_path is not None:
         if plot is None:
-            from lmtrace.render.plots import write_plot as plot
+            from lmtrace.render.plots.trace import write_plot as plot
 
         plot(plot_path, result)
         console.print(f"[dim]plot written to {plot_path}[/dim]", soft_wrap=True)

@@ -44,7 +44,7 @@ def rollouts_command(file, fmt, trainer, caps, locate, locate_threshold, json_pa
     masked shares, and the causes: off_by_one, retokenized, processing_mismatch, numeric, weights."""
     from lmtrace.scoring.rollouts import options as checks
     from lmtrace.scoring.rollouts import readers
-    from lmtrace.scoring.variant_spec import parse_variant
+    from lmtrace.scoring.variants.spec import parse_variant
 
     if fmt not in FORMATS:
         raise InvalidParameter(f"format: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
@@ -61,7 +61,7 @@ def rollouts_command(file, fmt, trainer, caps, locate, locate_threshold, json_pa
     invariant = options.pop("batch_invariant")
     lm = load_model(status, *[options.pop(k) for k in keys], batch_invariant=invariant)
 
-    from lmtrace.render.rollouts_terminal import print_rollouts
+    from lmtrace.render.terminal.rollouts import print_rollouts
     from lmtrace.scoring.rollouts.report import rollouts
 
     with status.status("Teacher-forcing the rollouts…") as spinner:
@@ -72,7 +72,7 @@ def rollouts_command(file, fmt, trainer, caps, locate, locate_threshold, json_pa
     write_json(json_path, to_json(report, indent=json_indent()))
     print_rollouts(report, view)
     if html_path is not None:
-        from lmtrace.render.rollouts_html import write_rollouts_html
+        from lmtrace.render.html.rollouts import write_rollouts_html
 
         write_rollouts_html(html_path, report)
         view.print(f"[dim]report written to {html_path}[/dim]", soft_wrap=True)

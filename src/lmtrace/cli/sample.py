@@ -66,7 +66,7 @@ def sample_command(prompt, prompt_file, n, answer_regex, choice, deepconf, warmu
     view, status = consoles(json_path, no_color)
     lm = load_model(status, *loading, batch_invariant=invariant)
 
-    from lmtrace.render.samples_terminal import print_samples
+    from lmtrace.render.terminal.samples import print_samples
     from lmtrace.samples.run import sample
 
     with status.status(f"Sampling {n}…") as spinner:
@@ -84,7 +84,7 @@ def sample_command(prompt, prompt_file, n, answer_regex, choice, deepconf, warmu
     write_json(json_path, result.to_json(indent=json_indent()))
     print_samples(result, view)
     if html_path is not None:
-        from lmtrace.render.samples_html import write_samples_html
+        from lmtrace.render.html.samples import write_samples_html
 
         write_samples_html(html_path, result)
         view.print(f"[dim]page written to {html_path}[/dim]", soft_wrap=True)

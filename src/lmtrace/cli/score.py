@@ -81,7 +81,7 @@ def _progress(console, total: int) -> Progress:
 
 def _scored(lm, records, status, options) -> list:
     """[(id, ScoreResult)] of every record, batched, with a progress bar."""
-    from lmtrace.scoring.score import score_batch
+    from lmtrace.scoring.teacher.score import score_batch
 
     with _progress(status, len(records)) as progress:
         task = progress.add_task("score", total=len(records))
@@ -94,7 +94,7 @@ def _scored(lm, records, status, options) -> list:
 def _score_list(lm, records, json_path: str | None, view, status, **options) -> None:
     """--file TEXTS.jsonl: the results as one JSON list, each with its record's id."""
     from lmtrace.cli.common import write_json
-    from lmtrace.render.score import summary_table
+    from lmtrace.render.terminal.score import summary_table
 
     keyed = _scored(lm, records, status, options)
     scores = [{"id": key, **r.to_dict()} for key, r in keyed]
@@ -107,7 +107,7 @@ def _score_list(lm, records, json_path: str | None, view, status, **options) -> 
 
 
 def _score_jsonl(lm, records, out_path: str, view, status, **options) -> None:
-    from lmtrace.render.score import summary_table
+    from lmtrace.render.terminal.score import summary_table
 
     keyed = _scored(lm, records, status, options)
     lines = [json.dumps({"id": key, **r.to_dict()}, ensure_ascii=False, allow_nan=False) for key, r in keyed]
@@ -188,8 +188,8 @@ def score(text, file, prompt, continuation, jsonl, json_path, html_path, plot_pa
     check_report_paths(html_path, plot_path)
     view, status = consoles(json_path, no_color)
     announce(status, loading[0])
-    from lmtrace.render.score import print_score
-    from lmtrace.scoring.score import score as run
+    from lmtrace.render.terminal.score import print_score
+    from lmtrace.scoring.teacher.score import score as run
 
     lm = load_model(status, *loading, batch_invariant=invariant)
     kwargs = {k: options[k] for k in ("window", "stride", "top_logprobs")}
@@ -206,7 +206,7 @@ def _remotely(server, loading, text, file, prompt, continuation, jsonl, json_pat
               options) -> None:  # fmt: skip
     """The scoring done by a live `lmtrace serve`; the answer shown and written as a local one."""
     from lmtrace.cli.common import write_json
-    from lmtrace.render.score import print_score
+    from lmtrace.render.terminal.score import print_score
 
     keys = ("device", "dtype", "allow_pickle", "trust_remote_code", "device_map")
     base = remote.check(server, loading[0], {**dict(zip(keys, loading[1:])), "jsonl": jsonl})

@@ -17,7 +17,7 @@ from lmtrace.cli.options import (
 )
 from lmtrace.cli.reports import check_report_paths, report_options, write_reports
 from lmtrace.errors import InvalidParameter
-from lmtrace.scoring import variant_spec
+from lmtrace.scoring.variants import spec as variant_spec
 
 VARIANT_HELP = (
     "A variant (repeatable): dtype:bfloat16, dtype:float16, weights:packed, attention:eager, attention:sdpa, "
@@ -74,8 +74,8 @@ def stability_command(prompt, prompt_file, variants, runs, threshold, json_path,
     view, status = consoles(json_path, no_color)
     lm = load_model(status, *loading, batch_invariant=invariant)
 
-    from lmtrace.render.stability_terminal import print_stability
-    from lmtrace.scoring.stability import stability
+    from lmtrace.render.terminal.stability import print_stability
+    from lmtrace.scoring.stability.ledger import stability
 
     with status.status("Decoding the reference…") as spinner:
         result = stability(lm, text, specs, runs=runs, threshold=threshold, chat=chat, params=params,
@@ -83,7 +83,7 @@ def stability_command(prompt, prompt_file, variants, runs, threshold, json_path,
     write_json(json_path, result.to_json(indent=json_indent()))
     print_stability(result, view)
     if html_path is not None or plot_path is not None:
-        from lmtrace.render.stability_html import write_stability_html
-        from lmtrace.render.stability_plot import write_stability_plot
+        from lmtrace.render.html.stability import write_stability_html
+        from lmtrace.render.plots.stability import write_stability_plot
 
         write_reports(result, html_path, plot_path, view, html=write_stability_html, plot=write_stability_plot)

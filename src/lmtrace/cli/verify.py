@@ -41,7 +41,7 @@ def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote
     view, status = consoles(json_path, no_color)
     announce(status, model)
     from lmtrace.decode.tracing import encode_prompt
-    from lmtrace.scoring.verify import verify as run
+    from lmtrace.scoring.teacher.verify import verify as run
 
     lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, weights=weights)
     ids = encode_prompt(lm, text, chat)
@@ -64,7 +64,7 @@ def verify(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remote
 def rescore_trace(lm, text: str, chat: bool, max_new_tokens: int) -> dict:
     """The round trip: a traced greedy generation, rescored teacher-forced (lmtrace.rescore)."""
     from lmtrace.decode.tracing import generate
-    from lmtrace.scoring.rescore import rescore
+    from lmtrace.scoring.teacher.rescore import rescore
 
     trace = generate(lm, text, chat=chat, max_new_tokens=max_new_tokens, temperature=0)
     found = rescore(lm, trace)

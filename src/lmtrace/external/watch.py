@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from lmtrace.external.follow import Loop, positions
+from lmtrace.inside.hooks import Hooks
 from lmtrace.kv import ledger
 
 PACKAGE = str(Path(__file__).resolve().parents[1])  # lmtrace's own frames are not the user's
@@ -66,19 +67,15 @@ class Watch:
         self.problems: list[Problem] = []
         self._loop = Loop()
         self._pending: dict[str, Any] = {}
-        self._handles: list[Any] = []
+        self._hooks = Hooks(model)
 
     def __enter__(self) -> Watch:
-        self._handles = [
-            self.model.register_forward_pre_hook(self._before, with_kwargs=True),
-            self.model.register_forward_hook(self._after, with_kwargs=True),
-        ]
+        self._hooks.add("model.in", self._before)
+        self._hooks.add("model.out", self._after)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        self._hooks.remove()
 
     @property
     def ok(self) -> bool:
@@ -100,7 +97,7 @@ class Watch:
             "started": time.perf_counter(),
         }
 
-    def _after(self, module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+    def _after(self, module: Any, args: tuple, output: Any) -> None:
         p, self._pending = self._pending, {}
         cache = p["cache"] if p["cache"] is not None else _output_cache(output)
         after = ledger.seq_length(cache) if cache is not None else 0

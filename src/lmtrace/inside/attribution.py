@@ -26,6 +26,7 @@ import torch
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.inside import lens
+from lmtrace.inside.hooks import Hooks
 
 DEFAULT_AGAINST = "rank:2"
 
@@ -132,19 +133,16 @@ def capturing(an: Anatomy, keep: Callable[[], int] = lambda: 1) -> Iterator[Part
 
         return hook
 
-    handles = [un.layers[0].register_forward_pre_hook(pre(None, "embed"), with_kwargs=True),
-               un.norm.register_forward_pre_hook(pre(None, "final"), with_kwargs=True)]  # fmt: skip
-    for i, b in enumerate(bs):
-        handles.append(b.attn.register_forward_hook(post(parts.attn, i)))
-        handles.append(b.mlp.register_forward_hook(post(parts.mlp, i)))
-        handles.append(b.o_proj.register_forward_pre_hook(pre(parts.heads_in, i), with_kwargs=True))
-        if b.post is not None:
-            handles.append(b.post.register_forward_pre_hook(pre(parts.post_in, i), with_kwargs=True))
-    try:
+    with Hooks(un=un, blocks=bs) as hooks:
+        hooks.add("blocks.0.resid_pre", pre(None, "embed"))
+        hooks.add("norm.in", pre(None, "final"))
+        for i, b in enumerate(bs):
+            hooks.add(f"blocks.{i}.attn_out", post(parts.attn, i))
+            hooks.add(f"blocks.{i}.mlp_out", post(parts.mlp, i))
+            hooks.add(f"blocks.{i}.attn.z", pre(parts.heads_in, i))
+            if b.post is not None:
+                hooks.add(f"blocks.{i}.attn.o", pre(parts.post_in, i))
         yield parts
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @dataclass

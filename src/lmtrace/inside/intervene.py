@@ -15,7 +15,7 @@ recompute with it would compute them."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import torch
 
 from lmtrace.errors import InvalidParameter
 from lmtrace.inside import attribution, lens
+from lmtrace.inside.hooks import Hooks
 
 
 @dataclass
@@ -105,19 +106,18 @@ def _replace(output: Any, value: torch.Tensor) -> Any:
     return (value, *output[1:]) if isinstance(output, tuple) else value
 
 
-def _hook(change: Intervention, model: Any):
-    """(module, register method name, hook) for one change."""
-    bs = attribution.blocks(model)
+def _hook(change: Intervention, model: Any) -> tuple[str, Any]:
+    """(hook point, hook) for one change."""
     if change.kind in ("ablate_attn", "ablate_mlp"):
-        module = bs[change.layer].attn if change.kind == "ablate_attn" else bs[change.layer].mlp
+        point = f"blocks.{change.layer}.{'attn' if change.kind == 'ablate_attn' else 'mlp'}_out"
 
         def zero(m, args, output):
             h = output[0] if isinstance(output, tuple) else output
             return _replace(output, torch.zeros_like(h))
 
-        return module.register_forward_hook(zero)
+        return point, zero
     if change.kind == "ablate_head":
-        b = bs[change.layer]
+        b = attribution.blocks(model)[change.layer]
 
         def drop(m, args, kwargs):
             x = args[0] if args else kwargs["input"]
@@ -126,8 +126,8 @@ def _hook(change: Intervention, model: Any):
             x[..., change.head * width : (change.head + 1) * width] = 0  # (batch, seq, heads * head_dim)
             return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "input": x})
 
-        return b.o_proj.register_forward_pre_hook(drop, with_kwargs=True)
-    layer = lens.unembedding(model).layers[change.layer]
+        return f"blocks.{change.layer}.attn.z", drop
+    point = f"blocks.{change.layer}.resid_post"
     if change.kind == "patch":
 
         def patch(m, args, output):  # a forward from position 0 (prefill, full recompute) holds it
@@ -138,19 +138,19 @@ def _hook(change: Intervention, model: Any):
             h[:, change.position] = change.vector.to(h.device, h.dtype)  # (batch, seq, hidden)
             return _replace(output, h)
 
-        return layer.register_forward_hook(patch)
+        return point, patch
 
     def steer(m, args, output):
         h = output[0] if isinstance(output, tuple) else output
         return _replace(output, h + change.alpha * change.vector.to(h.device, h.dtype))
 
-    return layer.register_forward_hook(steer)
+    return point, steer
 
 
 @contextmanager
 def applied(model: Any, changes: Sequence[Intervention]) -> Iterator[None]:
     """Every change's hook on `model` for the duration (every forward: prefill, cached steps)."""
-    with ExitStack() as stack:
+    with Hooks(model) as hooks:
         for change in changes:
-            stack.callback(_hook(change, model).remove)
+            hooks.add(*_hook(change, model))
         yield

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from lmtrace.errors import InvalidParameter
+from lmtrace.inside.hooks import Hooks
 from lmtrace.logits import measure as numbers
 
 
@@ -96,13 +97,11 @@ def capturing(model, keep: Callable[[], int] = lambda: 1) -> Iterator[list[torch
 
         return hook
 
-    handles = [un.layers[0].register_forward_pre_hook(first, with_kwargs=True)]
-    handles += [layer.register_forward_hook(after(i)) for i, layer in enumerate(un.layers)]
-    try:
+    with Hooks(model, un=un) as hooks:
+        hooks.add("blocks.0.resid_pre", first)
+        for i in range(len(un.layers)):
+            hooks.add(f"blocks.{i}.resid_post", after(i))
         yield rows
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def measure(

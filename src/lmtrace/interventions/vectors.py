@@ -13,29 +13,25 @@ import torch
 from lmtrace.errors import InvalidParameter
 from lmtrace.files import write_atomic_bytes
 from lmtrace.inside import lens
+from lmtrace.inside.hooks import hooked
 from lmtrace.model.lm import LM
 
 
 def mean_residual(lm: LM, texts: Sequence[str], layer: int, last: bool = False) -> torch.Tensor:
     """(hidden,) float32: the mean over texts of each text's mean residual after `layer` (with
     `last`, each text's residual at its last position)."""
-    target = lens.unembedding(lm.model).layers[layer]
     kept: list[torch.Tensor] = []
 
     def hook(module, args, output):
         h = output[0] if isinstance(output, tuple) else output
         kept.append(h[0, -1].float() if last else h[0].float().mean(0))  # (1, seq, hidden) -> (hidden,)
 
-    handle = target.register_forward_hook(hook)
-    try:
-        with torch.inference_mode():
-            for text in texts:
-                ids = list(lm.tokenizer(text)["input_ids"])
-                if not ids:
-                    raise InvalidParameter(f"steer-vector: the text {text!r} has no tokens")
-                lm.model(input_ids=torch.tensor([ids], device=lm.model.device))
-    finally:
-        handle.remove()
+    with hooked(lm.model, f"blocks.{layer}.resid_post", hook), torch.inference_mode():
+        for text in texts:
+            ids = list(lm.tokenizer(text)["input_ids"])
+            if not ids:
+                raise InvalidParameter(f"steer-vector: the text {text!r} has no tokens")
+            lm.model(input_ids=torch.tensor([ids], device=lm.model.device))
     return torch.stack(kept).mean(0).cpu()
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from lmtrace.render.svg import bar_chart
+from lmtrace.render.html.svg import bar_chart
 from lmtrace.render.tokens import escape as visible
 from lmtrace.render.tokens import show_bytes
 

@@ -8,8 +8,8 @@ import math
 import unicodedata
 from typing import Any
 
-from lmtrace.render import inside
-from lmtrace.render.attribution_html import attribution_view
+from lmtrace.render.html import inside
+from lmtrace.render.html.attribution import attribution_view
 from lmtrace.render.speculative import verdict
 from lmtrace.render.tokens import SCALE, escape, show_bytes
 

@@ -222,7 +222,8 @@ def against_model(lm: LM, against: str) -> LM:
     """B from its spec: `packed` (the same GGUF's own quantized weights), `dtype:NAME` (A's
     weights cast), or the path of another model file or folder."""
     from lmtrace.model.load import load
-    from lmtrace.scoring import variant_spec, variants
+    from lmtrace.scoring.variants import spec as variant_spec
+    from lmtrace.scoring.variants import worlds as variants
 
     if against == "packed":
         path = variants.gguf_of(lm)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from lmtrace.decode.branch import branch
-from lmtrace.scoring.score import score
+from lmtrace.scoring.teacher.score import score
 from lmtrace.server.errors import APIError, bad_request, failure
 from lmtrace.server.generation import ServerState, check_draft
 from lmtrace.server.prepare import check_common, check_model, params_for

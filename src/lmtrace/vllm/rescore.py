@@ -14,7 +14,7 @@ import torch
 from lmtrace.logits import measure
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
-from lmtrace.scoring.score import forward_windows, resolve_window
+from lmtrace.scoring.teacher.score import forward_windows, resolve_window
 from lmtrace.vllm.params import process_like_vllm
 
 

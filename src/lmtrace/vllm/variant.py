@@ -15,8 +15,8 @@ import torch
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
-from lmtrace.scoring.variant_spec import VariantSpec
-from lmtrace.scoring.variants import World
+from lmtrace.scoring.variants.spec import VariantSpec
+from lmtrace.scoring.variants.worlds import World
 
 # alternatives asked of vLLM per forced position: the reference's runner-up is among them
 # unless the variant moved it below this rank (its margin change is then unknown, null)

@@ -1,5 +1,5 @@
 """The rollouts' logits under one computation: the reference's own model, or a stability
-variant (lmtrace.scoring.variants) — the trainer's side (`--trainer`) and the variants the
+variant (lmtrace.scoring.variants.worlds) — the trainer's side (`--trainer`) and the variants the
 causes try. A variant with a model of its own (dtype, packed weights, another file) or a
 setting (attention kernel, threads) runs the batched path under it; one that is a way of
 batching or compiling (batch:N, compile) runs its own teacher forcing, a rollout at a time."""
@@ -12,10 +12,10 @@ import torch
 
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
-from lmtrace.scoring import variants
 from lmtrace.scoring.rollouts import tokens
 from lmtrace.scoring.rollouts.forward import forced_logits
 from lmtrace.scoring.rollouts.rollout import Rollout
+from lmtrace.scoring.variants import worlds as variants
 
 OnLogits = Callable[[int, torch.Tensor], None]  # (rollout index, logits (n, vocab) float32)
 

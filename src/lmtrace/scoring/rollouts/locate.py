@@ -13,39 +13,38 @@ from typing import Any
 
 import torch
 
+from lmtrace.inside import lens
+from lmtrace.inside.hooks import Hooks
 from lmtrace.model.lm import LM
-from lmtrace.scoring import variants
 from lmtrace.scoring.rollouts.options import check_locate
 from lmtrace.scoring.rollouts.rollout import Rollout
-from lmtrace.scoring.variant_spec import VariantSpec
+from lmtrace.scoring.variants import worlds as variants
+from lmtrace.scoring.variants.spec import VariantSpec
 
 
-def modules(model) -> list[tuple[str, torch.nn.Module]]:
-    """[(name, module)]: `embed`, `L0`..`L{n-1}` (the decoder blocks), `norm`, `lm_head`."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    out = [("embed", model.get_input_embeddings())]
-    out += [(f"L{i}", layer) for i, layer in enumerate(decoder.layers)]
-    out += [("norm", decoder.norm), ("lm_head", model.get_output_embeddings())]
+def points(model) -> list[tuple[str, str]]:
+    """[(name, hook point)]: `embed`, `L0`..`L{n-1}` (the residual after each decoder block),
+    `norm` (the final norm's output), `lm_head` (the logits)."""
+    layers = len(lens.unembedding(model).layers)
+    out = [("embed", "embed")]
+    out += [(f"L{i}", f"blocks.{i}.resid_post") for i in range(layers)]
+    out += [("norm", "norm.out"), ("lm_head", "unembed")]
     return out
 
 
 @contextlib.contextmanager
 def captured(model) -> Iterator[dict[str, torch.Tensor]]:
-    """Each module's output at the last position, float32 (hidden,) or (vocab,), while inside."""
+    """Each point's output at the last position, float32 (hidden,) or (vocab,), while inside."""
     seen: dict[str, torch.Tensor] = {}
-    handles = []
-    for name, module in modules(model):
+    with Hooks(model) as hooks:
+        for name, point in points(model):
 
-        def hook(_m, _args, output, name=name):
-            h = output[0] if isinstance(output, tuple) else output
-            seen[name] = h[0, -1].detach().float().clone()  # (1, seq, dim) -> (dim,)
+            def hook(_m, _args, output, name=name):
+                h = output[0] if isinstance(output, tuple) else output
+                seen[name] = h[0, -1].detach().float().clone()  # (1, seq, dim) -> (dim,)
 
-        handles.append(module.register_forward_hook(hook))
-    try:
+            hooks.add(point, hook)
         yield seen
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def hidden(model, ids: Sequence[int]) -> dict[str, torch.Tensor]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmtrace.errors import InvalidParameter
-from lmtrace.scoring.variant_spec import VariantSpec
+from lmtrace.scoring.variants.spec import VariantSpec
 
 # the variants with a model or a setting of their own to hook
 LOCATE_KINDS = ("dtype", "weights", "attention", "threads", "model", "lm_head")

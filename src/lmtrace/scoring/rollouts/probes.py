@@ -11,10 +11,10 @@ from typing import Any
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.lm import LM
 from lmtrace.params import SamplingParams
-from lmtrace.scoring import variants
 from lmtrace.scoring.rollouts import causes, computed
 from lmtrace.scoring.rollouts.rollout import Rollout
-from lmtrace.scoring.variant_spec import VariantSpec, parse_variant
+from lmtrace.scoring.variants import worlds as variants
+from lmtrace.scoring.variants.spec import VariantSpec, parse_variant
 
 NUMERIC = ("dtype:bfloat16", "dtype:float16")  # the variants tried for numeric noise, beside --trainer's
 

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from lmtrace.model.lm import LM
-from lmtrace.scoring import variants
 from lmtrace.scoring.rollouts import causes, computed, metrics, options, probes, readers, respelled, tokens
 from lmtrace.scoring.rollouts.rollout import Rollout, check, encode
-from lmtrace.scoring.variant_spec import VariantSpec, parse_variant
+from lmtrace.scoring.variants import worlds as variants
+from lmtrace.scoring.variants.spec import VariantSpec, parse_variant
 from lmtrace.versions import versions
 
 FLAG_LOW, FLAG_HIGH = 0.9, 1.1  # a token is flagged when its ratio lies outside [0.9, 1.1]
