@@ -268,3 +268,30 @@ def other_vocab_tokenizer():
 def test_equal_to_lmtrace_on_bundled(bundled_lm, settings):
     got, want = run_both(bundled_lm, "The capital of France is", settings, seed=3, n=6)
     assert_equal(got, want)
+
+
+def test_a_row_ended_by_a_stop_string_equals_lmtrace_generate(tiny_lm):
+    """generate(stop_strings=...) ends a row at the token completing a stop string (pads after it
+    while another row runs on): its trace keeps that token's text and is cut at the stop string,
+    as lmtrace.generate's row with stop=... (it once lost the last token's text: read as an end token)."""
+    prompts = ["Hello world, the quick brown fox", "Once upon a time"]
+    plain = lmtrace.generate(tiny_lm, prompts[0], max_new_tokens=12, temperature=0)
+    texts = [s.text for s in plain.steps]
+    # a printable piece not seen before it (this tokenizer's pieces are mostly partial bytes)
+    at = next(
+        i
+        for i in range(2, 12)
+        if texts[i].isascii() and texts[i].isprintable() and texts[i].strip() and texts[i] not in "".join(texts[:i])
+    )
+    stop = texts[at]
+    tok = tiny_lm.tokenizer
+    tok.padding_side = "left"
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    gen = {"do_sample": False, "max_new_tokens": 12, "stop_strings": [stop]}
+    out = tiny_lm.model.generate(**batch, **gen, tokenizer=tok, **FLAGS)
+    got = lmtrace.from_generate(out, tok, model=tiny_lm.model, generation_config=gen, prompt=prompts)
+    want = lmtrace.generate(tiny_lm, prompts, max_new_tokens=12, temperature=0, stop=[stop])
+    assert len(got[0].steps) == at + 1 and got[0].stop_reason == stop and got[0].finish_reason == "stop"
+    assert got[0].text == "".join(texts[:at]) + texts[at][: texts[at].index(stop)]
+    for g, w in zip(got, want, strict=True):
+        assert_equal(g, w)

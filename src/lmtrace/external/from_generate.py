@@ -28,7 +28,7 @@ from lmtrace.records.alternatives import alternatives
 from lmtrace.records.steps import StepNumbers, new_step
 from lmtrace.records.timing import timing
 from lmtrace.records.traces import new_trace
-from lmtrace.stops import finish_reason
+from lmtrace.stops import StopStrings, finish_reason
 
 FLAGS = "model.generate(..., return_dict_in_generate=True, output_scores=True, output_logits=True)"
 # a model's output layer may be padded past its tokenizer's vocabulary (to a multiple of 64 or 128,
@@ -145,9 +145,10 @@ def _ledger(run: _Run, model: Any) -> tuple[dict[str, Any] | None, dict[str, Any
 
 
 def records_of(
-    tokens: list[int], numbers: Numbers, tokenizer: Any, tb: TokenBytes, finish: str
+    tokens: list[int], numbers: Numbers, tokenizer: Any, tb: TokenBytes, ends_at_eos: bool
 ) -> tuple[list[Step], str]:
-    """The records and the text, as lmtrace.generate writes them (the text ends before an end token)."""
+    """The records and the text, as lmtrace.generate writes them (the text ends before an end
+    token: `ends_at_eos`, the last token is one)."""
     steps, texts = [], pieces(tokenizer, tokens)
     for i, (token, piece) in enumerate(zip(tokens, texts)):
         top = alternatives(numbers.top_ids[i], numbers.top_logprobs[i], numbers.top_sampled_logprobs[i], tb)
@@ -159,9 +160,19 @@ def records_of(
             numbers.sampled_entropy[i],
         )
         steps.append(new_step(i, token, piece, own, top, tb))
-    if finish == "stop" and tokens:  # the text ends before the end token, held-back bytes included
+    if ends_at_eos and tokens:  # the text ends before the end token, held-back bytes included
         return steps, tokenizer.decode(tokens[:-1])
     return steps, "".join(texts)
+
+
+def _cut_at_stop(texts: Sequence[str], stops: Sequence[str]) -> tuple[str, str | None]:
+    """The steps' text up to the first stop string to complete, fed step by step as
+    lmtrace.generate's row is, and that string; the text whole and None where none does."""
+    held = StopStrings(stops)
+    for piece in texts:
+        if held.feed(piece):
+            return held.text[: held.cut], held.stop
+    return held.text, None
 
 
 def _prompt_texts(prompt: str | Sequence[str] | None, rows: int) -> list[str | None]:
@@ -186,7 +197,9 @@ def _row_trace(run: _Run, row: int, tokenizer: Any, ctx: dict[str, Any]) -> Trac
     if raw is not None or processed is not None:
         chosen = torch.tensor(tokens, dtype=torch.long, device=(raw if raw is not None else processed).device)
         numbers = measure(raw, processed, chosen, ctx["top_logprobs"], processed_are_logprobs=run.beams is not None)
-    steps, text = records_of(tokens, numbers, tokenizer, ctx["tb"], finish)
+    steps, text = records_of(tokens, numbers, tokenizer, ctx["tb"], stop_reason is not None)
+    if stop_reason is None and ctx["stops"]:  # a stop string ended it: the text ends before it
+        text, stop_reason = _cut_at_stop([s.text for s in steps], ctx["stops"])
     if steps and ctx["ledger"] is not None:
         steps[-1].kv = dict(ctx["ledger"])
     prompt = ctx["texts"][row]
@@ -230,11 +243,14 @@ def from_generate(
     eos, pad = special_ids(tokenizer, generation_config, model)
     ledger, anatomy = _ledger(run, model)
     dists = run.raw if run.raw is not None else run.processed
+    stops = settings_dict(generation_config).get("stop_strings") or []
+    stops = [stops] if isinstance(stops, str) else list(stops)
     ctx = {
         "eos": eos,
         "pad": pad,
         # only where a stop string may have ended a row are the pads at its end not steps
-        "stopped": pad if settings_dict(generation_config).get("stop_strings") else None,
+        "stopped": pad if stops else None,
+        "stops": stops,
         "top_logprobs": top_logprobs,
         "tb": TokenBytes(tokenizer),
         "ledger": ledger,

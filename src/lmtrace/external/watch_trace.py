@@ -121,8 +121,7 @@ def build(w: Any, tokenizer: Any, *, row: int = 0, tokens: Any = None, top_logpr
     logits = _logits(w, row, [k for _, k in chosen], tokenizer)
     numbers = measure(logits, None, torch.tensor(ids, device=logits.device), top_logprobs)
     end = ids[-1] in eos
-    finish = finish_reason(end, False, True, openai=True)  # the loop's end token, or as long as it ran
-    decoded = records_of(ids, numbers, tokenizer, TokenBytes(tokenizer), finish)
+    decoded = records_of(ids, numbers, tokenizer, TokenBytes(tokenizer), end)
     steps = decoded[0]
     starts: dict[int, int] = {}
     for i, (step, (_, k)) in enumerate(zip(steps, chosen)):
