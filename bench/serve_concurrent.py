@@ -16,8 +16,11 @@ Each server gets `--threads` compute threads (OMP_NUM_THREADS; vLLM unpinned, VL
 nobind): on a machine shared with other jobs, two OpenMP threads on two busy cores can be several
 times slower than one.
 
+A change's before/after: `git worktree add /tmp/before <commit>`, then `--servers lmtrace
+lmtrace-before --before /tmp/before` (the ratio column is before's rate over now's).
+
 Usage: python bench/serve_concurrent.py [--servers lmtrace vllm lmtrace-b1] [--clients 1 8 16]
-       [--rounds 2] [--requests 2] [--max-tokens 32] [--spread 0] [--threads 1]
+       [--rounds 2] [--requests 2] [--max-tokens 32] [--spread 0] [--threads 1] [--before DIR]
        [--json bench/results/serve_concurrent.json]"""
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ PROMPTS = [
 ]
 NAMES = {"lmtrace": "lmtrace serve (max_batch 16)", "vllm": "vLLM OpenAI server (max_num_seqs 16)",
          "lmtrace-b1": "lmtrace serve (max_batch 1)",
-         "lmtrace-onednn": "lmtrace serve --matmul onednn (max_batch 16)"}  # fmt: skip
+         "lmtrace-onednn": "lmtrace serve --matmul onednn (max_batch 16)",
+         "lmtrace-before": "lmtrace serve from --before's checkout (max_batch 16)"}  # fmt: skip
 
 
 def free_port() -> int:
@@ -66,10 +70,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(kind: str, port: int, folder: str | None, threads: int) -> tuple[list[str], dict[str, str]]:
+def command(
+    kind: str, port: int, folder: str | None, threads: int, before: Path | None = None
+) -> tuple[list[str], dict[str, str]]:
     """The server's command line and environment: `threads` compute threads each, unpinned
-    (vLLM's own default on x86 binds one thread a core and keeps one core for its scheduler)."""
+    (vLLM's own default on x86 binds one thread a core and keeps one core for its scheduler);
+    lmtrace-before runs the lmtrace of another checkout (`before`, its src/ first on the path)."""
     env = {"OMP_NUM_THREADS": str(threads)}
+    if kind == "lmtrace-before":
+        if before is None:
+            raise SystemExit("--servers lmtrace-before needs --before DIR (a checkout of lmtrace)")
+        env["PYTHONPATH"] = str(before.resolve() / "src")
     if kind.startswith("lmtrace"):
         batch = "1" if kind == "lmtrace-b1" else "16"
         args = ["serve", "--port", str(port), "--max-batch", batch, "--max-concurrency", "64"]
@@ -87,11 +98,11 @@ def command(kind: str, port: int, folder: str | None, threads: int) -> tuple[lis
 class Server:
     """One contender in its own process, its output in a log file; `failed` says why it is out."""
 
-    def __init__(self, kind: str, folder: str | None, threads: int):
+    def __init__(self, kind: str, folder: str | None, threads: int, before: Path | None = None):
         self.kind, self.name, self.port = kind, NAMES[kind], free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"serve-{kind}-", suffix=".log", delete=False)
-        cmd, env = command(kind, self.port, folder, threads)
+        cmd, env = command(kind, self.port, folder, threads, before)
         # in a session of its own: its group (vLLM's engine process too) is stopped with it
         self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)  # fmt: skip
@@ -268,14 +279,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--requests", type=int, default=2, help="requests per client, one after another")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--spread", type=int, default=0,
-                    help="each prompt asks for max-tokens plus its own length in [-spread, spread]")
+    ap.add_argument(
+        "--spread", type=int, default=0, help="each prompt asks for max-tokens plus its own length in [-spread, spread]"
+    )
     ap.add_argument("--threads", type=int, default=1, help="compute threads of each server (OMP_NUM_THREADS)")
     ap.add_argument("--start-timeout", type=float, default=900)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        help="a checkout of lmtrace (git worktree) that --servers lmtrace-before serves, to compare",
+    )
     args = ap.parse_args()
     folder = folder_for_vllm() if "vllm" in args.servers else None
-    servers = [Server(kind, folder, args.threads) for kind in args.servers]
+    servers = [Server(kind, folder, args.threads, args.before) for kind in args.servers]
     runs: dict = {s.kind: {n: [] for n in args.clients} for s in servers}
     try:
         for s in servers:
