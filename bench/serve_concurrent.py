@@ -17,7 +17,8 @@ nobind): on a machine shared with other jobs, two OpenMP threads on two busy cor
 times slower than one.
 
 A change's before/after: `git worktree add /tmp/before <commit>`, then `--servers lmtrace
-lmtrace-before --before /tmp/before` (the ratio column is before's rate over now's).
+lmtrace-before --before /tmp/before` (the ratio column is before's rate over now's). The
+batch-invariant mode's cost: `--servers lmtrace lmtrace-invariant`.
 
 Usage: python bench/serve_concurrent.py [--servers lmtrace vllm lmtrace-b1] [--clients 1 8 16]
        [--rounds 2] [--requests 2] [--max-tokens 32] [--spread 0] [--threads 1] [--before DIR]
@@ -61,7 +62,8 @@ PROMPTS = [
 NAMES = {"lmtrace": "lmtrace serve (max_batch 16)", "vllm": "vLLM OpenAI server (max_num_seqs 16)",
          "lmtrace-b1": "lmtrace serve (max_batch 1)",
          "lmtrace-onednn": "lmtrace serve --matmul onednn (max_batch 16)",
-         "lmtrace-before": "lmtrace serve from --before's checkout (max_batch 16)"}  # fmt: skip
+         "lmtrace-before": "lmtrace serve from --before's checkout (max_batch 16)",
+         "lmtrace-invariant": "lmtrace serve --batch-invariant (max_batch 16)"}  # fmt: skip
 
 
 def free_port() -> int:
@@ -85,6 +87,7 @@ def command(
         batch = "1" if kind == "lmtrace-b1" else "16"
         args = ["serve", "--port", str(port), "--max-batch", batch, "--max-concurrency", "64"]
         args += ["--matmul", "onednn"] if kind == "lmtrace-onednn" else []
+        args += ["--batch-invariant"] if kind == "lmtrace-invariant" else []
         return [sys.executable, "-c", "from lmtrace.cli import entry; entry()", *args], env
     args = ["--model", str(folder), "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
             "--max-num-seqs", "16", "--max-logprobs", "20", "--logprobs-mode", "raw_logprobs", "--seed", "0",
@@ -243,7 +246,7 @@ def write(args: argparse.Namespace, servers: list[Server], runs: dict) -> None:
         failed = {s.name: s.failed for s in servers if s.failed}
         out = {"args": vars(args) | {"json": str(args.json)}, "rows": rows, "runs": runs, "failed": failed}
         tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps(out))
+        tmp.write_text(json.dumps(out, default=str))  # paths (--before) as text
         tmp.replace(args.json)
 
 
