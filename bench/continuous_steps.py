@@ -2,7 +2,7 @@
 onednn`, one thread), each pair of arms interleaved round by round:
 
 - join: with 7 rows decoding, a plain step; the step in whose forward a 6-token prompt rides
-  (lmtrace.decode.packed.Ride); a separate join (the prompt prefilled in a forward of its own, as
+  (lmtrace.decode.tree_prefill.Ride); a separate join (the prompt prefilled in a forward of its own, as
   before the ride). Medians over `--joins` of each.
 - clients: 8 clients, each sending `--requests` requests one after another (24 to 40 tokens, so
   rows end at different steps and later requests join a running batch), with the joining prompts

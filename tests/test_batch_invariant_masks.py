@@ -17,7 +17,7 @@ from transformers import LlamaForCausalLM
 
 import lmtrace
 from lmtrace import SamplingParams
-from lmtrace.decode import engine, packed, tracing
+from lmtrace.decode import engine, tracing, tree_prefill
 from lmtrace.decode.continuous import generate_rows
 from lmtrace.decode.prefill import PromptRow, prefill_many
 from lmtrace.errors import InvalidParameter
@@ -73,7 +73,7 @@ def test_cache_hits_packed_prompts_and_a_riding_step_give_their_lone_bits(invari
         kv, mask, step, positions = running_batch(invariant_lm, [tokens(rng, 9, vocab), tokens(rng, 70, vocab)])
         layers = [(k.clone(), v.clone()) for k, v in ledger.layers_of(kv)]
         alone = engine.decode_step(model, step, positions[:, None], torch.cat([mask, mask.new_ones((2, 1))], -1), kv)
-        ride = packed.Ride(layers, mask, step, positions)
+        ride = tree_prefill.Ride(layers, mask, step, positions)
         rows = [PromptRow(ids, top_n=5) for ids in later]
         got = prefill_many(model, rows, pad_id=invariant_lm.pad_token_id, cache=cache, keep_kv=True, ride=ride)
         cold = [prefill_many(model, [row], pad_id=invariant_lm.pad_token_id, keep_kv=True)[0] for row in rows]
@@ -127,7 +127,7 @@ def test_a_bias_mask_and_a_window_are_refused_in_one_line(invariant_lm):
 
 def test_rows_joining_a_running_batch_in_its_decode_forward_get_their_alone_bits(invariant_lm):
     """lmtrace batch's path (generate_rows): a row that finishes makes room, the next prompt is
-    prefilled in the batch's decode forward (the step rides in the prompt's packed forward)."""
+    prefilled in the batch's decode forward (the step rides in the prompt's tree forward)."""
     together = generate_rows(invariant_lm, specs(invariant_lm), max_batch=2)
     for text, kw, trace in zip(PROMPTS, SETTINGS, together):
         assert numbers(trace) == numbers(tracing.generate(invariant_lm, text, SamplingParams(**kw)))

@@ -7,7 +7,7 @@ import torch
 
 from lmtrace import SamplingParams
 from lmtrace.decode import tracing
-from lmtrace.kv.rows import own_part
+from lmtrace.kv.row_part import own_part
 from lmtrace.logits import sampling
 from tests.same_record import assert_same, one_thread  # noqa: F401
 

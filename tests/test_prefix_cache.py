@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lmtrace.decode import engine
-from lmtrace.decode.packed import common
 from lmtrace.decode.prefill import PromptRow, groups, prefill_many
+from lmtrace.decode.tree_prefill import common
 from lmtrace.kv import ledger
 from lmtrace.kv.prefix import PrefixCache
 from lmtrace.logits import measure

@@ -1,5 +1,5 @@
 """A running batch's decode step rides in the forward of the prompts that join it
-(lmtrace.decode.packed.Ride): one forward instead of a prefill and a decode step, and every
+(lmtrace.decode.tree_prefill.Ride): one forward instead of a prefill and a decode step, and every
 number the one each row gets alone (within the batched float noise)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmtrace import SamplingParams
-from lmtrace.decode import continuous, engine, packed, tracing
+from lmtrace.decode import continuous, engine, tracing, tree_prefill
 from lmtrace.decode.continuous import ContinuousBatch, RowSpec
 from lmtrace.decode.prefill import PromptRow, prefill_many
 from lmtrace.kv import ledger
@@ -36,8 +36,8 @@ def test_the_riding_step_equals_the_decode_step_and_the_prompts_their_prefill(ti
         alone = engine.decode_step(model, tokens, positions[:, None], mask1, cache)  # the ordinary step
         prompts = [tracing.encode_prompt(tiny_lm, t) for t in ("The cat", "很久很久以前，")]
         lone = prefill_many(model, [PromptRow(p, top_n=3) for p in prompts], pad_id=0, keep_kv=True)
-        ride = packed.Ride(layers, mask, tokens, positions)
-        out = packed.forward(model, [packed.Packed(list(p), 3) for p in prompts], ride)
+        ride = tree_prefill.Ride(layers, mask, tokens, positions)
+        out = tree_prefill.forward(model, [tree_prefill.TreePrompt(list(p), 3) for p in prompts], ride)
     assert torch.allclose(ride.logits, alone, atol=1e-5)
     for (k, v), (new_k, new_v) in zip(ledger.layers_of(cache), ride.new):  # the column the step appended
         assert torch.allclose(new_k, k[:, :, -1:], atol=1e-5) and torch.allclose(new_v, v[:, :, -1:], atol=1e-5)
@@ -95,7 +95,7 @@ def test_prompts_sharing_the_prefix_cache_ride_with_their_numbers(tiny_lm):
     with torch.inference_mode():
         cache, mask, tokens, positions = _batch(tiny_lm, ["Hi", "The weather today is"])
         layers = ledger.layers_of(cache)
-        ride = packed.Ride(layers, mask, tokens, positions)
+        ride = tree_prefill.Ride(layers, mask, tokens, positions)
         rode = prefill_many(model, rows, pad_id=0, cache=PrefixCache(1 << 26), keep_kv=True, ride=ride)
         walked = prefill_many(model, rows, pad_id=0, cache=PrefixCache(1 << 26), keep_kv=True)
         mask1 = torch.cat([mask, mask.new_ones((2, 1))], dim=-1)

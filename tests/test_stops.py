@@ -1,6 +1,6 @@
 """lmtrace.stops: the one stop-string holder (a row's record and the server's stream both use it)
 and the one finish-reason rule. The expected values are those the two scans it replaced (the
-row's in decode/rows.py, the stream's in server/sse.py) gave; the property test holds the
+row's in decode/row_state.py, the stream's in server/sse.py) gave; the property test holds the
 incremental scan to the rule written out over the whole text."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from lmtrace.decode.rows import RowRecord
+from lmtrace.decode.row_state import RowRecord
 from lmtrace.records import Step
 from lmtrace.server.sse import ChoiceStream
 from lmtrace.stops import StopStrings, finish_reason

@@ -1,5 +1,5 @@
 """A trace's files: compact JSON by default (indented when asked), JSON Lines written step by step
-(header, a line per step, closing line), the lens and attention packed (per-layer arrays, token
+(header, a line per step, closing line), the lens and attention in columns (per-layer arrays, token
 texts once, float32 digits) and read back equal to the trace; sizes per step on a long trace of
 the bundled model's shape."""
 
@@ -13,7 +13,7 @@ import pytest
 import lmtrace
 from lmtrace import trace_file
 from lmtrace.cli import main
-from lmtrace.packing import Tokens, float32, pack_step, short, unpack_step
+from lmtrace.columnar import Tokens, float32, from_columns, short, to_columns
 from lmtrace.records import Trace
 from tests.long_trace import long_trace
 
@@ -24,9 +24,9 @@ def inside(tiny_lm):
                             top_logprobs=3, lens=True, attention="heads", stop_on_eos=False)  # fmt: skip
 
 
-def _json(trace: Trace, indent: int | None = None, packed: bool = True) -> str:
+def _json(trace: Trace, indent: int | None = None, columnar: bool = True) -> str:
     out = io.StringIO()
-    trace_file.write_json(out, trace, indent, packed)
+    trace_file.write_json(out, trace, indent, columnar)
     return out.getvalue()
 
 
@@ -41,14 +41,14 @@ def test_both_forms_read_back_equal_and_pack_every_step(inside):
     for text in (_json(inside), _json(inside, 2), _lines(inside)):
         assert Trace.from_json(text).to_dict() == full
     d = json.loads(_json(inside))
-    assert d["packed"] == 1 and all(isinstance(s["lens"]["layers"], dict) for s in d["steps"])
+    assert d["columnar"] == 1 and all(isinstance(s["lens"]["layers"], dict) for s in d["steps"])
     assert all(isinstance(s["attention"]["layers"], dict) for s in d["steps"])
     shown = [int(k) for s in d["steps"] for k in s.get("token_texts", {})]
     assert len(shown) == len(set(shown))  # each token's text once per trace
     assert "\n" not in _json(inside).rstrip("\n")  # compact: one line
     assert json.loads(_json(inside, 2)) == d  # indented: the same document
-    plain = json.loads(_json(inside, packed=False))  # --json: the documented shape, compact
-    assert "packed" not in plain and plain["steps"][0]["lens"] == full["steps"][0]["lens"]
+    plain = json.loads(_json(inside, columnar=False))  # --json: the documented shape, compact
+    assert "columnar" not in plain and plain["steps"][0]["lens"] == full["steps"][0]["lens"]
     assert plain["steps"][-1]["attention"] == full["steps"][-1]["attention"]
 
 
@@ -68,9 +68,9 @@ def test_an_entry_that_would_not_read_back_equal_stays_as_it_is(inside):
     step["lens"]["layers"][1]["entropy"] = 0.1  # a float64 number: float32 digits would change it
     step["attention"]["layers"][0]["top"][0]["token_id"] += 1  # not the token at its position
     tokens = Tokens(inside.prompt["token_ids"] + inside.token_ids[:3])
-    packed = pack_step(step, tokens)
-    assert packed["lens"] == step["lens"] and packed["attention"] == step["attention"]
-    assert unpack_step(packed, Tokens(inside.prompt["token_ids"] + inside.token_ids[:3])) == step
+    columns = to_columns(step, tokens)
+    assert columns["lens"] == step["lens"] and columns["attention"] == step["attention"]
+    assert from_columns(columns, Tokens(inside.prompt["token_ids"] + inside.token_ids[:3])) == step
 
 
 def test_float32_digits_are_the_shortest_that_read_back():
@@ -147,3 +147,14 @@ def test_progress_shows_tokens_per_second():
         progress.advance(task)
         progress.advance(task)
         assert RateColumn().render(progress.tasks[task]).plain.endswith(" tok/s")
+
+
+def test_a_file_written_before_the_columnar_name_still_reads(inside):
+    """Files written before the form was named `columnar` said `"packed": 1`: they read back equal."""
+    old = json.loads(_json(inside))
+    old["packed"] = old.pop("columnar")
+    assert Trace.from_json(json.dumps(old)).to_dict() == inside.to_dict()
+    lines = _lines(inside).splitlines()
+    head = json.loads(lines[0])
+    head["packed"] = head.pop("columnar")
+    assert Trace.from_json("\n".join([json.dumps(head), *lines[1:]])).to_dict() == inside.to_dict()

@@ -52,7 +52,7 @@ _NAMES = {
     "generate_steps": "lmtrace.decode.tracing",
     "stream": "lmtrace.decode.tracing",
     "Observer": "lmtrace.decode.observers",
-    "StopRow": "lmtrace.decode.rows",
+    "StopRow": "lmtrace.decode.row_state",
     "Uncertainty": "lmtrace.decode.uncertainty",
     "SampleResult": "lmtrace.samples.run",
     "sample": "lmtrace.samples.run",
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from lmtrace.decode.branch import Branches, branch  # noqa: F401
     from lmtrace.decode.observers import Observer  # noqa: F401
     from lmtrace.decode.options import GenerateOptions  # noqa: F401
-    from lmtrace.decode.rows import StopRow  # noqa: F401
+    from lmtrace.decode.row_state import StopRow  # noqa: F401
     from lmtrace.decode.tracing import encode_prompt, generate, generate_steps, stream  # noqa: F401
     from lmtrace.decode.uncertainty import Uncertainty  # noqa: F401
     from lmtrace.errors import GenerationError, InvalidParameter, LmtraceError, ModelLoadError  # noqa: F401

@@ -6,7 +6,7 @@ the dict `Trace.from_dict` takes:
   prompt, versions), one line per step, and a closing line (the text, finish reason, timing and
   the trace-level summaries); each step's line is written as the step comes.
 
-Both hold the steps' lens and attention packed (lmtrace.packing; the trace then says `packed`),
+Both hold the steps' lens and attention in columns (lmtrace.columnar; the trace then says `columnar`),
 and both are written atomically (lmtrace.files.atomic_text)."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from lmtrace.columnar import FORM, KEY, OLD_KEY, Tokens, from_columns, is_columnar, to_columns
 from lmtrace.files import atomic_text
-from lmtrace.packing import FORM, Tokens, pack_step, unpack_step
 from lmtrace.records import Step, Trace
 
 LINE = "lmtrace"  # a JSON Lines header's and closing line's kind: "header", "end"
@@ -40,29 +40,29 @@ def _packs(trace: Trace) -> bool:
     return any(s.lens is not None or s.attention is not None for s in trace.steps)
 
 
-def write_json(out: IO[str], trace: Trace, indent: int | None = None, packed: bool = False) -> None:
+def write_json(out: IO[str], trace: Trace, indent: int | None = None, columnar: bool = False) -> None:
     """The trace as one JSON document, the steps written one at a time. `--json` keeps the
-    documented shape (`packed` False); with `packed` the lens and attention are packed as in
+    documented shape (`columnar` False); with `columnar` the lens and attention are in columns as in
     `--jsonl`."""
     head = trace.head_dict()
-    tokens = Tokens(_prompt_ids(head)) if packed and _packs(trace) else None
+    tokens = Tokens(_prompt_ids(head)) if columnar and _packs(trace) else None
     if tokens is not None:
-        head = {"packed": FORM, **head}
+        head = {KEY: FORM, **head}
     text = dumps(head, indent)  # "{...}", or "{\n  ...\n}" indented
     pad = "" if indent is None else "\n" + " " * indent
     inner = "" if indent is None else pad + " " * indent
     out.write(text[:-1].rstrip() + "," + pad + ('"steps":[' if indent is None else '"steps": ['))
     for k, step in enumerate(trace.step_dicts()):
         if tokens is not None:
-            step = pack_step(step, tokens)
+            step = to_columns(step, tokens)
         out.write(("," if k else "") + inner + dumps(step, indent).replace("\n", inner))
     out.write((pad if trace.steps else "") + "]" + ("}" if indent is None else "\n}") + "\n")
 
 
-def save_json(path: str | Path, trace: Trace, indent: int | None = None, packed: bool = False) -> None:
+def save_json(path: str | Path, trace: Trace, indent: int | None = None, columnar: bool = False) -> None:
     """write_json to a file, atomically."""
     with atomic_text(path) as out:
-        write_json(out, trace, indent, packed)
+        write_json(out, trace, indent, columnar)
 
 
 class TraceLines:
@@ -81,7 +81,7 @@ class TraceLines:
         self.count = 0
 
     def step(self, step: Step) -> None:
-        self.spool.write(dumps(pack_step(step.to_dict(), self.tokens)) + "\n")
+        self.spool.write(dumps(to_columns(step.to_dict(), self.tokens)) + "\n")
         self.count += 1
 
     def close(self, trace: Trace) -> None:
@@ -108,7 +108,7 @@ def write_lines(out: IO[str], trace: Trace, spool: IO[str] | None = None) -> Non
     """The trace as JSON Lines; the step lines copied from `spool` where they were written as they
     came (TraceLines), else made here."""
     head = trace.head_dict()
-    out.write(dumps({LINE: "header", "packed": FORM, **{k: head[k] for k in HEADER if k in head}}) + "\n")
+    out.write(dumps({LINE: "header", KEY: FORM, **{k: head[k] for k in HEADER if k in head}}) + "\n")
     if spool is not None:
         spool.flush()
         spool.seek(0)
@@ -116,18 +116,18 @@ def write_lines(out: IO[str], trace: Trace, spool: IO[str] | None = None) -> Non
     else:
         tokens = Tokens(_prompt_ids(head))
         for step in trace.step_dicts():
-            out.write(dumps(pack_step(step, tokens)) + "\n")
+            out.write(dumps(to_columns(step, tokens)) + "\n")
     closing = {k: v for k, v in head.items() if k not in HEADER}
     if closing.get("token_ids") == [s.token_id for s in trace.steps]:
         del closing["token_ids"]  # the steps hold them
     out.write(dumps({LINE: "end", **closing}) + "\n")
 
 
-def unpacked(d: dict[str, Any]) -> dict[str, Any]:
-    """A trace dict read from a file with its packed steps expanded (`Trace.to_dict()`'s shape)."""
+def expanded(d: dict[str, Any]) -> dict[str, Any]:
+    """A trace dict read from a file with its columnar steps expanded (`Trace.to_dict()`'s shape)."""
     tokens = Tokens(_prompt_ids(d))
-    out = {k: v for k, v in d.items() if k != "packed"}
-    out["steps"] = [unpack_step(s, tokens) for s in d["steps"]]
+    out = {k: v for k, v in d.items() if k not in (KEY, OLD_KEY)}
+    out["steps"] = [from_columns(s, tokens) for s in d["steps"]]
     return out
 
 
@@ -145,10 +145,10 @@ def _from_lines(head: dict[str, Any], lines: Iterator[str], parse: Callable[[str
         if LINE in d:
             closing = d
         else:
-            steps.append(unpack_step(d, tokens))
+            steps.append(from_columns(d, tokens))
     if closing is None or closing.get(LINE) != "end":
         raise ValueError("the JSON Lines trace has no closing line (cut short?)")
-    out = {k: v for k, v in head.items() if k not in (LINE, "packed")}
+    out = {k: v for k, v in head.items() if k not in (LINE, KEY, OLD_KEY)}
     out.update((k, v) for k, v in closing.items() if k != LINE)
     out.setdefault("token_ids", [s["token_id"] for s in steps])
     out["steps"] = steps
@@ -167,6 +167,6 @@ def loads(text: str) -> Any:
         if isinstance(head, dict) and head.get(LINE) == "header":
             return _from_lines(head, iter(rest.split("\n")), json.loads)
     data = json.loads(text)
-    if isinstance(data, dict) and data.get("packed") is not None and isinstance(data.get("steps"), list):
-        return unpacked(data)
+    if isinstance(data, dict) and is_columnar(data) and isinstance(data.get("steps"), list):
+        return expanded(data)
     return data

@@ -76,7 +76,7 @@ class Attribution(Observer):
             getattr(self.parts, name)[:] = getattr(saved, name)
         self.parts.embed, self.parts.final = saved.embed, saved.final
 
-    # a row of a continuous batch (decode/inside_rows.py): the instance is that row's own; the
+    # a row of a continuous batch (decode/row_inside.py): the instance is that row's own; the
     # forward that makes its next distribution runs with the hooks, and the row keeps its part
 
     def prepared(self, model: Any) -> dla.Anatomy:

@@ -22,7 +22,7 @@ from lmtrace.decode.choosing import Rows, choosing
 from lmtrace.decode.loop import Fed, Finish, Watch, drive
 from lmtrace.decode.observers import Observer
 from lmtrace.decode.options import GenerateOptions, Plan, plan
-from lmtrace.decode.rows import RowRecord, generator, records, seeded
+from lmtrace.decode.row_state import RowRecord, generator, records, seeded
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.decode.tracing import encode_prompt, traced
 from lmtrace.errors import GenerationError, InvalidParameter

@@ -19,7 +19,7 @@ from lmtrace.decode.choosing import Rows, choosing
 from lmtrace.decode.loop import Fed, Finish, Once, Watch, drive
 from lmtrace.decode.observers import Observer, attached
 from lmtrace.decode.options import Plan
-from lmtrace.decode.rows import RowRecord, records
+from lmtrace.decode.row_state import RowRecord, records
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.decode.tracing import traced
 from lmtrace.kv import ledger

@@ -6,11 +6,11 @@ alone: its own generator, its own processors, its own grammar (rows with differe
 and none, decode together), its own part of the cache in `kv`. Greedy tokens
 and seeded draws are the same as alone; logprobs differ from alone only by the float noise of
 batched matrix products (the documented batched-versus-alone bound). A row may ask for the logit
-lens and the attention (decode/inside_rows.py: captured for it alone, the others' numbers
+lens and the attention (decode/row_inside.py: captured for it alone, the others' numbers
 untouched) and for a draft (decode/drafted.py: it decodes a speculative block per batch step
 with its own caches, exactly as alone). Prompts that join while rows decode may be prefilled in
-the batch's decode forward (`step(joining)`: the step rides in their packed forward,
-decode/packed.Ride), so that a join costs no forward of its own. With `overlap` (the server's),
+the batch's decode forward (`step(joining)`: the step rides in their tree forward,
+decode/tree_prefill.Ride), so that a join costs no forward of its own. With `overlap` (the server's),
 a step's numbers are measured and its rows recorded on a thread beside the next forward, which
 starts as soon as the tokens are chosen (rows with a grammar, observers, the lens or the
 attention are measured first, as without it); the numbers are the same, computed from the same
@@ -32,19 +32,18 @@ from typing import Any
 
 import torch
 
-from lmtrace.decode import engine, inside_rows
+from lmtrace.decode import engine, row_inside
 from lmtrace.decode.choosing import Rows, choosing
 from lmtrace.decode.drafted import DraftedRow, drafted
 from lmtrace.decode.loop import Fed, Once, Watch, drive
 from lmtrace.decode.observers import inside_entry
-from lmtrace.decode.packed import Ride
 from lmtrace.decode.prefill import Prefilled, PromptRow, prefill_many, stack_left
-from lmtrace.decode.rows import Row, RowSpec, record
+from lmtrace.decode.row_state import Row, RowSpec, record
 from lmtrace.decode.step import BatchStep, Choosing
+from lmtrace.decode.tree_prefill import Ride
 from lmtrace.detokenize import TokenBytes
 from lmtrace.errors import InvalidParameter
-from lmtrace.kv import ledger
-from lmtrace.kv import rows as kv_rows
+from lmtrace.kv import ledger, row_part
 from lmtrace.logits import forced, measure, processors
 from lmtrace.model.lm import LM
 from lmtrace.records import Trace
@@ -129,7 +128,7 @@ class ContinuousBatch:
         ids, mask = engine.left_pad([r.spec.ids for r in rows], self.lm.pad_token_id, model.device)  # (k, width)
         padded = bool((mask == 0).any())
         echo = rows[0].spec.echo
-        with torch.inference_mode(), inside_rows.around(model, rows, mask):
+        with torch.inference_mode(), row_inside.around(model, rows, mask):
             logits = engine.prefill(model, ids, mask if padded else None, cache, all_positions=echo)
             if echo:  # (k, width, vocab): the prompt's own numbers, then the next token's distribution
                 for k, row in enumerate(rows):
@@ -148,7 +147,7 @@ class ContinuousBatch:
         prompt share one): their caches left-padded into one and merged into the batch's."""
         if len(specs) > self.free:
             raise RuntimeError(f"the batch has room for {self.free} rows, not {len(specs)}")
-        if any(drafted(s) or inside_rows.wants(s) for s in specs):
+        if any(drafted(s) or row_inside.wants(s) for s in specs):
             raise ValueError("rows with a draft, lens or attention join with join_many (their own prefill)")
         model = self.lm.model
         rows = [Row(self.lm, spec) for spec in specs]
@@ -220,7 +219,7 @@ class ContinuousBatch:
 
     def _ride(self, tokens: torch.Tensor) -> Ride | None:
         """The decode step as a ride (None where a row's lens or attention hooks the forward)."""
-        if any(inside_rows.wants(r.spec) for r in self.rows):
+        if any(row_inside.wants(r.spec) for r in self.rows):
             return None
         positions = torch.tensor([r.position for r in self.rows], dtype=torch.long, device=self.mask.device)
         return Ride(ledger.layers_of(self.cache), self.mask, tokens, positions)
@@ -264,7 +263,7 @@ class ContinuousBatch:
         positions = torch.tensor([[r.position] for r in self.rows], dtype=torch.long, device=device)  # (batch, 1)
         self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=-1)
         padded = bool((self.mask == 0).any())
-        with torch.inference_mode(), inside_rows.around(self.lm.model, self.rows, self.mask):
+        with torch.inference_mode(), row_inside.around(self.lm.model, self.rows, self.mask):
             self.logits = engine.decode_step(
                 self.lm.model, tokens, positions, self.mask if padded else None, self.cache
             )  # (batch, vocab)
@@ -315,7 +314,7 @@ class Stepping:
         if self.beside is not None:
             self.left = [rows[r] for r in self._recorded(bs)]
             return
-        inside = inside_entry(*inside_rows.take(batch.lm.model, rows, batch.logits, tokens))
+        inside = inside_entry(*row_inside.take(batch.lm.model, rows, batch.logits, tokens))
         if inside is not None:
             bs.entries["inside"] = inside
 
@@ -325,7 +324,7 @@ class Stepping:
         kv, one = bs.kv.to_dict(), batch.formula(1)
         out = []
         for r, row in enumerate(rows):
-            own = kv_rows.own_part(kv, self.pads[r], len(rows), one)
+            own = row_part.own_part(kv, self.pads[r], len(rows), one)
             if record(batch.lm, row, bs, r, own, choose_ms, batch.tb, forward_ms=self.forward_ms[r]):
                 out.append(r)
         return out
@@ -350,7 +349,7 @@ def _plain(row: Row) -> bool:
     """A row whose step can be measured beside the next forward: no grammar to move past its token,
     no observers or lens or attention reading the forward, no processors of the user's."""
     s = row.spec
-    return row.grammar is None and not s.observers and not inside_rows.wants(s) and not s.logits_processors
+    return row.grammar is None and not s.observers and not row_inside.wants(s) and not s.logits_processors
 
 
 def rows_choosing(rows: Sequence[Row]) -> Choosing:
@@ -438,7 +437,7 @@ def generate_rows(lm: LM, specs: Sequence[RowSpec], max_batch: int = 16, overlap
 def rides(spec: RowSpec) -> bool:
     """Whether the row's prompt may be prefilled in a running batch's decode forward (not with
     a draft's own caches, nor with the lens's or the attention's hooks on its prefill)."""
-    return not drafted(spec) and not inside_rows.wants(spec)
+    return not drafted(spec) and not row_inside.wants(spec)
 
 
 def _measured(spec: RowSpec) -> int | None:

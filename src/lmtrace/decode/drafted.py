@@ -3,13 +3,13 @@ K tokens and the target verifies them in one forward (decode/speculative.py `Spe
 block per batch step, while the other rows step together. The row keeps its own target and draft
 caches, so its steps are exactly those of the same request decoded alone with the draft (token
 ids, numbers, `draft` verdicts, the trace's `speculative`, a stop string ending its block); its
-records, finish and `on_step` are the batch's own (decode/rows.py `record`). Every call runs
+records, finish and `on_step` are the batch's own (decode/row_state.py `record`). Every call runs
 under torch.inference_mode of its own: nothing is left suspended inside a context between steps.
 
 The row's lens, attention and attribution are its own forwards' (the prefill, each block's verify
 forward), as `lmtrace.generate` with the draft records them: their hooks are on the model only
 while the row's own prefill or block runs, never during the batch's forward (whose rows capture
-theirs through decode/inside_rows.py)."""
+theirs through decode/row_inside.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 
 from lmtrace.decode import engine, speculative
 from lmtrace.decode.observers import Echo, Inside, Observer, attached
-from lmtrace.decode.rows import Row, record
+from lmtrace.decode.row_state import Row, record
 from lmtrace.detokenize import TokenBytes
 from lmtrace.errors import GenerationError
 from lmtrace.inside.probe import Probe

@@ -17,7 +17,7 @@ from lmtrace import arguments
 from lmtrace.decode import attribution as attributing
 from lmtrace.decode import static
 from lmtrace.decode.observers import Observer, build, checked
-from lmtrace.decode.rows import make_params, seeded
+from lmtrace.decode.row_state import make_params, seeded
 from lmtrace.decode.uncertainty import Uncertainty, observer_for
 from lmtrace.errors import InvalidParameter
 from lmtrace.inside import probe as inside

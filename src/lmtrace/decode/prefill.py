@@ -8,10 +8,10 @@ right-aligned so that its last token sits in the last column:
     row i:  [pad W - n_i][its n_i tokens]
 
 (a row alone is exactly engine.prefill's forward: no mask, positions 0..n-1, the same numbers
-to the bit). Rows that share the cache (lmtrace.kv.prefix) go in packed forwards
-(lmtrace.decode.packed): no padding, each prompt from its longest cached beginning or from the
+to the bit). Rows that share the cache (lmtrace.kv.prefix) go in tree forwards
+(lmtrace.decode.tree_prefill): no padding, each prompt from its longest cached beginning or from the
 beginning another prompt of its pack computes, and kept in the cache afterwards. A running
-batch's next decode step may ride in the first forward (`ride`, lmtrace.decode.packed.Ride): the
+batch's next decode step may ride in the first forward (`ride`, lmtrace.decode.tree_prefill.Ride): the
 prompts joining the batch then cost no forward of their own."""
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 import torch
 
-from lmtrace.decode import packed
+from lmtrace.decode import tree_prefill
 from lmtrace.kv import ledger
 from lmtrace.kv.prefix import KV, Hit, PrefixCache
 from lmtrace.logits import measure
 
 ROWS = 16  # rows per padded forward
 TOKENS = 1024  # padded tokens per forward: bounds the (rows, width, vocab) float logits
-PACK_TOKENS = 512  # new tokens per packed forward: its attention is (tokens x columns) per head
+TREE_TOKENS = 512  # new tokens per tree forward: its attention is (tokens x columns) per head
 MIN_GAIN = 8  # tokens a row must share with an earlier row of its pack, beyond its cache hit, to take them
 # padded tokens a forward may waste before a longer row starts a forward of its own: about what
 # a forward's fixed cost (reading every weight once) is worth in tokens on a CPU
@@ -70,7 +70,7 @@ def prefill_many(
     keep_kv: bool = False,
     max_rows: int = ROWS,
     max_tokens: int = TOKENS,
-    ride: packed.Ride | None = None,
+    ride: tree_prefill.Ride | None = None,
 ) -> list[Prefilled]:
     """Prefills every row, in order; with a `cache`, each row that shares reuses its longest
     cached beginning and is kept in the cache afterwards. `keep_kv`: every result carries its KV.
@@ -89,21 +89,25 @@ def prefill_many(
             for i, p in zip(group, _forward(model, [rows[i] for i in group], pad_id, keep_kv)):
                 out[i] = p
         if sharing:
-            _shared(model, rows, sharing, cache, out, (pad_id, max_rows, min(max_tokens, PACK_TOKENS)), ride)
+            _shared(model, rows, sharing, cache, out, (pad_id, max_rows, min(max_tokens, TREE_TOKENS)), ride)
     return out  # type: ignore[return-value]
 
 
-def _ridden(model, rows: Sequence[PromptRow], indices: list[int], ride: packed.Ride, keep: bool, out: list) -> list:
-    """Rows that share nothing, in one packed forward with the riding batch's step (at most
-    PACK_TOKENS new tokens, at least one row); returns the rows left for padded forwards."""
+def _ridden(
+    model, rows: Sequence[PromptRow], indices: list[int], ride: tree_prefill.Ride, keep: bool, out: list
+) -> list:
+    """Rows that share nothing, in one tree forward with the riding batch's step (at most
+    TREE_TOKENS new tokens, at least one row); returns the rows left for padded forwards."""
     taken, tokens = [], 0
     for i in indices:
-        if taken and tokens + len(rows[i].ids) > PACK_TOKENS:
+        if taken and tokens + len(rows[i].ids) > TREE_TOKENS:
             break
         taken.append(i)
         tokens += len(rows[i].ids)
     started = time.perf_counter()
-    results = packed.forward(model, [packed.Packed(list(rows[i].ids), rows[i].top_n) for i in taken], ride)
+    results = tree_prefill.forward(
+        model, [tree_prefill.TreePrompt(list(rows[i].ids), rows[i].top_n) for i in taken], ride
+    )
     ms = (time.perf_counter() - started) * 1000 / len(taken)
     for i, (last, numbers, kv) in zip(taken, results):
         if numbers is not None and rows[i].first > 1:
@@ -119,14 +123,14 @@ def _shared(
     cache: PrefixCache,
     out: list,
     limits: tuple,
-    ride: packed.Ride | None = None,
+    ride: tree_prefill.Ride | None = None,
 ) -> None:
-    """Rows that share the cache, in packed forwards of at most `limits[2]` new tokens: each
+    """Rows that share the cache, in tree forwards of at most `limits[2]` new tokens: each
     from its longest cached beginning, or from the beginning an earlier row of its pack computes."""
     budget = limits[2]
     planned = [cache.lookup(rows[i].ids, rows[i].top_n, count=False) for i in indices]
     reuse = [h.reuse if h is not None else 0 for h in planned]
-    order = packed.families([rows[i].ids for i in indices], [rows[i].top_n for i in indices], reuse, MIN_GAIN)
+    order = tree_prefill.families([rows[i].ids for i in indices], [rows[i].top_n for i in indices], reuse, MIN_GAIN)
     packs: list[list[tuple[int, int | None, int]]] = [[]]
     tokens = 0
     for k, anchor, shared in order:
@@ -151,13 +155,13 @@ def _run_pack(
     cache: PrefixCache,
     out: list,
     limits: tuple,
-    ride: packed.Ride | None = None,
+    ride: tree_prefill.Ride | None = None,
 ) -> bool:
-    """One packed forward (the riding step's too); each row kept in the cache after it (the
+    """One tree forward (the riding step's too); each row kept in the cache after it (the
     next pack reuses them). A pack in which nothing is shared goes in padded forwards instead
     (no attention across the whole pack to pay for), unless a step rides. True when it rode."""
     started = time.perf_counter()
-    members: list[packed.Packed] = []
+    members: list[tree_prefill.TreePrompt] = []
     where: dict[int, int] = {}  # row index -> place in the pack
     for i, anchor, shared in pack:
         row = rows[i]
@@ -169,10 +173,10 @@ def _run_pack(
             continue
         lead = members[where[anchor]] if anchor in where else None
         if lead is not None and shared - 1 >= max(reuse, lead.past):
-            member = packed.Packed(list(row.ids), row.top_n, anchor=where[anchor], shared=shared)
+            member = tree_prefill.TreePrompt(list(row.ids), row.top_n, anchor=where[anchor], shared=shared)
             member.past = min(shared, lead.past)
         else:
-            member = packed.Packed(list(row.ids), row.top_n, hit=hit)
+            member = tree_prefill.TreePrompt(list(row.ids), row.top_n, hit=hit)
         where[i] = len(members)
         members.append(member)
     if not members:
@@ -180,7 +184,7 @@ def _run_pack(
     if ride is None and all(m.hit is None and m.anchor is None for m in members):
         _unshared(model, rows, list(where), cache, out, limits)
         return False
-    results = packed.forward(model, members, ride)
+    results = tree_prefill.forward(model, members, ride)
     ms = (time.perf_counter() - started) * 1000 / len(members)
     for i, member, (last, numbers, kv) in zip(where, members, results):
         saved = member.shared if member.anchor is not None else member.reuse

@@ -25,7 +25,7 @@ from lmtrace.decode import constrained, engine, static
 from lmtrace.decode.choosing import Rows, choosing, forked
 from lmtrace.decode.loop import Fed, Finish, Watch, drive
 from lmtrace.decode.observers import Observer, attached
-from lmtrace.decode.rows import RowRecord, generator, records
+from lmtrace.decode.row_state import RowRecord, generator, records
 from lmtrace.decode.step import BatchStep, Choosing, Proposal
 from lmtrace.kv import ledger
 from lmtrace.model.lm import LM

@@ -10,10 +10,10 @@ from typing import Any
 
 from lmtrace.decode import constrained, engine, speculative, static, static_loop
 from lmtrace.decode.options import GenerateOptions, Plan, plan
-from lmtrace.decode.rows import Extras, RowRecord, generator, make_params, records, seeded, to_trace
+from lmtrace.decode.row_state import Extras, RowRecord, generator, make_params, records, seeded, to_trace
 from lmtrace.decode.step import BatchStep
 from lmtrace.errors import InvalidParameter
-from lmtrace.kv import rows as kv_rows
+from lmtrace.kv import row_part
 from lmtrace.logits import sampling
 from lmtrace.model.invariant import mode as invariant_mode
 from lmtrace.model.lm import LM, require_chat_template
@@ -220,7 +220,7 @@ def generate_each(
     width, expected = max(len(i) for i in prompt_ids), engine.expected_bytes(lm.model, 1)
     for ids, row in zip(prompt_ids, rows):
         for step in row.steps:
-            step.kv = kv_rows.own_part(step.kv, width - len(ids), len(rows), expected)
+            step.kv = row_part.own_part(step.kv, width - len(ids), len(rows), expected)
     return traced(lm, the_plan, prompts, prompt_ids, rows, ps)
 
 

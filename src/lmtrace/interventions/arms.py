@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from lmtrace import arguments
-from lmtrace.decode.rows import make_params, seeded
+from lmtrace.decode.row_state import make_params, seeded
 from lmtrace.decode.tracing import encode_prompt, generate
 from lmtrace.errors import InvalidParameter
 from lmtrace.inside import intervene as hooks

@@ -221,7 +221,7 @@ def kvlab(
     are recorded for the layer x position map; `free` lets each arm generate alone from its
     divergence step; `on_step(index, total)` is called after each step; `params` a SamplingParams."""
     from lmtrace.decode.options import GenerateOptions
-    from lmtrace.decode.rows import seeded
+    from lmtrace.decode.row_state import seeded
     from lmtrace.decode.tracing import encode_prompt, generate
 
     own, sampling = arguments.split(LabOptions, keywords)

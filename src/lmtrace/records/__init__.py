@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lmtrace.columnar import is_columnar
 from lmtrace.errors import InvalidParameter
 
 SCHEMA_VERSION = 1
@@ -306,10 +307,10 @@ class Trace(WithEntries):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trace:
         version = d.get("schema_version")
-        if d.get("packed") is not None:  # a file's lens and attention in their packed form
-            from lmtrace.trace_file import unpacked
+        if is_columnar(d):  # a file's lens and attention in their columnar form
+            from lmtrace.trace_file import expanded
 
-            d = unpacked(d)
+            d = expanded(d)
         if version != SCHEMA_VERSION:
             raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {version!r}")
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k not in ("steps", "entries", *_OPTIONAL) and k in d}

@@ -1,5 +1,5 @@
 """A Step, built in one place for every path that records one: lmtrace's own loop
-(decode/rows.py), model.generate's output (external/from_generate.py), a watched loop, vLLM's
+(decode/row_state.py), model.generate's output (external/from_generate.py), a watched loop, vLLM's
 answers (vllm/convert.py), kv-lab. The numbers come as one `StepNumbers`, the alternatives from
 records/alternatives.py, what only some paths record as keyword arguments."""
 

@@ -1,5 +1,5 @@
 """A Trace, built in one place for every path that records one: lmtrace's own loop
-(decode/rows.py), model.generate's output, a watched loop, vLLM's answers, kv-lab. The token ids
+(decode/row_state.py), model.generate's output, a watched loop, vLLM's answers, kv-lab. The token ids
 are the steps' own, the versions those of this install unless given."""
 
 from __future__ import annotations

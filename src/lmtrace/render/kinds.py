@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lmtrace.columnar import is_columnar
 from lmtrace.errors import InvalidParameter
 from lmtrace.records import SCHEMA_VERSION, Trace
-from lmtrace.trace_file import loads, unpacked
+from lmtrace.trace_file import expanded, loads
 
 TRACE, SCORE, BRANCHES, STABILITY = "trace", "score", "branches", "stability"
 
@@ -59,8 +60,8 @@ def as_record(obj: Any) -> tuple[str, dict[str, Any]]:
     kind = kind_of(obj)
     if kind == TRACE:
         _check_trace(obj, "")
-        if obj.get("packed") is not None:  # a --json file's packed lens and attention, expanded
-            obj = unpacked(obj)
+        if is_columnar(obj):  # a --json file's columnar lens and attention, expanded
+            obj = expanded(obj)
     elif kind == BRANCHES:
         branches = [t.to_dict() if isinstance(t, Trace) else t for t in obj["branches"]]
         if not branches:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from lmtrace.decode.rows import StopRow
+from lmtrace.decode.row_state import StopRow
 from lmtrace.records import Step
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from lmtrace import arguments
 from lmtrace.decode.continuous import ContinuousBatch, RowSpec
-from lmtrace.decode.rows import make_params
+from lmtrace.decode.row_state import make_params
 from lmtrace.decode.tracing import encode_prompt
 from lmtrace.decode.uncertainty import Uncertainty
 from lmtrace.errors import InvalidParameter

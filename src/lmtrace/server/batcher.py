@@ -19,8 +19,8 @@ from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
 from lmtrace.decode.continuous import ContinuousBatch, Joining, Row, RowSpec
-from lmtrace.decode.packed import Ride
 from lmtrace.decode.prefill import Prefilled
+from lmtrace.decode.tree_prefill import Ride
 from lmtrace.model.lm import LM
 from lmtrace.records import Step, Trace
 from lmtrace.server.lane import DEFAULT_PREFIX_CACHE_BYTES, Lane

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from lmtrace.decode.continuous import Row, RowSpec, first_steps
-from lmtrace.decode.packed import Ride
 from lmtrace.decode.prefill import Prefilled, PromptRow, prefill_many
+from lmtrace.decode.tree_prefill import Ride
 from lmtrace.kv import ledger
 from lmtrace.kv.prefix import PrefixCache
 from lmtrace.model.lm import LM

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from lmtrace import arguments
-from lmtrace.decode.rows import make_params, seeded
+from lmtrace.decode.row_state import make_params, seeded
 from lmtrace.decode.tracing import generate
 from lmtrace.errors import GenerationError, InvalidParameter, ModelLoadError
 from lmtrace.model.lm import LM

@@ -44,7 +44,7 @@ class RowSpec:
     # what this row records beside its numbers (decode/observers.py; observers that need no
     # hooks on the forward: they see the batch's logits, and only this row's entries are kept)
     observers: Sequence[observers.Observer] = ()
-    # the logit lens and the attention over the cache (decode/inside_rows.py): True, or for
+    # the logit lens and the attention over the cache (decode/row_inside.py): True, or for
     # attention "heads" (each head's own too)
     lens: bool = False
     attention: bool | str = False
@@ -86,7 +86,7 @@ class Row:
         self.cached = 0  # prompt tokens whose KV came from a prefix cache
         self.trace: Trace | None = None
         self.error: BaseException | None = None
-        self.inside: Any = None  # with lens / attention: what its last forward captured (inside_rows)
+        self.inside: Any = None  # with lens / attention: what its last forward captured (row_inside)
 
 
 def make_params(params: SamplingParams | None = None, entry: str = "generate", **kwargs: Any) -> SamplingParams:

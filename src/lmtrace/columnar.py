@@ -1,8 +1,8 @@
-"""The packed file form of a step's `lens` and `attention` entries: per-layer arrays instead of
+"""The columnar file form of a step's `lens` and `attention` entries: per-layer arrays instead of
 per-layer objects, token texts once per trace (a step's `token_texts` holds the ids it shows
 first), an attended position's token id left to the trace's own sequence (prompt + generated
 ids), and numbers written with float32's digits (the shortest decimal that reads back as the
-same float32). Reading expands every entry back to the shape `Step.to_dict()` gives: the packed
+same float32). Reading expands every entry back to the shape `Step.to_dict()` gives: the columnar
 form is lossless, and an entry that would not come back equal is written as it is."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import math
 import struct
 from typing import Any
 
-FORM = 1  # a packed trace's top-level `packed` value
-TEXTS = "token_texts"  # a packed step's table of the token texts it shows first, {"id": text}
+FORM = 1  # a columnar trace's top-level `columnar` value
+KEY = "columnar"
+OLD_KEY = "packed"  # what files written before this name said (still read)
+TEXTS = "token_texts"  # a columnar step's table of the token texts it shows first, {"id": text}
 
 _F32 = struct.Struct("f")
 _LENS_LAYER = ("layer", "top", "chosen_rank", "chosen_logprob", "entropy", "kl_to_final")
@@ -22,8 +24,13 @@ _MEAN = ("sink_mass", "recent_mass", "entropy")  # a mean (or one head's) record
 _VALUED = ("sink_mass", "entropy")  # the value-weighted record's
 
 
-class NotPackable(Exception):
-    """An entry whose packed form would not read back equal (a float64 number, an unknown key)."""
+def is_columnar(d: dict) -> bool:
+    """Whether a trace dict read from a file holds its steps in the columnar form."""
+    return d.get(KEY) is not None or d.get(OLD_KEY) is not None
+
+
+class NotColumnar(Exception):
+    """An entry whose columnar form would not read back equal (a float64 number, an unknown key)."""
 
 
 def float32(x: float) -> float:
@@ -34,7 +41,7 @@ def float32(x: float) -> float:
 def short(x: Any) -> float:
     """A float32 value as the float whose repr is the shortest decimal that reads back as it."""
     if type(x) is not float or not math.isfinite(x) or float32(x) != x:
-        raise NotPackable(x)
+        raise NotColumnar(x)
     for digits in (6, 7, 8):  # 9 significant digits always suffice for a float32
         y = float(f"{x:.{digits}g}")
         if float32(y) == x:
@@ -44,7 +51,7 @@ def short(x: Any) -> float:
 
 def _keys(d: Any, keys: tuple[str, ...]) -> None:
     if not isinstance(d, dict) or tuple(d) != keys:
-        raise NotPackable(d)
+        raise NotColumnar(d)
 
 
 class Tokens:
@@ -62,7 +69,7 @@ class Tokens:
 def _note(tokens: Tokens, new: dict[int, str], token_id: int, text: str) -> None:
     """Keeps a token's text for the table; one id has one text in a trace, or nothing packs."""
     if tokens.texts.get(token_id, new.get(token_id, text)) != text:
-        raise NotPackable(token_id)
+        raise NotColumnar(token_id)
     if token_id not in tokens.texts:
         new[token_id] = text
 
@@ -86,13 +93,22 @@ def pack_lens(lens: dict, tokens: Tokens, new: dict[int, str]) -> dict:
 
 def unpack_lens(lens: dict, tokens: Tokens, new: dict[int, str]) -> dict:
     p = lens["layers"]
-    columns = zip(p["layer"], p["top"], p["logprob"], p["chosen_rank"], p["chosen_logprob"], p["entropy"],
-                  p["kl_to_final"])
+    columns = zip(
+        p["layer"], p["top"], p["logprob"], p["chosen_rank"], p["chosen_logprob"], p["entropy"], p["kl_to_final"]
+    )
     layers = []
     for n, ids, lps, rank, c, h, kl in columns:
         top = [{"token_id": t, "text": tokens.text(t, new), "logprob": float32(x)} for t, x in zip(ids, lps)]
-        layers.append({"layer": n, "top": top, "chosen_rank": rank, "chosen_logprob": float32(c),
-                       "entropy": float32(h), "kl_to_final": float32(kl)})
+        layers.append(
+            {
+                "layer": n,
+                "top": top,
+                "chosen_rank": rank,
+                "chosen_logprob": float32(c),
+                "entropy": float32(h),
+                "kl_to_final": float32(kl),
+            }
+        )
     return {"settled_at": lens["settled_at"], "layers": layers}
 
 
@@ -104,7 +120,7 @@ def _pack_summaries(items: list, numbers: tuple[str, ...], tokens: Tokens, new: 
         for t in x["top"]:
             _keys(t, _ATT_TOP)
             if not 0 <= t["position"] < len(tokens.seq) or tokens.seq[t["position"]] != t["token_id"]:
-                raise NotPackable(t)
+                raise NotColumnar(t)
             _note(tokens, new, t["token_id"], t["text"])
         out["position"].append([t["position"] for t in x["top"]])
         out["weight"].append([short(t["weight"]) for t in x["top"]])
@@ -133,13 +149,13 @@ def pack_attention(attention: dict, tokens: Tokens, new: dict[int, str]) -> dict
     for x in layers:
         _keys(x, own)
         if heads and [h.get("head") for h in x["heads"]] != list(range(len(x["heads"]))):
-            raise NotPackable(x)
+            raise NotColumnar(x)
     mean = [{k: x[k] for k in ("top", *_MEAN)} for x in layers]
     out = {"layer": [x["layer"] for x in layers], **_pack_summaries(mean, _MEAN, tokens, new)}
     out["value_weighted"] = _pack_summaries([x["value_weighted"] for x in layers], _VALUED, tokens, new)
     if heads:
         if any(tuple(h) != ("head", "top", *_MEAN) for x in layers for h in x["heads"]):
-            raise NotPackable(attention)
+            raise NotColumnar(attention)
         per_head = [[{k: h[k] for k in ("top", *_MEAN)} for h in x["heads"]] for x in layers]
         out["heads"] = [_pack_summaries(hs, _MEAN, tokens, new) for hs in per_head]
     return {"layers": out}
@@ -158,8 +174,8 @@ def unpack_attention(attention: dict, tokens: Tokens, new: dict[int, str]) -> di
 _PACKERS = {"lens": (pack_lens, unpack_lens), "attention": (pack_attention, unpack_attention)}
 
 
-def pack_step(step: dict, tokens: Tokens) -> dict:
-    """A step's dict (`Step.to_dict()`) with its lens and attention packed where they read back
+def to_columns(step: dict, tokens: Tokens) -> dict:
+    """A step's dict (`Step.to_dict()`) with its lens and attention in columns where they read back
     equal; `tokens` then holds the step's token and the texts it wrote. Steps go in order."""
     out, new = dict(step), {}
     for name, (pack, unpack) in _PACKERS.items():
@@ -168,12 +184,12 @@ def pack_step(step: dict, tokens: Tokens) -> dict:
             continue
         mine = dict(new)  # the texts this step shows first, this entry's added on success
         try:
-            packed = pack(entry, tokens, mine)
-        except (NotPackable, KeyError, TypeError):
+            columns = pack(entry, tokens, mine)
+        except (NotColumnar, KeyError, TypeError):
             continue
-        if unpack(packed, tokens, mine) == entry:
+        if unpack(columns, tokens, mine) == entry:
             new = mine
-            out[name] = packed
+            out[name] = columns
     if new:
         tokens.texts.update(new)
         out[TEXTS] = {str(k): v for k, v in new.items()}
@@ -181,8 +197,8 @@ def pack_step(step: dict, tokens: Tokens) -> dict:
     return out
 
 
-def unpack_step(step: dict, tokens: Tokens) -> dict:
-    """A step read from a file, its packed entries expanded (the inverse of pack_step)."""
+def from_columns(step: dict, tokens: Tokens) -> dict:
+    """A step read from a file, its columnar entries expanded (the inverse of to_columns)."""
     new = {int(k): v for k, v in (step.get(TEXTS) or {}).items()}
     out = {k: v for k, v in step.items() if k != TEXTS}
     for name, (_, unpack) in _PACKERS.items():

@@ -1,8 +1,8 @@
-"""Prompts that share a prefix cache, packed into one row: a forward without padding in which
+"""Prompts that share a prefix cache, laid side by side in one row: a forward without padding in which
 prompts that begin alike compute their common beginning once (tree attention, as SGLang's
 RadixAttention schedules it and Hydragen computes it).
 
-One packed forward holds, as columns of a single row:
+One tree forward holds, as columns of a single row:
 
     [reused KV of the cached entries] [new tokens of prompt 1][new tokens of prompt 2]...
 
@@ -31,7 +31,7 @@ from lmtrace.logits import measure
 
 
 @dataclass
-class Packed:
+class TreePrompt:
     """A prompt's place in a pack: its own cache hit, or an anchor (an earlier prompt of the
     pack) whose first `shared` tokens it shares."""
 
@@ -41,7 +41,7 @@ class Packed:
     anchor: int | None = None  # index in the pack
     shared: int = 0
     past: int = 0  # leading positions whose KV comes from the cache (this pack has no logits for them)
-    columns: list[int] = field(default_factory=list)  # per position: its column in the packed row
+    columns: list[int] = field(default_factory=list)  # per position: its column in the tree row
     new: int = 0  # positions from here on are this prompt's own new columns
 
     @property
@@ -93,9 +93,9 @@ class Ride:
         self.new = [(new(k), new(v)) for k, v in layers]
 
 
-def plan(rows: list[Packed], before: int = 0) -> tuple[list[Hit], list[int], list[int]]:
+def plan(rows: list[TreePrompt], before: int = 0) -> tuple[list[Hit], list[int], list[int]]:
     """Columns of every prompt: the cache hits whose KV goes first (one block per entry, as
-    long as its longest reuse), and the packed row's new token ids and positions. An anchor
+    long as its longest reuse), and the tree row's new token ids and positions. An anchor
     comes before the prompts that use it. `before`: columns between the hits and the prompts'
     new tokens (a riding batch's cache and new tokens)."""
     longest: dict[int, Hit] = {}  # id(entry) -> the hit reusing most of it
@@ -125,7 +125,9 @@ def plan(rows: list[Packed], before: int = 0) -> tuple[list[Hit], list[int], lis
     return list(longest.values()), ids, positions
 
 
-def _mask(rows: list[Packed], past: int, count: int, dtype: torch.dtype, ride: Ride | None, width: int) -> torch.Tensor:
+def _mask(
+    rows: list[TreePrompt], past: int, count: int, dtype: torch.dtype, ride: Ride | None, width: int
+) -> torch.Tensor:
     """(1, 1, queries, past + queries): 0 where a query attends, the dtype's minimum elsewhere.
     The first `past` columns are cached ones (hits, then a riding batch's from `width`)."""
     allowed = torch.zeros((count, past + count), dtype=torch.bool)
@@ -143,7 +145,7 @@ def _mask(rows: list[Packed], past: int, count: int, dtype: torch.dtype, ride: R
 Result = tuple[torch.Tensor, "measure.Forced | None", list]  # last distribution, numbers, KV
 
 
-def forward(model, rows: list[Packed], ride: Ride | None = None) -> list[Result]:
+def forward(model, rows: list[TreePrompt], ride: Ride | None = None) -> list[Result]:
     """Runs the pack (and the riding batch's step, its results set on `ride`); per prompt (its
     last distribution (vocab,) float32, its numbers for targets 1..n-1 or None, its KV per layer
     (1, kv_heads, n, head_dim))."""
@@ -182,7 +184,7 @@ def forward(model, rows: list[Packed], ride: Ride | None = None) -> list[Result]
     return results
 
 
-def _kept(rows: list[Packed], past: int, riders: int, count: int):
+def _kept(rows: list[TreePrompt], past: int, riders: int, count: int):
     """The queries whose logits the forward computes (all of them when a prompt is measured;
     else the riders' and each prompt's last), and a query's row among them."""
     if any(row.top_n is not None for row in rows):
@@ -203,9 +205,9 @@ def runs(columns: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _numbers(row: Packed, rows: list[Packed], done: list, logits: torch.Tensor, past: int) -> measure.Forced:
+def _numbers(row: TreePrompt, rows: list[TreePrompt], done: list, logits: torch.Tensor, past: int) -> measure.Forced:
     """Targets 1..n-1: from the cache (up to its reuse), from the anchor (inside the shared
-    part), the others measured from the packed row's logits at the position before each."""
+    part), the others measured from the tree row's logits at the position before each."""
     if row.anchor is not None:
         before = done[row.anchor][1]
         known = row.shared - 1  # targets 1..shared-1 lie inside the shared part
