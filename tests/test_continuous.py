@@ -79,7 +79,7 @@ def test_a_row_whose_consumer_fails_leaves_alone(tiny_lm, overlap):
     left = []
     while not batch.empty:
         left += batch.step()
-    assert isinstance(joined[1].error, RuntimeError) and len(joined[1].record.steps) == 3
+    assert isinstance(joined[1].error, RuntimeError) and len(joined[1].steps) == 3
     alone = tracing.generate(tiny_lm, PROMPTS[2], SamplingParams(**SETTINGS[2]))
     assert_same(joined[2].trace.to_dict(), alone.to_dict(), tol=5e-5)
 

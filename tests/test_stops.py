@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from lmtrace.decode.row_state import RowRecord
+from lmtrace.decode.row_state import RowState
+from lmtrace.params import SamplingParams
 from lmtrace.records import Step
 from lmtrace.server.sse import ChoiceStream
 from lmtrace.stops import StopStrings, finish_reason
@@ -97,7 +98,7 @@ def test_the_incremental_scan_equals_the_rule_over_the_whole_text(seed):
 def test_a_character_the_detokenizer_holds_back_completes_the_stop_string(tiny_lm):
     """ "ab好c" on the byte-level tokenizer: 好 is three tokens, two of them with empty pieces."""
     ids = tiny_lm.tokenizer.encode("ab好c", add_special_tokens=False)
-    record, stream, hits, deltas = RowRecord(tiny_lm, ["好c"]), ChoiceStream(["好c"]), [], []
+    record, stream, hits, deltas = RowState(tiny_lm, SamplingParams(stop=["好c"])), ChoiceStream(["好c"]), [], []
     for i, token in enumerate(ids):
         hits.append(record.add(token, False))
         piece = record.closing(finish_reason(False, hits[-1], i == len(ids) - 1), token)
@@ -112,7 +113,7 @@ def test_a_character_the_detokenizer_holds_back_completes_the_stop_string(tiny_l
 def test_the_end_token_is_no_text_to_scan(tiny_lm):
     eos = tiny_lm.tokenizer.eos_token_id
     ids = tiny_lm.tokenizer.encode("ab", add_special_tokens=False) + [eos]
-    record = RowRecord(tiny_lm, ["b<"])
+    record = RowState(tiny_lm, SamplingParams(stop=["b<"]))
     assert [record.add(t, t == eos) for t in ids] == [False, False, False]
     assert record.held.cut is None and record.text_before_eos == "ab"
 

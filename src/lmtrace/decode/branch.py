@@ -22,7 +22,7 @@ from lmtrace.decode.choosing import Rows, choosing
 from lmtrace.decode.loop import Fed, Finish, Watch, drive
 from lmtrace.decode.observers import Observer
 from lmtrace.decode.options import GenerateOptions, Plan, plan
-from lmtrace.decode.row_state import RowRecord, generator, records, seeded
+from lmtrace.decode.row_state import RowState, generator, records, seeded
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.decode.tracing import encode_prompt, traced
 from lmtrace.errors import GenerationError, InvalidParameter
@@ -187,7 +187,7 @@ class _Session:
 
     def _trace(self, make_steps: Callable, prefix: Sequence = ()) -> Trace:
         """A Trace from a _decode run; `prefix` holds the original's Steps before the branch point."""
-        row = RowRecord(self.lm, self.p.stop)
+        row = RowState(self.lm, self.p)
         for s in prefix:  # replays the detokenizer; the original stopped at none of these tokens
             row.add(s.token_id, False)
         row.steps = [dataclasses.replace(s) for s in prefix]

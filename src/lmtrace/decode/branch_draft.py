@@ -19,7 +19,7 @@ from lmtrace.decode.choosing import Rows, choosing
 from lmtrace.decode.loop import Fed, Finish, Once, Watch, drive
 from lmtrace.decode.observers import Observer, attached
 from lmtrace.decode.options import Plan
-from lmtrace.decode.row_state import RowRecord, records
+from lmtrace.decode.row_state import RowState, records
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.decode.tracing import traced
 from lmtrace.kv import ledger
@@ -66,7 +66,7 @@ class Session:
     def original(self, at: int) -> tuple[Trace, Fork]:
         """generate's own drafted run, with the fork at `at` kept."""
         fork = Fork(at, self.plan.watchers)
-        row = RowRecord(self.lm, self.p.stop)
+        row = RowState(self.lm, self.p)
         tallies = [t for _, _, t in speculative.iter_rows(self.lm, self.plan, [self.ids], [row], [fork])]
         self.prompt_logprobs = row.prompt_logprobs
         trace = traced(self.lm, self.plan, [self.prompt], [self.ids], [row])[0]
@@ -75,7 +75,7 @@ class Session:
 
     def branch(self, original: Trace, fork: Fork, at: int, token: int) -> Trace:
         """The original's steps before `at`, `token` forced at `at`, then the speculative run."""
-        row = RowRecord(self.lm, self.p.stop)
+        row = RowState(self.lm, self.p)
         for s in original.steps[:at]:  # replays the detokenizer; the original stopped at none of these
             row.add(s.token_id, False)
         row.steps = [dataclasses.replace(s) for s in original.steps[:at]]

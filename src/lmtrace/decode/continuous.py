@@ -38,7 +38,7 @@ from lmtrace.decode.drafted import DraftedRow, drafted
 from lmtrace.decode.loop import Fed, Once, Watch, drive
 from lmtrace.decode.observers import inside_entry
 from lmtrace.decode.prefill import Prefilled, PromptRow, prefill_many, stack_left
-from lmtrace.decode.row_state import Row, RowSpec, record
+from lmtrace.decode.row_state import RowSpec, RowState, record
 from lmtrace.decode.step import BatchStep, Choosing
 from lmtrace.decode.tree_prefill import Ride
 from lmtrace.detokenize import TokenBytes
@@ -48,7 +48,7 @@ from lmtrace.logits import forced, measure, processors
 from lmtrace.model.lm import LM
 from lmtrace.records import Trace
 
-__all__ = ["ContinuousBatch", "Joining", "Row", "RowSpec", "first_steps", "generate_rows"]
+__all__ = ["ContinuousBatch", "Joining", "RowSpec", "RowState", "first_steps", "generate_rows"]
 
 ROOM = 32  # positions the batch's cache grows by at a time: a step writes its new one in place
 
@@ -67,7 +67,7 @@ class ContinuousBatch:
         self.lm = lm
         # a sliding-window cache cannot be regrouped: such a model decodes one row at a time
         self.max_batch = max_batch if ledger.regroupable(ledger.new_cache(lm.model)) else 1
-        self.rows: list[Row] = []  # the rows that step together
+        self.rows: list[RowState] = []  # the rows that step together
         self.drafted: list[DraftedRow] = []  # the rows that decode a block per step with their draft
         self.cache: Any = None
         self.mask: torch.Tensor | None = None  # (batch, width): 0 on each row's left padding
@@ -86,7 +86,7 @@ class ContinuousBatch:
         return not self.rows and not self.drafted
 
     @property
-    def members(self) -> list[Row]:
+    def members(self) -> list[RowState]:
         """Every row in the batch: those stepping together and those with a draft."""
         return self.rows + [d.row for d in self.drafted]
 
@@ -94,11 +94,11 @@ class ContinuousBatch:
     def free(self) -> int:
         return self.max_batch - len(self.rows) - len(self.drafted)
 
-    def join(self, spec: RowSpec) -> Row:
+    def join(self, spec: RowSpec) -> RowState:
         """Prefills the row's prompt alone and adds it to the batch (call between steps)."""
         return self.join_many([spec])[0]
 
-    def join_many(self, specs: Sequence[RowSpec]) -> list[Row]:
+    def join_many(self, specs: Sequence[RowSpec]) -> list[RowState]:
         """Prefills the rows' prompts together in one left-padded forward (one row: alone, so
         its first numbers are exactly the lone ones) and adds them to the batch."""
         if not specs:
@@ -107,7 +107,7 @@ class ContinuousBatch:
             raise RuntimeError(f"the batch has room for {self.free} rows, not {len(specs)}")
         for spec in specs:
             engine.check_context(self.lm.model, [spec.ids], spec.params)
-        joined = [Row(self.lm, spec) for spec in specs]
+        joined = [RowState.joining(self.lm, spec) for spec in specs]
         self.drafted += [DraftedRow(self.lm, row) for row in joined if drafted(row.spec)]
         rows = [row for row in joined if not drafted(row.spec)]
         if not rows:
@@ -119,7 +119,7 @@ class ContinuousBatch:
         self._prefill(rows)
         return joined
 
-    def _prefill(self, rows: list[Row]) -> None:
+    def _prefill(self, rows: list[RowState]) -> None:
         """The rows' prompts in one left-padded forward (with echo, every position's logits kept:
         their own numbers, as generate's), merged into the batch."""
         model = self.lm.model
@@ -141,7 +141,7 @@ class ContinuousBatch:
             row.step_ms = (time.perf_counter() - started) * 1000
         self._merge(rows, cache, logits, mask)
 
-    def join_prefilled(self, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]) -> list[Row]:
+    def join_prefilled(self, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]) -> list[RowState]:
         """Adds rows whose prompts were prefilled elsewhere (lmtrace.decode.prefill: batched,
         from a prefix cache, each with its KV), one Prefilled per spec (the choices of one
         prompt share one): their caches left-padded into one and merged into the batch's."""
@@ -150,7 +150,7 @@ class ContinuousBatch:
         if any(drafted(s) or row_inside.wants(s) for s in specs):
             raise ValueError("rows with a draft, lens or attention join with join_many (their own prefill)")
         model = self.lm.model
-        rows = [Row(self.lm, spec) for spec in specs]
+        rows = [RowState.joining(self.lm, spec) for spec in specs]
         width = max(len(p.ids) for p in prefilled)
         cache = ledger.cache_of(model, stack_left([p.kv for p in prefilled], width))  # (k, kv_heads, width, head_dim)
         mask = torch.zeros((len(rows), width), dtype=torch.long, device=model.device)
@@ -162,7 +162,7 @@ class ContinuousBatch:
         self._merge(rows, cache, torch.stack([p.logits for p in prefilled]), mask)
         return rows
 
-    def _merge(self, rows: list[Row], cache: Any, logits: torch.Tensor, own: torch.Tensor) -> None:
+    def _merge(self, rows: list[RowState], cache: Any, logits: torch.Tensor, own: torch.Tensor) -> None:
         if not self.rows:
             self.rows, self.cache, self.mask, self.logits = rows, ledger.with_room(cache, ROOM), own, logits
             return
@@ -173,7 +173,7 @@ class ContinuousBatch:
         self.logits = torch.cat([self.logits, logits], dim=0)
         self.rows += rows
 
-    def step(self, joining: Joining | None = None) -> list[Row]:
+    def step(self, joining: Joining | None = None) -> list[RowState]:
         """Decodes each drafted row's next block; then chooses every other row's next token,
         records it (calling the rows' `on_step`), takes the rows that finished out, and runs the
         decode forward for the others: in the forward of the `joining` prompts when they take
@@ -272,7 +272,7 @@ class ContinuousBatch:
             row.step_ms = (time.perf_counter() - started) * 1000
 
 
-def _ends(row: Row, index: int, token: int, eos: Sequence[int]) -> bool:
+def _ends(row: RowState, index: int, token: int, eos: Sequence[int]) -> bool:
     """Whether the row ends with this token at its step `index` whatever its record finds: its
     length, its end token."""
     return index == row.params.max_new_tokens - 1 or (row.params.stop_on_eos and token in eos)
@@ -291,7 +291,7 @@ class Stepping:
         self.batch, self.joining, self.beside = batch, joining, beside
         self.rows = list(batch.rows)
         self.fed: Fed | None = None
-        self.left: list[Row] = []
+        self.left: list[RowState] = []
 
     def next(self) -> Fed | None:
         if self.fed is not None:  # one step
@@ -345,43 +345,43 @@ class Stepping:
         batch.forward(tokens, self.joining)
 
 
-def _plain(row: Row) -> bool:
+def _plain(row: RowState) -> bool:
     """A row whose step can be measured beside the next forward: no grammar to move past its token,
     no observers or lens or attention reading the forward, no processors of the user's."""
     s = row.spec
     return row.grammar is None and not s.observers and not row_inside.wants(s) and not s.logits_processors
 
 
-def rows_choosing(rows: Sequence[Row]) -> Choosing:
+def rows_choosing(rows: Sequence[RowState]) -> Choosing:
     """How the rows choose: each with its own params, generator, penalty, grammar and processors
     (handed the row's tokens generated so far)."""
     grammars = [r.grammar for r in rows] if any(r.grammar is not None for r in rows) else None
     own = [r.spec.logits_processors for r in rows] if any(r.spec.logits_processors for r in rows) else None
-    made = [[s.token_id for s in r.record.steps] for r in rows] if own is not None else None
+    made = [[s.token_id for s in r.steps] for r in rows] if own is not None else None
     seen = [r.seen for r in rows]
     return choosing(Rows([r.params for r in rows], [r.generator for r in rows], None, made, seen, grammars, (), own))
 
 
-def _echoed(lm: LM, row: Row, ids: Sequence[int], numbers: measure.Forced | None, tb: TokenBytes) -> None:
+def _echoed(lm: LM, row: RowState, ids: Sequence[int], numbers: measure.Forced | None, tb: TokenBytes) -> None:
     """A row with echo: its prompt's own numbers (its prefill's) as its trace's prompt_logprobs."""
     if not row.spec.echo:
         return
     if numbers is None:
         raise ValueError("a row with echo joins with its prompt measured (PromptRow's top_n)")
-    row.record.prompt_logprobs = forced.token_scores(lm.tokenizer, list(ids), 0, numbers, tb)
+    row.prompt_logprobs = forced.token_scores(lm.tokenizer, list(ids), 0, numbers, tb)
 
 
-def _seen(model, row: Row, ids: Sequence[int]) -> torch.Tensor | None:
+def _seen(model, row: RowState, ids: Sequence[int]) -> torch.Tensor | None:
     """The prompt's tokens as seen, for a repetition penalty (None without one)."""
     return processors.seen_mask(row.params, [ids], model.config.vocab_size, model.device)
 
 
-def first_steps(lm: LM, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]) -> list[Row]:
+def first_steps(lm: LM, specs: Sequence[RowSpec], prefilled: Sequence[Prefilled]) -> list[RowState]:
     """Rows whose only step is the first (max_new_tokens 1: an evaluation's scoring request):
     chosen from the prefill's distribution, no decode forward, no batch joined; each step's
     `kv` is the row's own cache after its prefill. Each row comes back with its trace (or its
     `error`, when its `on_step` raised)."""
-    rows = [Row(lm, spec) for spec in specs]
+    rows = [RowState.joining(lm, spec) for spec in specs]
     for row, p in zip(rows, prefilled):
         if row.params.max_new_tokens != 1:
             raise ValueError(f"first_steps takes rows with max_new_tokens 1, got {row.params.max_new_tokens}")

@@ -19,7 +19,7 @@ import torch
 
 from lmtrace.decode import engine, speculative
 from lmtrace.decode.observers import Echo, Inside, Observer, attached
-from lmtrace.decode.row_state import Row, record
+from lmtrace.decode.row_state import RowState, record
 from lmtrace.detokenize import TokenBytes
 from lmtrace.errors import GenerationError
 from lmtrace.inside.probe import Probe
@@ -30,7 +30,7 @@ from lmtrace.model.lm import LM
 class DraftedRow:
     """A row with its draft: prefilled on joining; `block()` decodes and records its next block."""
 
-    def __init__(self, lm: LM, row: Row):
+    def __init__(self, lm: LM, row: RowState):
         spec, p = row.spec, row.params
         self.lm, self.row = lm, row
         self.tally = speculative.Tally(spec.draft.spec, spec.draft_tokens, spec.draft.describe())
@@ -38,7 +38,7 @@ class DraftedRow:
         grammars = [row.grammar] if row.grammar is not None else None
 
         def fed(_: int, token: int) -> bool:  # the row's record sees each token as the loop judges it
-            return row.record.add(token, token in eos)
+            return row.add(token, token in eos)
 
         self.observers = own_observers(spec, p.top_logprobs)
         setup = engine.Setup(eos, lm.pad_token_id, fed, False, self.observers, grammars, tuple(spec.logits_processors))
@@ -69,7 +69,7 @@ class DraftedRow:
         self.row.step_ms = 0.0
         if bs.entries.get("prompt") is not None:  # echo: the prompt's numbers, from the row's prefill
             numbers = bs.entries.pop("prompt")[0]
-            self.row.record.prompt_logprobs = forced.token_scores(self.lm.tokenizer, self.row.spec.ids, 0, numbers, tb)
+            self.row.prompt_logprobs = forced.token_scores(self.lm.tokenizer, self.row.spec.ids, 0, numbers, tb)
         left = record(self.lm, self.row, bs, 0, kv, bs.time_ms, tb, hit=bs.finish[0] == "stop")
         if left and self.row.trace is not None:
             self.row.trace.speculative = self.tally.to_dict()

@@ -99,6 +99,6 @@ def take(
             lens_rows[r] = lens.measure(un, hidden, logits[r : r + 1], tokens[r : r + 1], top_n(row.spec))[0]
         if own.attention is not None:
             att_rows = att_rows or [None] * len(rows)
-            seq = list(row.spec.ids) + [s.token_id for s in row.record.steps]
+            seq = list(row.spec.ids) + [s.token_id for s in row.steps]
             att_rows[r] = {"layers": name_positions(own.attention, seq)}
     return lens_rows, att_rows

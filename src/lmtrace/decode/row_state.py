@@ -1,6 +1,7 @@
-"""One row's records while it decodes, and the records made from the engine's numbers: the
-text pieces (held back where a character spans tokens), stop strings, each Step, and the Trace
-at the end. Shared by generate, branch and continuous batching."""
+"""A row while it decodes (`RowState`, the one row state of every loop: generate's static batch,
+continuous batching, speculative blocks, branches), and the records made from the engine's
+numbers: the text pieces (held back where a character spans tokens), stop strings, each Step,
+and the Trace at the end."""
 
 from __future__ import annotations
 
@@ -67,28 +68,6 @@ class StopRow(Exception):
         self.reason = reason
 
 
-class Row:
-    """A row while it decodes: its records, generator, penalty mask, grammar and position."""
-
-    def __init__(self, lm: LM, spec: RowSpec):
-        self.spec = spec
-        self.params = seeded(spec.params)
-        found = constrained.matchers(lm, [self.params])
-        self.grammar = found[0] if found else None  # the row's grammar matcher (None: unconstrained)
-        self.record = RowRecord(lm, self.params.stop)
-        self.generator = None
-        if not self.params.greedy:
-            self.generator = torch.Generator(device=lm.model.device).manual_seed(self.params.seed)
-        self.seen: torch.Tensor | None = None  # (1, vocab) bool, with a repetition penalty
-        self.index = 0  # steps produced so far
-        self.position = len(spec.ids)  # of the next token fed
-        self.step_ms = 0.0
-        self.cached = 0  # prompt tokens whose KV came from a prefix cache
-        self.trace: Trace | None = None
-        self.error: BaseException | None = None
-        self.inside: Any = None  # with lens / attention: what its last forward captured (row_inside)
-
-
 def make_params(params: SamplingParams | None = None, entry: str = "generate", **kwargs: Any) -> SamplingParams:
     """`params` with `kwargs` laid over them (or SamplingParams(**kwargs)). A keyword that is no
     sampling setting is an option the entry point (`entry`) does not take: refused in one line
@@ -102,17 +81,42 @@ def make_params(params: SamplingParams | None = None, entry: str = "generate", *
     return params if params is not None else SamplingParams(**kwargs)
 
 
-class RowRecord:
-    """Per-prompt state: its detokenizer, its steps, its stop strings (where one cut the text)."""
+class RowState:
+    """One row while it decodes, whichever loop drives it (the static batch, a continuous batch,
+    a speculative block, a branch): its params, its records (detokenizer, stop strings, steps,
+    the stop reason) and, where it decodes in a continuous batch (`joining`), its own random
+    stream, grammar, penalty mask and position. A static batch's rows choose together from the
+    batch's params (decode/choosing.py `Rows`); their state holds only the records."""
 
-    def __init__(self, lm: LM, stops: Sequence[str]):
+    def __init__(self, lm: LM, params: SamplingParams, spec: RowSpec | None = None):
+        self.spec = spec
+        self.params = params
         self.detok = IncrementalDetokenizer(lm.tokenizer)
-        self.held = StopStrings(stops)  # fed the pieces the detokenizer emits, up to the end token
+        self.held = StopStrings(params.stop)  # fed the pieces the detokenizer emits, up to the end token
         self.steps: list[Step] = []
         self.piece = ""
         self.stop_reason: str | int | None = None
         self.text_before_eos: str | None = None
         self.prompt_logprobs: list | None = None  # with echo: the prompt's TokenScores
+        self.grammar = None  # the row's grammar matcher (None: unconstrained, or the batch's)
+        self.generator: torch.Generator | None = None
+        self.seen: torch.Tensor | None = None  # (1, vocab) bool, with a repetition penalty
+        self.index = 0  # steps produced so far
+        self.position = len(spec.ids) if spec is not None else 0  # of the next token fed
+        self.step_ms = 0.0
+        self.cached = 0  # prompt tokens whose KV came from a prefix cache
+        self.trace: Trace | None = None
+        self.error: BaseException | None = None
+        self.inside: Any = None  # with lens / attention: what its last forward captured (row_inside)
+
+    @classmethod
+    def joining(cls, lm: LM, spec: RowSpec) -> RowState:
+        """A row of a continuous batch: seeded params, its own grammar matcher and random stream."""
+        state = cls(lm, seeded(spec.params), spec)
+        found = constrained.matchers(lm, [state.params])
+        state.grammar = found[0] if found else None
+        state.generator = generator(lm, state.params)
+        return state
 
     def closing(self, finish: str | None, token_id: int) -> str:
         """This step's text: the piece its token added, and at the row's last step whatever the
@@ -182,7 +186,7 @@ def generator(lm: LM, params: SamplingParams) -> torch.Generator | None:
 
 
 def records(
-    lm: LM, prompts: Sequence[list[int]], steps: Iterator[BatchStep], rows: list[RowRecord]
+    lm: LM, prompts: Sequence[list[int]], steps: Iterator[BatchStep], rows: list[RowState]
 ) -> Iterator[tuple[int, Step]]:
     """The engine's BatchSteps as (row, Step) records; `rows` were fed each token by the hook."""
     tb = TokenBytes(lm.tokenizer)
@@ -219,7 +223,7 @@ def to_trace(
     prompt: str,
     ids: list[int],
     params: SamplingParams,
-    row: RowRecord,
+    row: RowState,
     chat: bool,
     extras: Extras | None = None,
 ) -> Trace:
@@ -284,7 +288,7 @@ def seeded(params: SamplingParams) -> SamplingParams:
 
 
 def record(
-    lm: LM, row: Row, bs: BatchStep, r: int, kv: dict[str, Any], choose_ms: float, tb: TokenBytes,
+    lm: LM, row: RowState, bs: BatchStep, r: int, kv: dict[str, Any], choose_ms: float, tb: TokenBytes,
     hit: bool | None = None, forward_ms: float | None = None,
 ) -> bool:  # fmt: skip
     """Row `row`'s Step from row `r` of the batch step, with `kv` its own part of the cache;
@@ -297,16 +301,16 @@ def record(
     token, p = bs.token_ids[r], row.params
     is_eos = p.stop_on_eos and token in lm.eos_token_ids
     if hit is None:
-        hit = row.record.add(token, is_eos)
+        hit = row.add(token, is_eos)
     finish = finish_reason(is_eos, hit, row.index == p.max_new_tokens - 1)
-    piece = row.record.closing(finish, token)
+    piece = row.closing(finish, token)
     bs.index = row.index
     bs.time_ms = (row.step_ms if forward_ms is None else forward_ms) + choose_ms
     step = step_record(lm, bs, r, piece, tb)
     step.kv = kv
     if row.index == 0 and row.cached:
         step.kv = {**kv, "cached_tokens": row.cached}
-    row.record.steps.append(step)
+    row.steps.append(step)
     row.index += 1
     stopped = None
     try:
@@ -320,7 +324,7 @@ def record(
     if finish is not None or stopped is not None:
         s = row.spec
         probe = inside.Probe([s.ids], p.top_logprobs, s.lens, s.attention) if s.lens or s.attention else None
-        row.trace = to_trace(lm, s.text, s.ids, p, row.record, s.chat, Extras(probe=probe, watchers=s.observers))
+        row.trace = to_trace(lm, s.text, s.ids, p, row, s.chat, Extras(probe=probe, watchers=s.observers))
         row.trace.timing["cached_tokens"] = row.cached
         if s.logits_processors:  # as generate names them: the user's processors that ran, in order
             row.trace.params["logits_processors"] = [u.name for u in s.logits_processors]

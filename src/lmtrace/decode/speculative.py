@@ -25,7 +25,7 @@ from lmtrace.decode import constrained, engine, static
 from lmtrace.decode.choosing import Rows, choosing, forked
 from lmtrace.decode.loop import Fed, Finish, Watch, drive
 from lmtrace.decode.observers import Observer, attached
-from lmtrace.decode.row_state import RowRecord, generator, records
+from lmtrace.decode.row_state import RowState, generator, records
 from lmtrace.decode.step import BatchStep, Choosing, Proposal
 from lmtrace.kv import ledger
 from lmtrace.model.lm import LM
@@ -341,7 +341,7 @@ def _crop(target: Side, draft: Side, keep: int) -> dict[str, Any] | None:
 
 
 def iter_rows(
-    lm: LM, plan: Any, prompts: Sequence[list[int]], rows: list[RowRecord], extra: Sequence[Observer] = ()
+    lm: LM, plan: Any, prompts: Sequence[list[int]], rows: list[RowState], extra: Sequence[Observer] = ()
 ) -> Iterator[tuple[int, Step, Tally]]:
     """Each prompt decoded alone with the plan's draft (decode/options.py Plan), one after another,
     drawing from one generator seeded by the params (the first prompt draws as it would alone);

@@ -10,7 +10,7 @@ from typing import Any
 
 from lmtrace.decode import constrained, engine, speculative, static, static_loop
 from lmtrace.decode.options import GenerateOptions, Plan, plan
-from lmtrace.decode.row_state import Extras, RowRecord, generator, make_params, records, seeded, to_trace
+from lmtrace.decode.row_state import Extras, RowState, generator, make_params, records, seeded, to_trace
 from lmtrace.decode.step import BatchStep
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import row_part
@@ -54,7 +54,7 @@ EACH_REFUSES = ("draft",)
 
 
 def _iter_rows(
-    lm: LM, prompts: Sequence[list[int]], plan: Plan, rows: list[RowRecord], rng: Any = None
+    lm: LM, prompts: Sequence[list[int]], plan: Plan, rows: list[RowState], rng: Any = None
 ) -> Iterator[tuple[int, Step]]:
     """Runs the engine and yields (row, Step) for every row still generating at each step.
     `rng` None means one generator for the batch seeded by the params' seed (as model.generate
@@ -77,7 +77,7 @@ def _iter_rows(
 
 
 def produced(
-    lm: LM, plan: Plan, ids: Sequence[list[int]], rows: list[RowRecord], rng: sampling.Rng = None
+    lm: LM, plan: Plan, ids: Sequence[list[int]], rows: list[RowState], rng: sampling.Rng = None
 ) -> Iterator[tuple[int, Step, speculative.Tally | None]]:
     """(row, Step, the row's speculative Tally or None) as the steps come: the prompts decoded as
     one batch, or with a draft one after another (decode/speculative.py)."""
@@ -99,7 +99,7 @@ def run(
     `on_step(row, step)` is called as each step is produced (an exception it raises stops the
     generation)."""
     the_plan = plan(lm, options, ids)
-    rows = [RowRecord(lm, the_plan.params.stop) for _ in ids]
+    rows = [RowState(lm, the_plan.params) for _ in ids]
     tallies: dict[int, speculative.Tally] = {}
     for r, step, tally in produced(lm, the_plan, ids, rows):
         if tally is not None:
@@ -117,7 +117,7 @@ def traced(
     plan: Plan,
     texts: Sequence[str],
     ids: Sequence[list[int]],
-    rows: Sequence[RowRecord],
+    rows: Sequence[RowState],
     params: Sequence[SamplingParams] | None = None,
 ) -> list[Trace]:
     """Each row's Trace (with `params`, each row's own), naming the user's processors that ran."""
@@ -213,7 +213,7 @@ def generate_each(
     o = GenerateOptions.of(shared, "generate_each", EACH_REFUSES, **kwargs)
     the_plan = plan(lm, o, prompt_ids)
     rng = None if shared.greedy else [generator(lm, p) for p in ps]
-    rows = [RowRecord(lm, shared.stop) for _ in prompt_ids]
+    rows = [RowState(lm, shared) for _ in prompt_ids]
     for r, step, _ in produced(lm, the_plan, prompt_ids, rows, rng):
         if on_step is not None:
             on_step(r, step)
@@ -232,7 +232,7 @@ def stream(
     o = _options(options, params, "stream", kwargs, STREAM_REFUSES)
     ids = encode_prompt(lm, prompt, o.chat)
     the_plan = plan(lm, o, [ids])
-    for _, step, _tally in produced(lm, the_plan, [ids], [RowRecord(lm, the_plan.params.stop)]):
+    for _, step, _tally in produced(lm, the_plan, [ids], [RowState(lm, the_plan.params)]):
         yield step
 
 

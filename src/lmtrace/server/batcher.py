@@ -18,7 +18,7 @@ import time
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
-from lmtrace.decode.continuous import ContinuousBatch, Joining, Row, RowSpec
+from lmtrace.decode.continuous import ContinuousBatch, Joining, RowSpec, RowState
 from lmtrace.decode.prefill import Prefilled
 from lmtrace.decode.tree_prefill import Ride
 from lmtrace.model.lm import LM
@@ -285,7 +285,7 @@ class BatchingWorker(ModelWorker):
                 if not req.closed:
                     self._join_rows(batch, [item for item in arriving if item[0] is req], retry=False)
 
-    def _leave(self, row: Row) -> None:
+    def _leave(self, row: RowState) -> None:
         req, choice = row.spec.tag
         if req.closed:
             return

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from lmtrace.decode.continuous import Row, RowSpec, first_steps
+from lmtrace.decode.continuous import RowSpec, RowState, first_steps
 from lmtrace.decode.prefill import Prefilled, PromptRow, prefill_many
 from lmtrace.decode.tree_prefill import Ride
 from lmtrace.kv import ledger
@@ -89,7 +89,7 @@ class Lane:
             req.handle.emit(("prompt", i, prompt_tokens(self.lm, p.ids, p.numbers)))
         req.handle.emit(("cached", i, p.cached))
 
-    def answer(self, req: Any, found: dict[Key, Prefilled], specs: Sequence[RowSpec]) -> list[Row]:
+    def answer(self, req: Any, found: dict[Key, Prefilled], specs: Sequence[RowSpec]) -> list[RowState]:
         """A request answered from its prefills: its echo, and with `max_tokens` 1 each
         choice's one step (the rows come back with their traces or errors)."""
         job = req.job
