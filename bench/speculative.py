@@ -1,7 +1,9 @@
 """Speculative decoding against plain float32 decoding on the bundled model (batch 1, greedy):
 lmtrace float32 plain, the packed 4-bit path alone (eager and --compile), float32 with the packed
 draft at K = 2, 4, 6 (and with the draft's step compiled at K = 4, 6) and with the
-self-speculative `layers:N` draft. One run, the contenders interleaved in every
+self-speculative `layers:N` draft; then the fast path, `--matmul onednn` (its verify forward of K + 1
+rows costs about one row's), plain and with the packed draft at K = 3, 4, 5 (`--compile` is refused with it).
+One run, the contenders interleaved in every
 round (each on the same prompts), medians over rounds; tokens/s, the ratio to plain float32,
 acceptance by position, and whether every run gave plain float32's tokens.
 
@@ -10,7 +12,7 @@ The contenders run in a child process that loads the models once; a contender th
 go on. The JSON is written after every run, so a run cut short keeps what it measured.
 
 Usage: python bench/speculative.py [--rounds 3] [--tokens 64] [--prompts 2] [--layers 8]
-       [--model PATH.gguf] [--out FILE.json] [--crash NAME (a check: the child aborts there)]"""
+       [--model PATH.gguf] [--out FILE.json] [--only onednn,layers] [--crash NAME (a check: the child aborts there)]"""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ PROMPTS = [
     "def fibonacci(n):",
     "A good cup of coffee needs",
 ]
-PLAIN, PACKED = "float32 plain", "packed alone"
+PLAIN, PACKED, ONEDNN = "float32 plain", "packed alone", "float32 --matmul onednn plain"
 
 
 def contenders(layers: int) -> dict[str, dict]:
@@ -43,6 +45,9 @@ def contenders(layers: int) -> dict[str, dict]:
     for k in (4, 6):
         out[f"float32 + packed draft K={k} --compile"] = {"lm": "float32", "draft": "packed", "k": k, "compile": True}
     out[f"float32 + layers:{layers} K=4"] = {"lm": "float32", "draft": f"layers:{layers}", "k": 4}
+    out[ONEDNN] = {"lm": "onednn"}  # the fast path: verify rows in one oneDNN forward
+    for k in (3, 4, 5):
+        out[f"onednn + packed draft K={k}"] = {"lm": "onednn", "draft": "packed", "k": k}
     return out
 
 
@@ -58,7 +63,8 @@ def worker(model: str | None, tokens: int, crash: str | None) -> None:
 
     lms = {"float32": lmtrace.load(model, device="cpu", dtype="float32"),
            "packed": lmtrace.load(model, device="cpu", dtype="float32", weights="packed"),
-           "packed-apart": lmtrace.load(model, device="cpu", dtype="float32")}  # fmt: skip
+           "packed-apart": lmtrace.load(model, device="cpu", dtype="float32"),
+           "onednn": lmtrace.load(model, device="cpu", dtype="float32", matmul="onednn")}  # fmt: skip
     pack_gguf(lms["packed-apart"].model, model or bundled_gguf(), fuse=False)  # the packed path before fusion
     print(json.dumps({"ready": True, "threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
@@ -113,10 +119,13 @@ class Child:
 
 def summarize(record: dict) -> None:
     """Medians, ratios to plain float32, acceptance by position (mean over runs), identical tokens."""
-    plain = record["results"].get(PLAIN, {}).get("median")
     for r in record["results"].values():
         r["median"] = statistics.median(r["tok_s"]) if r["tok_s"] else None
+    plain = record["results"].get(PLAIN, {}).get("median")
+    fast = record["results"].get(ONEDNN, {}).get("median")
+    for r in record["results"].values():
         r["ratio_to_plain"] = r["median"] / plain if r["median"] and plain else None
+        r["ratio_to_onednn"] = r["median"] / fast if r["median"] and fast else None
         rates = [s["acceptance_by_position"] for s in r["speculative"] if s]
         r["acceptance_by_position"] = [statistics.mean(x[j] for x in rates if x[j] is not None)
                                        for j in range(len(rates[0]))] if rates else None  # fmt: skip
@@ -125,15 +134,16 @@ def summarize(record: dict) -> None:
 
 
 def table(record: dict) -> str:
-    lines = ["| contender | median tok/s | runs | ratio to float32 plain | tokens identical | "
-             "acceptance by position | accepted per block |", "|---|---:|---:|---:|:---:|---|---:|"]  # fmt: skip
+    lines = ["| contender | median tok/s | runs | ratio to float32 plain | ratio to onednn plain | tokens identical | "
+             "acceptance by position | accepted per block |", "|---|---:|---:|---:|---:|:---:|---|---:|"]  # fmt: skip
     for name, r in record["results"].items():
         med = f"{r['median']:.1f}" if r.get("median") else "failed"
         ratio = f"{r['ratio_to_plain']:.2f}" if r.get("ratio_to_plain") else "—"
+        fast = f"{r['ratio_to_onednn']:.2f}" if r.get("ratio_to_onednn") else "—"
         same = "—" if "draft" not in r["how"] else ("yes" if r["identical"] and all(r["identical"]) else "no")
         acc = " ".join(f"{x:.2f}" for x in r["acceptance_by_position"]) if r.get("acceptance_by_position") else "—"
         per = f"{r['mean_accepted_per_block']:.2f}" if r.get("mean_accepted_per_block") else "—"
-        lines.append(f"| {name} | {med} | {len(r['tok_s'])} | {ratio} | {same} | {acc} | {per} |")
+        lines.append(f"| {name} | {med} | {len(r['tok_s'])} | {ratio} | {fast} | {same} | {acc} | {per} |")
     for name, errors in record["errors"].items():
         lines.append(f"\n{name}: " + "; ".join(errors))
     return "\n".join(lines)
@@ -141,6 +151,8 @@ def table(record: dict) -> str:
 
 def run(args: argparse.Namespace, record: dict, out: Path) -> None:
     plan = contenders(args.layers)
+    if args.only:  # the float32 plain reference always runs: the tokens are checked against it
+        plan = {n: h for n, h in plan.items() if n in (PLAIN, ONEDNN) or any(w in n for w in args.only.split(","))}
     record["results"] = {n: {"tok_s": [], "identical": [], "speculative": [], "how": how} for n, how in plan.items()}
     child, warmed = None, set()
     for rnd in range(args.rounds):
@@ -186,6 +198,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8, help="N of the self-speculative layers:N draft")
     ap.add_argument("--model", default=None, help="a .gguf (default: the bundled SmolLM2-135M-Instruct)")
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/speculative-<time>.json)")
+    ap.add_argument("--only", default=None, help="contenders whose names hold one of these comma-separated words")
     ap.add_argument("--crash", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
