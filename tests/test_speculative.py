@@ -186,7 +186,7 @@ def test_greedy_rule(tiny_lm):
 
 @pytest.mark.parametrize("k", [0, 17, -1])
 def test_draft_tokens_out_of_range(tiny_lm, k):
-    with pytest.raises(InvalidParameter, match=rf"draft_tokens must be an integer in \[1, 16\], got {k}"):
+    with pytest.raises(InvalidParameter, match=rf"draft_tokens must be an integer in \[1, 16\] or .auto., got {k}"):
         lmtrace.generate(tiny_lm, PROMPT, **GREEDY, draft="layers:1", draft_tokens=k)
 
 

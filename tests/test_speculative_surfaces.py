@@ -39,8 +39,12 @@ def test_cli_generate_with_a_draft(capsys, tiny_dir):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--draft", "layers:1", "--draft-tokens", "0"], "draft_tokens must be an integer in [1, 16], got 0"),
-        (["--draft", "layers:1", "--draft-tokens", "17"], "draft_tokens must be an integer in [1, 16], got 17"),
+        (["--draft", "layers:1", "--draft-tokens", "0"], "must be an integer in [1, 16] or 'auto', got 0"),
+        (
+            ["--draft", "layers:1", "--draft-tokens", "17"],
+            "draft_tokens must be an integer in [1, 16] or 'auto', got 17",
+        ),
+        (["--draft", "layers:1", "--draft-tokens", "many"], "or 'auto', got 'many'"),
         (["--draft-tokens", "2"], "draft_tokens: only with --draft, got 2"),
         (["--draft", "packed"], "draft: 'packed' runs the target's own GGUF file at 4 bits"),
         (["--draft", "layers:9"], "draft: 'layers:N' takes N in [1, 1] for this 2-layer model, got 9"),
@@ -189,3 +193,39 @@ def test_server_branch_decodes_with_the_servers_draft(pair, tiny_lm):
     assert all("speculative" not in b for b in without["branches"])
     r = plain.post("/v1/branch", json={**body, "draft_tokens": 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "draft_tokens"
+
+
+def test_cli_draft_tokens_auto(capsys, tiny_dir):
+    """`--draft-tokens auto`: each block's K chosen by the run; the tokens are plain decoding's."""
+    code, out, _ = _run(capsys, ["generate", "Hello world", "--model", str(tiny_dir), *GREEDY, "--json", "-"])
+    plain = json.loads(out)
+    args = [
+        "generate",
+        "Hello world",
+        "--model",
+        str(tiny_dir),
+        *GREEDY,
+        "--draft",
+        "layers:1",
+        "--draft-tokens",
+        "auto",
+    ]
+    code, out, _ = _run(capsys, [*args, "--json", "-", "--no-color"])
+    fast = json.loads(out)
+    assert code == 0 and fast["token_ids"] == plain["token_ids"]
+    assert fast["speculative"]["draft_tokens"] == "auto" and fast["speculative"]["proposed_per_block"]
+
+
+def test_a_server_whose_draft_chooses_its_block_size(tiny_lm):
+    """`lmtrace serve --draft layers:1 --draft-tokens auto`: plain decoding's tokens, the trace says auto."""
+    draft = draft_for(tiny_lm, "layers:1")
+    body = {"prompt": "Hello world", "max_tokens": 12, "temperature": 0, "logprobs": 1}
+    with TestClient(create_app(tiny_lm, name="tiny")) as plain:
+        want = plain.post("/v1/completions", json=body).json()
+    with TestClient(create_app(tiny_lm, name="tiny", draft=draft, draft_tokens="auto")) as fast:
+        got = fast.post("/v1/completions", json=body).json()
+        trace = fast.post("/v1/traces", json={"prompt": "Hello world", "max_tokens": 12, "temperature": 0}).json()
+    assert got["choices"][0]["text"] == want["choices"][0]["text"]
+    assert trace["speculative"]["draft_tokens"] == "auto" and trace["speculative"]["proposed_per_block"]
+    with pytest.raises(lmtrace.InvalidParameter, match="draft_tokens must be an integer"):
+        create_app(tiny_lm, name="tiny", draft=draft, draft_tokens="many")

@@ -132,10 +132,13 @@ def draft_spec(spec: str) -> str:
     return spec
 
 
-def draft_tokens(k: int) -> int:
-    """--draft-tokens K: proposals per block, in [1, 16]."""
+def draft_tokens(k: int | str) -> int | str:
+    """--draft-tokens K: proposals per block, in [1, 16], or "auto" (chosen per block from the
+    run's measured costs and acceptance: lmtrace.decode.block_size)."""
+    if k == "auto":
+        return k
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
-        raise InvalidParameter(f"draft_tokens must be an integer in [1, {MAX_DRAFT_TOKENS}], got {k!r}")
+        raise InvalidParameter(f"draft_tokens must be an integer in [1, {MAX_DRAFT_TOKENS}] or 'auto', got {k!r}")
     return k
 
 

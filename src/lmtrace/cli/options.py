@@ -45,8 +45,13 @@ _MODEL_OPTIONS = [
         metavar="PATH|ID",
         help="Model folder, .gguf file or hub id (local cache). Default: the bundled SmolLM2-135M-Instruct.",
     ),
-    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or mps.",
-                 callback=_checked(arguments.device)),  # fmt: skip
+    click.option(
+        "--device",
+        default="auto",
+        show_default=True,
+        help="auto, cpu, cuda or mps.",
+        callback=_checked(arguments.device),
+    ),  # fmt: skip
     click.option(
         "--dtype",
         default="auto",
@@ -56,8 +61,13 @@ _MODEL_OPTIONS = [
     ),
     click.option("--allow-pickle", is_flag=True, help="Allow .bin/.pt pickle weights (they can run code)."),
     click.option("--trust-remote-code", is_flag=True, help="Run the model repository's own Python code."),
-    click.option("--verbose", is_flag=True, expose_value=False, callback=_remember("lmtrace.verbose"),
-                 help="Also say where the model's files are (the converted copy's folder)."),  # fmt: skip
+    click.option(
+        "--verbose",
+        is_flag=True,
+        expose_value=False,
+        callback=_remember("lmtrace.verbose"),
+        help="Also say where the model's files are (the converted copy's folder).",
+    ),  # fmt: skip
 ]
 
 
@@ -129,9 +139,16 @@ _SAMPLING: dict[str, tuple[str, dict[str, Any]]] = {
     "top_p": ("--top-p", {"type": float, "default": 1.0, "help": "Nucleus sampling mass (1: off)."}),
     "min_p": ("--min-p", {"type": float, "default": 0.0, "help": "Drop tokens below min_p × the top."}),
     "repetition_penalty": ("--repetition-penalty", {"type": float, "default": 1.0, "help": "1: off."}),
-    "logit_bias": ("--logit-bias", {"multiple": True, "metavar": "ID=BIAS", "callback": _logit_bias,
-                                    "help": "Add BIAS (-100 to 100) to token ID's logit before every other "
-                                            "processor (repeatable; OpenAI's logit_bias)."}),
+    "logit_bias": (
+        "--logit-bias",
+        {
+            "multiple": True,
+            "metavar": "ID=BIAS",
+            "callback": _logit_bias,
+            "help": "Add BIAS (-100 to 100) to token ID's logit before every other "
+            "processor (repeatable; OpenAI's logit_bias).",
+        },
+    ),
     "seed": ("--seed", {"type": int, "default": None, "help": "Seed for sampling (recorded in the trace)."}),
     "stop": ("--stop", {"multiple": True, "help": "Stop string (repeatable); the text is cut before it."}),
     "chat": ("--chat", {"is_flag": True, "help": "Wrap the prompt as a user message with the chat template."}),
@@ -290,8 +307,6 @@ def attribution_options(f):
                         "--against) over the embedding, each layer's attention and MLP, and each head.")(f)  # fmt: skip
 
 
-
-
 def logits_processor_option(f):
     """Adds --logits-processor NAME=module:function (repeatable): the command's processors by name,
     as vLLM v1's --logits-processors (lmtrace.logits.named); the command gets `logits_processor`."""
@@ -326,12 +341,14 @@ def draft_options(f):
         if value is not None:
             arguments.draft_spec(value)
 
-    def tokens(value: int | None) -> None:
-        if value is not None:
-            arguments.draft_tokens(value)
+    def tokens(ctx: click.Context, param: click.Parameter, value: str | None) -> int | str | None:
+        if value is None:
+            return None
+        return arguments.draft_tokens(int(value) if value.strip().lstrip("-").isdigit() else value.strip())
 
-    f = click.option("--draft-tokens", "draft_tokens", type=int, default=None, callback=_checked(tokens),
-                     help="Tokens the draft proposes per block (1-16). Default 4.")(f)  # fmt: skip
+    f = click.option("--draft-tokens", "draft_tokens", default=None, metavar="K|auto", callback=tokens,
+                     help="Tokens the draft proposes per block (1-16), or auto: chosen per block from the "
+                     "measured costs and acceptance. Default 4.")(f)  # fmt: skip
     return click.option(
         "--draft", "draft", default=None, metavar="SPEC", callback=_checked(spec),
         help="Speculative decoding with a draft model: packed (the GGUF's own 4-bit weights), layers:N "

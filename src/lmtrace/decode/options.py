@@ -48,7 +48,7 @@ class GenerateOptions:
     lens: bool = False
     attention: bool | str = False
     draft: str | LM | drafts.Draft | None = None
-    draft_tokens: int = 4
+    draft_tokens: int | str = 4
     observers: Sequence[Observer] = ()
     logits_processors: Sequence[processors.UserFn] = ()
     uncertainty: bool | Uncertainty = False

@@ -52,7 +52,7 @@ class RowSpec:
     # speculative decoding (decode/drafted.py): a lmtrace.model.draft.Draft proposing
     # `draft_tokens` a block; the row decodes one block per batch step beside the batch
     draft: Any = None
-    draft_tokens: int = 4
+    draft_tokens: int | str = 4
     # the prompt's own logprobs (`trace.prompt_logprobs`, as generate's `echo`), from its prefill
     echo: bool = False
     # the user's processors (lmtrace.logits.processors.UserProcessor), run first on this row alone

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from lmtrace.decode import constrained, engine, static
+from lmtrace.decode.block_size import AUTO, BlockSize
 from lmtrace.decode.choosing import Rows, choosing, forked
 from lmtrace.decode.loop import Fed, Finish, Watch, drive
 from lmtrace.decode.observers import Observer, attached
@@ -39,7 +40,7 @@ class Tally:
     rejection, or to a stop), and the forward passes of each model."""
 
     draft: str
-    draft_tokens: int
+    draft_tokens: int | str  # "auto": each block's K chosen by decode/block_size.py
     draft_model: dict[str, Any] = field(default_factory=dict)
     blocks: list[tuple[int, list[bool]]] = field(default_factory=list)  # (proposed, verdicts)
     target_forwards: int = 0
@@ -50,7 +51,8 @@ class Tally:
         proposed a token at position j where it was accepted (all before it too);
         `conditional_acceptance_by_position[j]`: the same among blocks that reached position j."""
         by, conditional = [], []
-        for j in range(self.draft_tokens):
+        width = max((n for n, _ in self.blocks), default=0) if self.draft_tokens == AUTO else self.draft_tokens
+        for j in range(width):
             known = [v for n, v in self.blocks if n > j and (len(v) > j or (v and not v[-1]))]
             by.append(_rate([len(v) > j and all(v[: j + 1]) for v in known]))
             conditional.append(_rate([v[j] for n, v in self.blocks if len(v) > j and all(v[:j])]))
@@ -61,6 +63,7 @@ class Tally:
             "acceptance_by_position": by,
             "conditional_acceptance_by_position": conditional,
             "mean_accepted_per_block": sum(kept) / len(kept) if kept else None,
+            **({"proposed_per_block": [n for n, _ in self.blocks]} if self.draft_tokens == AUTO else {}),
             "blocks": len(self.blocks),
             "target_forwards": self.target_forwards,
             "draft_forwards": self.draft_forwards,
@@ -78,11 +81,12 @@ def _leading(verdicts: list[bool]) -> int:
 
 @dataclass
 class Drafting:
-    """The draft side of a speculative run: the draft model, the tokens it proposes a block (K),
-    what is counted, whether its one-token step runs compiled on a static cache."""
+    """The draft side of a speculative run: the draft model, the tokens it proposes a block (K,
+    or "auto": chosen per block, decode/block_size.py), what is counted, whether its one-token
+    step runs compiled on a static cache."""
 
     model: Any
-    k: int
+    k: int | str
     tally: Tally
     compile: bool = False
 
@@ -181,15 +185,15 @@ class Speculation:
         drafting: Drafting,
     ):
         engine.check_context(model, [prompt_ids], params)
-        k, tally = drafting.k, drafting.tally
-        self.model, self.params, self.rng, self.setup, self.k, self.tally = model, params, rng, setup, k, tally
+        size, tally = BlockSize.of(drafting.k), drafting.tally
+        self.model, self.params, self.rng, self.setup, self.size, self.tally = model, params, rng, setup, size, tally
         self.prompt_len, self.seq = len(prompt_ids), list(prompt_ids)
         length = None
         if drafting.compile:  # room for the prompt, the tokens and a block past them, in whole buckets
-            length = static.capacity(len(self.seq) + params.max_new_tokens + k + 1)
+            length = static.capacity(len(self.seq) + params.max_new_tokens + size.largest + 1)
         self.target, self.proposer = Side(model), Side(drafting.model, length)
         self.how = choosing(Rows([params], rng, [self.seq], [[]], grammars=setup.grammars, user=setup.user), model)
-        self.loop = _Loop(self.target, self.proposer, params, setup, tally, engine.expected_bytes(model, 1))
+        self.loop = _Loop(self.target, self.proposer, params, setup, tally, engine.expected_bytes(model, 1), size)
         self.held: torch.Tensor | None = None  # the prefill's distribution, owed to the first block
         self.held_saved: list = []  # the observers' captures of the prefill, for that step
         self.width = 0  # the target's vocabulary: a draft's logits are fitted to it
@@ -224,13 +228,17 @@ class Speculation:
     def block(self) -> Iterator[BatchStep]:
         """The draft's proposals and the target's verification forward now; the block's steps
         as they are judged (up to the first rejected proposal, then the target's own token)."""
-        k_now = min(self.k, self.params.max_new_tokens - self.made - 1)
+        k_now = min(self.size.next(), self.params.max_new_tokens - self.made - 1)
+        began = time.perf_counter()
         proposals = propose(self.proposer, self.seq, k_now, self.how, len(self.tally.blocks), self.width)
+        drafted = time.perf_counter()
         observers = self.setup.observers
         fed = len(proposals) + (1 if self.held is None else 0)  # the verify forward's steps
         for o in observers:
             o.positions(fed)
         rows = verify(self.target, self.seq, proposals, self.held)  # (k_now + 1, vocab)
+        # what the block cost: its draft steps, its verify forward and that forward's rows
+        cost = (drafted - began, len(proposals), time.perf_counter() - drafted, fed)
         saved = [o.snapshot() for o in observers]
         for o in observers:
             o.positions(1)
@@ -239,7 +247,7 @@ class Speculation:
         if self.held is not None:
             captured.insert(0, (self.held_saved, 0))
         self.held = None
-        return self.loop.block(self.seq, self.made, proposals, rows, self.how, captured)
+        return self.loop.block(self.seq, (self.made, proposals, rows, cost), self.how, captured)
 
 
 def generate_steps(
@@ -265,6 +273,7 @@ class _Loop:
     setup: engine.Setup
     tally: Tally
     expected: Any
+    size: BlockSize
     done: bool = False
     started: float = field(default_factory=time.perf_counter)
 
@@ -278,16 +287,15 @@ class _Loop:
     def block(
         self,
         seq: list[int],
-        index: int,
-        proposals: list[Proposal],
-        rows: torch.Tensor,
+        judged: tuple,
         how: Choosing,
         captured: Sequence[tuple[list, int]] = (),
     ) -> Iterator[BatchStep]:
         """The block's steps (decode/loop.py's `drive` over a `_Block`): each proposal judged in
-        turn until one is rejected, then the bonus; `seq` gets the emitted tokens. `captured`:
-        each step's observer snapshots and its position among the positions they kept."""
-        for _, step in drive(_Block(self, seq, (index, proposals, rows), how, captured), self.started):
+        turn until one is rejected, then the bonus; `seq` gets the emitted tokens. `judged`: as
+        `_Block`'s. `captured`: each step's observer snapshots and its position among the
+        positions they kept."""
+        for _, step in drive(_Block(self, seq, judged, how, captured), self.started):
             yield step
 
 
@@ -295,11 +303,12 @@ class _Block:
     """A speculative block as the loop's source: step i's logits are the verify forward's row i,
     judged against proposal i (the bonus past the last); the block ends at a rejection, the
     bonus or a finish, where both caches are cropped back to the emitted tokens but the last.
-    `judged` = (the first step's index, the proposals, the verify forward's rows)."""
+    `judged` = (the first step's index, the proposals, the verify forward's rows, what the block
+    cost: (draft seconds, draft steps, verify seconds, verify rows), for `auto`'s next K)."""
 
     def __init__(self, loop: _Loop, seq: list[int], judged: tuple, how: Choosing, captured: Sequence):
         self.loop, self.seq, self.how, self.captured = loop, seq, how, captured
-        self.index, self.proposals, self.rows = judged
+        self.index, self.proposals, self.rows, self.cost = judged
         self.i, self.verdicts, self.ended = 0, [], False
         setup = loop.setup
         self.watch = Watch(setup.observers, finish=Finish(setup.eos_token_ids, loop.params, setup.on_token))
@@ -324,6 +333,7 @@ class _Block:
         self.ended = loop.done or proposal is None or not proposal.accepted
         if self.ended:  # the block ends at this step: the caches keep the emitted tokens but the last
             loop.tally.blocks.append((len(self.proposals), self.verdicts))
+            loop.size.measured(self.verdicts, *self.cost)
             step.crop = _crop(loop.target, loop.proposer, len(self.seq) - 1)
             loop.tally.target_forwards, loop.tally.draft_forwards = loop.target.forwards, loop.proposer.forwards
 

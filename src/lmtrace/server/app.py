@@ -79,6 +79,7 @@ def create_app(lm: LM, options: ServerOptions | None = None, **keywords: Any) ->
     if draft is not None:  # a spec ("packed", "layers:N", a path) loaded once, here
         from lmtrace.model.draft import draft_for
 
+        arguments.draft_tokens(o.draft_tokens)
         draft = draft_for(lm, draft)
     if o.max_batch > 1:
         worker: ModelWorker = BatchingWorker(lm, o.max_concurrency, o.max_batch, o.prefix_cache_bytes)

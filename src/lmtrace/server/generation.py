@@ -47,7 +47,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     # speculative decoding (lmtrace serve --draft): the draft model and its default block size
     draft: Any = None
-    draft_tokens: int = 4
+    draft_tokens: int | str = 4
     max_rows: int = 1024  # rows (prompts times n) one request may ask for
     # the processors and observers requests may name (lmtrace serve --logits-processor
     # NAME=module:function, --observer NAME=module:Class)

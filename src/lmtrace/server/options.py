@@ -40,7 +40,7 @@ class ServerOptions:
     allowed_hosts: Iterable[str] = ()
     max_batch: int = DEFAULT_MAX_BATCH
     draft: Any = None
-    draft_tokens: int = 4
+    draft_tokens: int | str = 4  # or "auto" (lmtrace.decode.block_size)
     prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
     docs: bool = True
     max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20
