@@ -2,7 +2,7 @@
 lmtrace float32 plain, the packed 4-bit path alone (eager and --compile), float32 with the packed
 draft at K = 2, 4, 6 (and with the draft's step compiled at K = 4, 6) and with the
 self-speculative `layers:N` draft; then the fast path, `--matmul onednn` (its verify forward of K + 1
-rows costs about one row's), plain and with the packed draft at K = 3, 4, 5 (`--compile` is refused with it).
+rows costs about one row's), plain and with the packed draft at K = 3, 4, 5 and auto (`--compile` is refused with it).
 One run, the contenders interleaved in every
 round (each on the same prompts), medians over rounds; tokens/s, the ratio to plain float32,
 acceptance by position, and whether every run gave plain float32's tokens.
@@ -46,8 +46,9 @@ def contenders(layers: int) -> dict[str, dict]:
         out[f"float32 + packed draft K={k} --compile"] = {"lm": "float32", "draft": "packed", "k": k, "compile": True}
     out[f"float32 + layers:{layers} K=4"] = {"lm": "float32", "draft": f"layers:{layers}", "k": 4}
     out[ONEDNN] = {"lm": "onednn"}  # the fast path: verify rows in one oneDNN forward
-    for k in (3, 4, 5):
+    for k in (3, 4, 5, "auto"):
         out[f"onednn + packed draft K={k}"] = {"lm": "onednn", "draft": "packed", "k": k}
+    out["float32 + packed draft K=auto"] = {"lm": "float32", "draft": "packed", "k": "auto"}
     return out
 
 
