@@ -229,6 +229,7 @@ class Speculation:
         """The draft's proposals and the target's verification forward now; the block's steps
         as they are judged (up to the first rejected proposal, then the target's own token)."""
         k_now = min(self.size.next(), self.params.max_new_tokens - self.made - 1)
+        unseen = len(self.seq) - self.proposer.fed  # the draft's first block feeds it the whole prompt
         began = time.perf_counter()
         proposals = propose(self.proposer, self.seq, k_now, self.how, len(self.tally.blocks), self.width)
         drafted = time.perf_counter()
@@ -238,7 +239,7 @@ class Speculation:
             o.positions(fed)
         rows = verify(self.target, self.seq, proposals, self.held)  # (k_now + 1, vocab)
         # what the block cost: its draft steps, its verify forward and that forward's rows
-        cost = (drafted - began, len(proposals), time.perf_counter() - drafted, fed)
+        cost = (drafted - began, len(proposals) if unseen <= 2 else 0, time.perf_counter() - drafted, fed)
         saved = [o.snapshot() for o in observers]
         for o in observers:
             o.positions(1)
