@@ -20,6 +20,7 @@ reads the weights once for the batch's step and the prompts that join it."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -250,9 +251,4 @@ def families(ids: Sequence[Sequence[int]], top_n: Sequence[int | None], reuse: S
 
 def common(a: Sequence[int], b: Sequence[int]) -> int:
     """The number of tokens two sequences share at their beginning."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([list(a), list(b)]))

@@ -5,6 +5,7 @@ score results and branches all go through the same function."""
 from __future__ import annotations
 
 import math
+import os
 import unicodedata
 from typing import Any
 
@@ -174,12 +175,8 @@ def cumulative_logprob(steps: list[dict[str, Any]]) -> float:
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """The number of tokens two sequences share at their beginning."""
+    return len(os.path.commonprefix([list(a), list(b)]))
 
 
 def mark_divergence(branches: list[list[dict[str, Any]]], token_ids: list[list[int]]) -> list[int]:
