@@ -1,7 +1,8 @@
 """Side-by-side decoding speed on the bundled model, one process, contenders interleaved in every
 round, medians over rounds: transformers' model.generate (plain, and with output_scores +
 output_logits), lmtrace.generate in float32, bfloat16, with the GGUF's packed 4-bit weights and
-with --compile, with --matmul onednn (with --inside also the logit lens, attention over the cache, and both), and
+with --compile, with --matmul onednn, with --matmul onednn and the packed draft (speculative, K auto,
+batch 1) (with --inside also the logit lens, attention over the cache, and both), and
 llama-cpp-python (plain and with logprobs, each in a child process that may crash: the crash is
 that contender's result; built by `make bench-deps`, bench/llama_python.py). Batch sizes 1 and 16 by default.
 
@@ -9,7 +10,8 @@ Each figure is also a fraction of its own bandwidth bound: batch x read bandwidt
 weights read per token in that contender's weight format (bench/bandwidth.py probes the
 bandwidth with all threads, the best of several methods; a figure above 100% is flagged as a
 probe error). The fidelity of bfloat16 and packed against float32 (greedy on the bench prompts,
-teacher-forced float32 reference) closes the run. The table is printed and written as JSON
+teacher-forced float32 reference) and each exact path's |Δ| to the default float32 path (onednn,
+speculative, compile: the same tokens, logprobs within 5e-5) close the run. The table is printed and written as JSON
 even when a contender fails.
 
 A contender is a small function (Bench, batch) -> Contender | str (a reason to skip it); add one
@@ -34,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -119,9 +122,9 @@ def hf_generate(lm, prompts: list[str], n: int, scores: bool) -> int:
     return (seq.shape[1] - enc["input_ids"].shape[1]) * len(prompts)
 
 
-def traced(lm, prompts: list[str], n: int, compile: bool = False, **inside: bool) -> int:
+def traced(lm, prompts: list[str], n: int, compile: bool = False, **extra: Any) -> int:
     traces = lmtrace.generate(lm, prompts, max_new_tokens=n, temperature=0, top_logprobs=20, stop_on_eos=False,
-                              compile=compile, **inside)  # fmt: skip
+                              compile=compile, **extra)  # fmt: skip
     return sum(len(t.steps) for t in traces)
 
 
@@ -196,6 +199,8 @@ def c_compile(b: Bench, batch: int) -> Contender | str:
 INSIDE = {"lens": {"lens": True}, "attention": {"attention": True},
           "lens + attention": {"lens": True, "attention": True}}  # fmt: skip
 PLAIN = "lmtrace float32 (top_logprobs=20, KV ledger)"
+SPECULATIVE = "lmtrace float32 --matmul onednn + packed draft (--draft-tokens auto)"
+DRAFT = {"draft": "packed", "draft_tokens": "auto"}
 
 
 def _inside(key: str) -> Callable[[Bench, int], Contender | str]:
@@ -231,6 +236,38 @@ def inside_summary(record: dict, batch_sizes: list[int], sizes: dict) -> dict:
     return {"step_time_ratio": ratios, "json_bytes_per_step": sizes}
 
 
+def c_speculative(b: Bench, batch: int) -> Contender | str:
+    if batch != 1:
+        return "batch 1 only (a batch of prompts decodes speculatively one prompt after another)"
+    if b.onednn is None:
+        return "--no-onednn"
+    return Contender(SPECULATIVE, "float32", lambda p: traced(b.onednn, p, b.tokens, **DRAFT))
+
+
+def exact_paths(bench: Bench, n: int) -> dict[str, dict]:
+    """Each exact path against the default float32 path, greedy on the first four bench prompts:
+    whether every token is the same, and the largest |Δ| of a chosen token's logprob (up to the
+    first token that differs, where there is one)."""
+    kw = {"max_new_tokens": n, "temperature": 0, "top_logprobs": 5, "stop_on_eos": False}
+    paths = {"--matmul onednn": (bench.onednn, {}), SPECULATIVE: (bench.onednn, DRAFT)}
+    paths["--compile"] = (bench.lm, {"compile": True}) if bench.compile else (None, {})
+    found = {}
+    for name, (lm, extra) in paths.items():
+        if lm is None:
+            continue
+        same, worst = True, 0.0
+        for prompt in PROMPTS[:4]:
+            base = lmtrace.generate(bench.lm, prompt, **kw)
+            got = lmtrace.generate(lm, prompt, **kw, **extra)
+            same = same and got.token_ids == base.token_ids
+            for a, b in zip(got.steps, base.steps):
+                worst = max(worst, abs(a.logprob - b.logprob))
+                if a.token_id != b.token_id:
+                    break
+        found[name] = {"tokens_identical": same, "max_abs_logprob_diff": worst}
+    return found
+
+
 def c_llama_cpp(b: Bench, batch: int) -> Contender | str:
     if batch != 1:
         return "batch 1 only"
@@ -243,7 +280,7 @@ def c_llama_cpp_logprobs(b: Bench, batch: int) -> Contender | str:
     return Contender("llama-cpp-python (logprobs=5)", "gguf", llama_cpp_run(b.tokens, 5, b.model))
 
 
-CONTENDERS = [c_generate, c_generate_scores, c_float32, c_onednn, c_bfloat16, c_packed, c_compile,
+CONTENDERS = [c_generate, c_generate_scores, c_float32, c_onednn, c_speculative, c_bfloat16, c_packed, c_compile,
               *map(_inside, INSIDE), c_llama_cpp, c_llama_cpp_logprobs]  # fmt: skip
 
 
@@ -328,6 +365,9 @@ def table(record: dict) -> str:
                  f" with {record['bandwidth']['threads']} threads); weights read per token: "
                  + ", ".join(f"{k} {v / 1e6:.0f} MB (bound {gbs * 1e9 / v:.1f} tok/s at batch 1)"
                              for k, v in record["step_bytes"].items()))  # fmt: skip
+    for label, f in record.get("exact_paths", {}).items():
+        lines.append(f"{label} vs the default float32 path: tokens identical {f['tokens_identical']}, "
+                     f"max |Δlogprob| {f['max_abs_logprob_diff']:.2g}")  # fmt: skip
     for label, f in record.get("fidelity", {}).items():
         lines.append(f"fidelity {label} vs float32 over {f['steps']} greedy steps: max |Δlogprob| "
                      f"{f['max_abs_logprob_diff']:.3g}, mean |Δlogprob| (chosen) {f['mean_abs_logprob_diff']:.3g}, "
@@ -403,6 +443,8 @@ def main() -> None:
         if args.inside:
             batches = [int(b) for b in args.batch_sizes.split(",")]
             record["inside"] = inside_summary(record, batches, json_bytes_per_step(bench.lm, 16))
+        record["exact_paths"] = exact_paths(bench, args.fidelity_tokens)
+        _write(out, record)
         record["fidelity"] = fidelity(bench, args.fidelity_tokens)
     except BaseException as e:  # noqa: BLE001 - whatever happens, what was measured is written
         record["errors"]["run"] = _one_line(e)
