@@ -9,9 +9,11 @@ Chromium: bytes per step, time until the text is shown, time for a token's panel
 Each case runs in a child process of its own (a clean RSS): `bundled` (the bundled model, the
 longest trace its context of 8,192 positions allows), `random` (a random-init model of the bundled
 model's shape with max_position_embeddings 20,000, for 16,384 tokens: the records' sizes depend on
-the shape, not on the weights) and `inside` (the bundled model, lens and attention, 2,048 tokens).
+the shape, not on the weights), `inside` (the bundled model, lens and attention, 2,048 tokens) and
+`synthetic` (no model: tests/long_trace.py's records of the bundled model's shape, 16,384 steps, for
+the files and the report alone, in seconds). Every case writes its HTML report and opens it.
 What was measured is written to --out (atomically) after each case, also where a case failed.
-Usage: python bench/long_trace.py [--cases bundled,random,inside] [--tokens-random 16384]
+Usage: python bench/long_trace.py [--cases bundled,random,inside,synthetic] [--tokens-random 16384]
        [--tokens-inside 2048] [--out bench/results/long_trace.json] [--runs 3]"""
 
 from __future__ import annotations
@@ -113,6 +115,21 @@ def _browser(html_path: Path, steps: int, runs: int) -> dict:
     }
 
 
+def _report(trace, folder: Path, runs: int) -> dict:
+    """The trace's HTML report (as `lmtrace render --html`): its size, and in headless Chromium the
+    time until its text is shown and until a token's panel opens on a click."""
+    from lmtrace.render.html.trace import write_html
+
+    html_path = folder / "report.html"
+    write_html(str(html_path), trace)
+    size = html_path.stat().st_size
+    return {
+        "html_bytes": size,
+        "html_bytes_per_step": size / len(trace.steps),
+        **_browser(html_path, len(trace.steps), runs),
+    }
+
+
 def run_case(case: str, tokens: int, runs: int) -> dict:
     """One case in this process: generate, then write, then read back (and the report)."""
     import torch
@@ -129,9 +146,15 @@ def run_case(case: str, tokens: int, runs: int) -> dict:
     _reset_peak()
     before = _status("VmRSS")
     began = time.perf_counter()
-    trace = lmtrace.generate(
-        lm, PROMPT, max_new_tokens=tokens, temperature=0, stop_on_eos=False, lens=inside, attention=inside
-    )
+    if case == "synthetic":  # the records alone, of the bundled model's shape (tests/long_trace.py)
+        sys.path.insert(0, str(ROOT))
+        from tests.long_trace import long_trace
+
+        trace = long_trace(tokens, inside=False)
+    else:
+        trace = lmtrace.generate(
+            lm, PROMPT, max_new_tokens=tokens, temperature=0, stop_on_eos=False, lens=inside, attention=inside
+        )
     result["generate_s"] = time.perf_counter() - began
     result["steps"] = len(trace.steps)
     result["rss_before_generate"] = before
@@ -148,14 +171,7 @@ def run_case(case: str, tokens: int, runs: int) -> dict:
             result[f"{kind}_bytes_per_step"] = size / len(trace.steps)
             result[f"{kind}_write_s"] = files[f"{kind}_write_s"]
         result.update(_read_back(trace, files["jsonl_path"], files["json_path"]))
-        if inside:
-            from lmtrace.render.html.trace import write_html
-
-            html_path = Path(folder) / "report.html"
-            write_html(str(html_path), trace)
-            result["html_bytes"] = html_path.stat().st_size
-            result["html_bytes_per_step"] = result["html_bytes"] / len(trace.steps)
-            result.update(_browser(html_path, len(trace.steps), runs))
+        result.update(_report(trace, Path(folder), runs))
     return result
 
 
@@ -173,6 +189,7 @@ def main() -> None:
     ap.add_argument("--tokens-bundled", type=int, default=0, help="0: the context's positions less the prompt's")
     ap.add_argument("--tokens-random", type=int, default=16384)
     ap.add_argument("--tokens-inside", type=int, default=2048)
+    ap.add_argument("--tokens-synthetic", type=int, default=16384)
     ap.add_argument("--runs", type=int, default=3, help="browser openings (load and click times)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "long_trace.json"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -197,7 +214,8 @@ def main() -> None:
         "prompt": PROMPT,
         "cases": [],
     }
-    tokens = {"bundled": args.tokens_bundled, "random": args.tokens_random, "inside": args.tokens_inside}
+    tokens = {"bundled": args.tokens_bundled, "random": args.tokens_random, "inside": args.tokens_inside,
+              "synthetic": args.tokens_synthetic}  # fmt: skip
     for case in args.cases.split(","):
         began = time.perf_counter()
         result = _child(case, tokens[case], args.runs)
