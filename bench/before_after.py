@@ -25,24 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time",
-    "Write a haiku about rain.",
-    "The best way to learn Python is",
-    "My favourite animal is",
-    "In 1969, the first",
-    "A good breakfast has",
-    "The ocean is",
-    "How do plants grow?",
-    "The meaning of life is",
-    "Tell me about the moon.",
-    "Coffee or tea?",
-    "The weather today is",
-    "A short story about a cat:",
-    "List three colours:",
-    "Why is the sky blue?",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prompts import PROMPTS  # noqa: E402
+
 SIZES = (1, 16)
 
 

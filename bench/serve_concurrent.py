@@ -43,25 +43,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_python import llama_python  # noqa: E402
+from prompts import PROMPTS  # noqa: E402
 
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time",
-    "Write a haiku about rain.",
-    "The best way to learn Python is",
-    "My favourite animal is",
-    "In 1969, the first",
-    "A good breakfast has",
-    "The ocean is",
-    "How do plants grow?",
-    "The meaning of life is",
-    "Tell me about the moon.",
-    "Coffee or tea?",
-    "The weather today is",
-    "A short story about a cat:",
-    "List three colours:",
-    "Why is the sky blue?",
-]
 NAMES = {"lmtrace": "lmtrace serve (max_batch 16)", "vllm": "vLLM OpenAI server (max_num_seqs 16)",
          "lmtrace-b1": "lmtrace serve (max_batch 1)",
          "lmtrace-onednn": "lmtrace serve --matmul onednn (max_batch 16)",
