@@ -12,11 +12,10 @@ from markupsafe import Markup, escape
 
 from lmtrace.files import write_atomic
 from lmtrace.render import views
-from lmtrace.render.html import facts
-from lmtrace.render.html.kvlab import delta_colour
+from lmtrace.render.html.kvlab import ArmsPage, arms_page, delta_colour
 from lmtrace.render.html.sections import Section, text_section
 from lmtrace.render.html.svg import Series, line_chart
-from lmtrace.render.html.templating import env, parts, script_hash, script_json, static
+from lmtrace.render.html.templating import parts
 from lmtrace.render.tokens import escape as visible
 
 
@@ -131,25 +130,14 @@ def render_intervene_html(result: Any) -> str:
     script += [{"label": a["intervention"], "steps": views.for_script(tv)} for a, tv in zip(d["arms"], tvs[1:])]
     model = ref.get("model") or {}
     about = [("reference", f"{len(ref['steps'])} tokens"), ("arms", ", ".join(a["intervention"] for a in d["arms"]))]
-    js, source = static("report.js"), model.get("source", "")
-    return (
-        env()
-        .get_template("report.html.j2")
-        .render(
-            kind="kvlab",
-            title=f"lmtrace · intervene · {source}",
-            heading=f"Interventions: {source}",
-            subheading=f"{len(d['arms'])} interventions against the reference",
-            header=parts().facts([facts.model_group(model), ("Interventions", about)]),
-            sections=_sections(d, tvs),
-            footer="This file is self-contained: it loads nothing from anywhere.",
-            data=script_json({"kind": "kvlab", "sampled": False, "views": script}),
-            css=Markup(static("report.css")),
-            js=Markup(js),
-            script_hash=script_hash(js),
-            version=(ref.get("versions") or {}).get("lmtrace", ""),
-        )
+    source = model.get("source", "")
+    page = ArmsPage(
+        f"lmtrace · intervene · {source}",
+        f"Interventions: {source}",
+        f"{len(d['arms'])} interventions against the reference",
+        ("Interventions", about),
     )
+    return arms_page(ref, page, _sections(d, tvs), script)
 
 
 def write_intervene_html(path: str | Path, result: Any) -> None:

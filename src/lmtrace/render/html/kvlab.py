@@ -7,6 +7,7 @@ Jinja's autoescaping; the SVG carries numbers and escaped token text only."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +232,40 @@ def _sections(d: dict[str, Any], tvs: list[list[dict[str, Any]]]) -> list[Sectio
     ]
 
 
+@dataclass(frozen=True)
+class ArmsPage:
+    """What a page of arms against a reference (kv-lab's policies, intervene's interventions) says:
+    its title, heading and subheading, and its own group of facts beside the model's."""
+
+    title: str
+    heading: str
+    subheading: str
+    facts: tuple[str, list]
+
+
+def arms_page(ref: dict[str, Any], page: ArmsPage, sections: list[Section], script: list[dict[str, Any]]) -> str:
+    """Arms against a reference in the report's own page (its style, header, hover and panels)."""
+    js, model = static("report.js"), ref.get("model") or {}
+    return (
+        env()
+        .get_template("report.html.j2")
+        .render(
+            kind="kvlab",
+            title=page.title,
+            heading=page.heading,
+            subheading=page.subheading,
+            header=parts().facts([facts.model_group(model), page.facts]),
+            sections=sections,
+            footer="This file is self-contained: it loads nothing from anywhere.",
+            data=script_json({"kind": "kvlab", "sampled": False, "views": script}),
+            css=Markup(static("report.css")),
+            js=Markup(js),
+            script_hash=script_hash(js),
+            version=(ref.get("versions") or {}).get("lmtrace", ""),
+        )
+    )
+
+
 def render_lab_html(result: Any) -> str:
     d = result.to_dict() if hasattr(result, "to_dict") else result
     ref = d["reference"]
@@ -247,25 +282,14 @@ def render_lab_html(result: Any) -> str:
         ),
         ("policies", ", ".join(a["policy"] for a in d["arms"])),
     ]
-    js, source = static("report.js"), model.get("source", "")
-    return (
-        env()
-        .get_template("report.html.j2")
-        .render(
-            kind="kvlab",
-            title=f"lmtrace · kv-lab · {source}",
-            heading=f"KV-cache lab: {source}",
-            subheading=f"{len(d['arms'])} policies against the full cache",
-            header=parts().facts([facts.model_group(model), ("Lab", lab)]),
-            sections=_sections(d, tvs),
-            footer="This file is self-contained: it loads nothing from anywhere.",
-            data=script_json({"kind": "kvlab", "sampled": False, "views": script}),
-            css=Markup(static("report.css")),
-            js=Markup(js),
-            script_hash=script_hash(js),
-            version=(ref.get("versions") or {}).get("lmtrace", ""),
-        )
+    source = model.get("source", "")
+    page = ArmsPage(
+        f"lmtrace · kv-lab · {source}",
+        f"KV-cache lab: {source}",
+        f"{len(d['arms'])} policies against the full cache",
+        ("Lab", lab),
     )
+    return arms_page(ref, page, _sections(d, tvs), script)
 
 
 def write_lab_html(path: str | Path, result: Any) -> None:
