@@ -207,8 +207,13 @@ def agreement(runs: dict, kind: str) -> str:
     theirs = {p: t for n in runs[kind].values() for x in n for p, t in x["chosen"].items()}
     common = sorted(set(ours) & set(theirs))
     same = [p for p in common if ours[p][0] == theirs[p][0]]
-    gap = max((abs(a - b) for p in same for a, b in zip(ours[p][1], theirs[p][1])), default=float("nan"))
-    return f"greedy tokens equal to lmtrace's for {len(same)}/{len(common)} prompts; their logprobs within {gap:.1e}"
+    said = f"greedy tokens equal to lmtrace's for {len(same)}/{len(common)} prompts"
+    if kind == "llama.cpp":  # the GGUF's own Q4_1 blocks, not the float32 weights: other numbers
+        return said + " (another weight format: the GGUF's own quantized blocks)"
+    if not same:
+        return said
+    gap = max(abs(a - b) for p in same for a, b in zip(ours[p][1], theirs[p][1]))
+    return f"{said}; their logprobs within {gap:.1e}"
 
 
 def table(servers: list[Server], rows: list[dict], runs: dict, args: argparse.Namespace) -> str:
