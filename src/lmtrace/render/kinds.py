@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lmtrace.columnar import is_columnar
 from lmtrace.errors import InvalidParameter
 from lmtrace.records import SCHEMA_VERSION, Trace
-from lmtrace.trace_file import expanded, loads
+from lmtrace.trace_file import expanded, is_columnar, loads
 
 TRACE, SCORE, BRANCHES, STABILITY = "trace", "score", "branches", "stability"
 
