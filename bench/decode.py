@@ -366,8 +366,10 @@ def table(record: dict) -> str:
                  + ", ".join(f"{k} {v / 1e6:.0f} MB (bound {gbs * 1e9 / v:.1f} tok/s at batch 1)"
                              for k, v in record["step_bytes"].items()))  # fmt: skip
     for label, f in record.get("exact_paths", {}).items():
-        lines.append(f"{label} vs the default float32 path: tokens identical {f['tokens_identical']}, "
-                     f"max |Δlogprob| {f['max_abs_logprob_diff']:.2g}")  # fmt: skip
+        lines.append(
+            f"{label} vs the default float32 path: tokens identical {f['tokens_identical']}, "
+            f"max |Δlogprob| {f['max_abs_logprob_diff']:.2g}"
+        )
     for label, f in record.get("fidelity", {}).items():
         lines.append(f"fidelity {label} vs float32 over {f['steps']} greedy steps: max |Δlogprob| "
                      f"{f['max_abs_logprob_diff']:.3g}, mean |Δlogprob| (chosen) {f['mean_abs_logprob_diff']:.3g}, "

@@ -214,8 +214,12 @@ def main() -> None:
         "prompt": PROMPT,
         "cases": [],
     }
-    tokens = {"bundled": args.tokens_bundled, "random": args.tokens_random, "inside": args.tokens_inside,
-              "synthetic": args.tokens_synthetic}  # fmt: skip
+    tokens = {
+        "bundled": args.tokens_bundled,
+        "random": args.tokens_random,
+        "inside": args.tokens_inside,
+        "synthetic": args.tokens_synthetic,
+    }
     for case in args.cases.split(","):
         began = time.perf_counter()
         result = _child(case, tokens[case], args.runs)

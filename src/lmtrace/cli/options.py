@@ -45,13 +45,8 @@ _MODEL_OPTIONS = [
         metavar="PATH|ID",
         help="Model folder, .gguf file or hub id (local cache). Default: the bundled SmolLM2-135M-Instruct.",
     ),
-    click.option(
-        "--device",
-        default="auto",
-        show_default=True,
-        help="auto, cpu, cuda or mps.",
-        callback=_checked(arguments.device),
-    ),  # fmt: skip
+    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or mps.",
+                 callback=_checked(arguments.device)),  # fmt: skip
     click.option(
         "--dtype",
         default="auto",
@@ -61,13 +56,8 @@ _MODEL_OPTIONS = [
     ),
     click.option("--allow-pickle", is_flag=True, help="Allow .bin/.pt pickle weights (they can run code)."),
     click.option("--trust-remote-code", is_flag=True, help="Run the model repository's own Python code."),
-    click.option(
-        "--verbose",
-        is_flag=True,
-        expose_value=False,
-        callback=_remember("lmtrace.verbose"),
-        help="Also say where the model's files are (the converted copy's folder).",
-    ),  # fmt: skip
+    click.option("--verbose", is_flag=True, expose_value=False, callback=_remember("lmtrace.verbose"),
+                 help="Also say where the model's files are (the converted copy's folder)."),  # fmt: skip
 ]
 
 
@@ -139,16 +129,9 @@ _SAMPLING: dict[str, tuple[str, dict[str, Any]]] = {
     "top_p": ("--top-p", {"type": float, "default": 1.0, "help": "Nucleus sampling mass (1: off)."}),
     "min_p": ("--min-p", {"type": float, "default": 0.0, "help": "Drop tokens below min_p × the top."}),
     "repetition_penalty": ("--repetition-penalty", {"type": float, "default": 1.0, "help": "1: off."}),
-    "logit_bias": (
-        "--logit-bias",
-        {
-            "multiple": True,
-            "metavar": "ID=BIAS",
-            "callback": _logit_bias,
-            "help": "Add BIAS (-100 to 100) to token ID's logit before every other "
-            "processor (repeatable; OpenAI's logit_bias).",
-        },
-    ),
+    "logit_bias": ("--logit-bias", {"multiple": True, "metavar": "ID=BIAS", "callback": _logit_bias,
+                                    "help": "Add BIAS (-100 to 100) to token ID's logit before every other "
+                                            "processor (repeatable; OpenAI's logit_bias)."}),
     "seed": ("--seed", {"type": int, "default": None, "help": "Seed for sampling (recorded in the trace)."}),
     "stop": ("--stop", {"multiple": True, "help": "Stop string (repeatable); the text is cut before it."}),
     "chat": ("--chat", {"is_flag": True, "help": "Wrap the prompt as a user message with the chat template."}),
@@ -305,6 +288,8 @@ def attribution_options(f):
                      "distribution. Default rank:2 (the runner-up).")(f)  # fmt: skip
     return click.option("--attribution", is_flag=True, help="Split each step's logit difference (chosen token vs "
                         "--against) over the embedding, each layer's attention and MLP, and each head.")(f)  # fmt: skip
+
+
 
 
 def logits_processor_option(f):
