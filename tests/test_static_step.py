@@ -10,6 +10,7 @@ import pytest
 
 import lmtrace
 from lmtrace.decode import static
+from tests.tiny_gguf import write_tiny_gguf
 
 TOL = 5e-5
 PROMPTS = ["Once upon a time", "Hello world, the quick"]
@@ -63,10 +64,44 @@ def test_a_grammar_keeps_the_compiled_forward_and_says_so(tiny_lm):
 
 
 def test_compile_with_onednn_matmul_is_refused_in_one_line(tiny_dir):
+    """The target's kernels cannot compile; nor can a `layers:N` draft's (the target's own layers)."""
     lm = lmtrace.load(str(tiny_dir), device="cpu", dtype="float32", matmul="onednn")
-    for kw in ({}, {"draft": "layers:1"}):
-        with pytest.raises(lmtrace.InvalidParameter, match=r"^compile: compile cannot be combined with matmul onednn"):
+    for kw, option in (({}, "compile"), ({"draft": "layers:1"}, "draft")):
+        refused = rf"^{option}: compile cannot be combined with matmul onednn"
+        with pytest.raises(lmtrace.InvalidParameter, match=refused):
             lmtrace.generate(lm, "Hi", max_new_tokens=2, temperature=0, compile=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory, tiny_tok):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LMTRACE_GGUF_CACHE", "0")
+        yield write_tiny_gguf(tmp_path_factory.mktemp("static") / "tiny.gguf", tiny_tok, qtype="Q4_1")
+
+
+def test_a_packed_load_compiles_whole(tiny_gguf):
+    """`weights="packed"` with compile: the embedding's rows (read from the file) are looked up
+    before the graph and the head's float32 refinement after it, so the step compiles (it
+    stopped with a dynamo assertion at the head's numpy read); the eager packed path's numbers."""
+    lm = lmtrace.load(str(tiny_gguf), device="cpu", dtype="float32", weights="packed")
+    kw = {"max_new_tokens": 8, "stop_on_eos": False, "temperature": 0, "top_logprobs": 3}
+    plain = lmtrace.generate(lm, PROMPTS[0], **kw)
+    compiled = lmtrace.generate(lm, PROMPTS[0], compile=True, **kw)
+    assert_close(plain, compiled)
+    assert compiled.model["config"]["compile"] == static.described(static.STEP, "cpu")
+
+
+def test_onednn_target_with_a_compiled_packed_draft(tiny_gguf):
+    """`--matmul onednn --draft packed --compile`: the draft's step compiles (its own packed
+    model), the target verifies on oneDNN; the tokens and numbers of the eager drafted run."""
+    lm = lmtrace.load(str(tiny_gguf), device="cpu", dtype="float32", matmul="onednn")
+    kw = {"max_new_tokens": 8, "stop_on_eos": False, "temperature": 0, "top_logprobs": 3, "draft": "packed"}
+    plain = lmtrace.generate(lm, PROMPTS[0], **kw, draft_tokens="auto")
+    compiled = lmtrace.generate(lm, PROMPTS[0], **kw, draft_tokens="auto", compile=True)
+    assert compiled.token_ids == plain.token_ids
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(plain.steps, compiled.steps)) <= TOL
+    assert compiled.model["config"]["compile"] == static.described(static.DRAFT, "cpu")
+    assert compiled.speculative["draft_tokens"] == "auto"
 
 
 def test_capacity_is_whole_buckets():

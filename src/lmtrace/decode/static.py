@@ -80,22 +80,31 @@ class Out:
 
 
 def forward_of(model: Any) -> Callable[..., torch.Tensor]:
-    """The one-token forward over the cache, (batch,) tokens -> (batch, vocab) float32 logits; the
-    cache's keyword is read here, outside any compiled region (ledger.cache_kwargs is cached)."""
+    """The one-token forward over the cache, (batch, 1, hidden) input embeddings (`embedded`) ->
+    (batch, vocab) float32 logits; the cache's keyword is read here, outside any compiled region
+    (ledger.cache_kwargs is cached)."""
     name = next(iter(ledger.cache_kwargs(model, None)))
 
-    def forward(tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any) -> torch.Tensor:
+    def forward(embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any) -> torch.Tensor:
         out = model(
-            input_ids=tokens[:, None],
+            inputs_embeds=embeds,
             attention_mask=mask,
             position_ids=positions,
             logits_to_keep=1,
             use_cache=True,
             **{name: cache},
-        )  # (batch,) -> (batch, 1): one new token a row
+        )  # one new token a row
         return out.logits[:, -1, :].float()  # (batch, 1, vocab) -> (batch, vocab)
 
     return forward
+
+
+def embedded(model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """(batch,) tokens -> (batch, 1, hidden): the model's own input embedding, run before the
+    compiled graph (as the model runs it on input_ids: Gemma's scaling included), so that a
+    lookup torch.compile cannot trace (a packed load's rows, dequantized on the host from the
+    GGUF file) leaves the graph whole."""
+    return model.get_input_embeddings()(tokens[:, None])
 
 
 class StaticStep:
@@ -106,15 +115,15 @@ class StaticStep:
         self.model, self.params, self.top_n = model, params, top_n
         how, forward = mode(model.device), forward_of(model)
 
-        def greedy(tokens, positions, mask, cache, seen):
-            logits = forward(tokens, positions, mask, cache)
+        def greedy(embeds, positions, mask, cache, seen):
+            logits = forward(embeds, positions, mask, cache)
             processed = sampling.process_logits(logits, params, seen)
             chosen = processed.max(dim=-1).indices  # argmax's first of the largest, as sampling.choose
             floats, ints = measure.chosen_tensors(logits, processed, chosen, top_n)
             return chosen, floats, ints
 
-        def processed(tokens, positions, mask, cache, seen):
-            logits = forward(tokens, positions, mask, cache)
+        def processed(embeds, positions, mask, cache, seen):
+            logits = forward(embeds, positions, mask, cache)
             return logits, sampling.process_logits(logits, params, seen)
 
         def numbers(logits, processed, chosen):
@@ -138,10 +147,11 @@ class StaticStep:
         their numbers, all on the device."""
         if self.graphs:  # a new iteration: the graphs may overwrite the last step's outputs
             torch.compiler.cudagraph_mark_step_begin()
+        embeds = embedded(self.model, tokens)
         if self.params.greedy:
-            chosen, floats, ints = self._greedy(tokens, positions, mask, cache, seen)
+            chosen, floats, ints = self._greedy(embeds, positions, mask, cache, seen)
             return Out(chosen.clone(), floats.clone(), ints.clone())
-        logits, processed = self._processed(tokens, positions, mask, cache, seen)
+        logits, processed = self._processed(embeds, positions, mask, cache, seen)
         chosen = sampling.choose(processed, self.params, rng)  # the row's generator: outside the graph
         floats, ints = self._numbers(logits, processed, chosen)
         return Out(chosen.clone(), floats.clone(), ints.clone())
@@ -187,7 +197,7 @@ def compiled_forward(model: Any) -> Callable[..., torch.Tensor]:
     ) -> torch.Tensor:
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        return forward(token_ids, position_ids, attention_mask, cache).clone()
+        return forward(embedded(model, token_ids), position_ids, attention_mask, cache).clone()
 
     return decode
 

@@ -63,8 +63,11 @@ def int4_mm(flat: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor)
 def one_thread() -> Iterator[None]:
     """torch's intra-op threads set to one inside (not while torch.compile traces: it would break
     the graph)."""
+    if torch.compiler.is_compiling():  # before get_num_threads: dynamo cannot trace an int-returning torch call
+        yield
+        return
     threads = torch.get_num_threads()
-    if threads == 1 or torch.compiler.is_compiling():
+    if threads == 1:
         yield
         return
     torch.set_num_threads(1)
@@ -190,6 +193,12 @@ class PackedHead(PackedLinear):
         coarse = super().forward(x)  # (..., out)
         if self.refine == 0:  # a draft model's head: its proposals need no float32 logits
             return coarse
+        return self.refined(x, coarse)
+
+    # the rows come from numpy on the host: torch.compile runs the refinement eagerly, after its graph
+    @torch.compiler.disable
+    def refined(self, x: torch.Tensor, coarse: torch.Tensor) -> torch.Tensor:
+        """The coarse logits with each row's best `refine` recomputed in float32."""
         flat, logits = x.reshape(-1, x.shape[-1]).float(), coarse.reshape(-1, self.out_features)
         with one_thread() if len(flat) <= 4 else contextlib.nullcontext():  # a decode step's few rows
             idx = logits.topk(self.refine, dim=-1).indices  # (rows, refine)
