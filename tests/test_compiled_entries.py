@@ -99,3 +99,23 @@ def test_serve_compile_lets_requests_compile(monkeypatch, tiny_dir):
     schema = apps[1].openapi()["components"]["schemas"]["TraceRequest"]["properties"]["compile"]
     assert schema["const"] is False
     assert apps[0].openapi()["components"]["schemas"]["TraceRequest"]["properties"]["compile"]["type"] == "boolean"
+
+
+def test_generate_compile_with_onednn_compiles_a_packed_draft_only(capsys, monkeypatch, tmp_path, tiny_tok):
+    """`lmtrace generate --matmul onednn --compile` is refused before loading (the target's
+    kernels), `layers:N` too (the target's layers); with `--draft packed` the draft's own step
+    compiles and the target verifies on oneDNN (the trace names it)."""
+    from tests.tiny_gguf import write_tiny_gguf
+
+    monkeypatch.setenv("LMTRACE_GGUF_CACHE", "0")
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_tok, qtype="Q4_1")
+    for draft in ([], ["--draft", "layers:1"]):
+        assert main(["generate", "x", "--model", "/nonexistent", "--matmul", "onednn", "--compile", *draft]) == 2
+        err = capsys.readouterr().err
+        assert "compile: --compile chooses its own kernels; not with --matmul onednn" in err and "Traceback" not in err
+    out = tmp_path / "t.json"
+    fast = "--matmul onednn --compile --draft packed --draft-tokens auto --max-new-tokens 4 --temperature 0".split()
+    args = ["generate", "Hello", "--model", str(path), *fast, "--json", str(out)]
+    assert main(args) == 0, capsys.readouterr().err
+    config = json.loads(out.read_text())["model"]["config"]
+    assert config["compile"] == static.described(static.DRAFT, "cpu") and config["matmul"].startswith("onednn")

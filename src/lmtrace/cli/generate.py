@@ -116,7 +116,7 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     step_selector(kw["waterfall"], params.max_new_tokens)  # checked before torch is imported
     draft = draft_from(kw)
     confidence = settings_from(kw)
-    _check_pairs(kw, params)
+    _check_pairs(kw, params, draft[0])
     _check_files(json_path, kw["jsonl_path"])
     text = read_prompt(prompt, prompt_file, kw["chat"])
     view, status = consoles(json_path, no_color)
@@ -135,7 +135,7 @@ def generate(prompt, prompt_file, model, device, dtype, allow_pickle, trust_remo
     kv_checked(trace)
 
 
-def _check_pairs(kw: dict, params) -> None:
+def _check_pairs(kw: dict, params, draft: str | None) -> None:
     """The options that do not combine, refused before anything is loaded."""
     if kw["uncertainty"] and kw["server"]:
         raise InvalidParameter("--uncertainty: not with --server (the scores are computed where the model runs)")
@@ -147,8 +147,11 @@ def _check_pairs(kw: dict, params) -> None:
         raise InvalidParameter(f"against needs --attribution, got --against {kw['against']}")
     if kw["matmul"] != "default" and kw["server"]:
         raise InvalidParameter(f"server: --matmul {kw['matmul']} is the server's own option (lmtrace serve --matmul)")
-    if kw["matmul"] != "default" and kw["compile_"]:
-        raise InvalidParameter(f"compile: --compile chooses its own kernels; not with --matmul {kw['matmul']}")
+    if kw["matmul"] != "default" and kw["compile_"] and (draft is None or draft.startswith("layers:")):
+        raise InvalidParameter(
+            f"compile: --compile chooses its own kernels; not with --matmul {kw['matmul']} "
+            "(but for a draft of its own, --draft packed: its step compiles, the target keeps the kernel)"
+        )
     if kw["batch_invariant"] and kw["server"]:
         raise InvalidParameter("server: --batch-invariant is the server's own option (lmtrace serve --batch-invariant)")
     if kw["batch_invariant"] and kw["compile_"]:

@@ -126,9 +126,9 @@ def compiled(
     without it); a model torch.compile cannot trace is refused in one line (static.check)."""
     if not compile:
         return None
-    static.check(lm.model)
-    if draft is not None:
+    if draft is not None:  # only the draft's step compiles: the target's verify forward stays eager
         static.check(draft.model, "draft")
         return static.described(static.DRAFT, lm.model.device)
+    static.check(lm.model)
     whole = static.whole_step(params.constraint is not None, user, watchers)
     return static.described(static.STEP if whole else static.FORWARD, lm.model.device)
