@@ -91,6 +91,10 @@ class Drafting:
     compile: bool = False
 
 
+# tokens a compiled draft step takes at most (one graph per count: 1 and 2)
+STEP_TOKENS = 2
+
+
 class Side:
     """One model of the pair: its cache (croppable) and its forward passes. `static_len`: a
     StaticCache of that many positions and a torch.compile'd one-token step (a draft's `compile`)."""
@@ -110,10 +114,11 @@ class Side:
         (keep, vocab)."""
         start = self.fed
         device = self.model.device
-        if self.step is not None and start > 0 and keep == 1:  # the compiled graph takes one token at a time
-            for token in tokens:
-                position = torch.tensor([[self.fed]], device=device)
-                logits = self.step(self.model, torch.tensor([token], device=device), position, None, self.cache)
+        if self.step is not None and start > 0 and keep == 1:  # compiled graphs of one and of two tokens
+            for at in range(0, len(tokens), STEP_TOKENS):  # two: a fully accepted block's last proposal and bonus
+                part = torch.tensor([list(tokens[at : at + STEP_TOKENS])], device=device)  # (1, n)
+                positions = torch.arange(start + at, start + at + part.shape[1], device=device)[None]  # (1, n)
+                logits = self.step(self.model, part, positions, None, self.cache)
                 self.forwards += 1
             return logits.float()  # (1, vocab)
         out = self.model(

@@ -100,11 +100,11 @@ def forward_of(model: Any) -> Callable[..., torch.Tensor]:
 
 
 def embedded(model: Any, tokens: torch.Tensor) -> torch.Tensor:
-    """(batch,) tokens -> (batch, 1, hidden): the model's own input embedding, run before the
+    """(batch,) tokens -> (batch, 1, hidden) ((batch, n) -> (batch, n, hidden)): the model's own input embedding, run before the
     compiled graph (as the model runs it on input_ids: Gemma's scaling included), so that a
     lookup torch.compile cannot trace (a packed load's rows, dequantized on the host from the
     GGUF file) leaves the graph whole."""
-    return model.get_input_embeddings()(tokens[:, None])
+    return model.get_input_embeddings()(tokens[:, None] if tokens.dim() == 1 else tokens)
 
 
 class StaticStep:
@@ -185,7 +185,8 @@ def step_for(model: Any, params: SamplingParams, top_n: int) -> StaticStep:
 
 def compiled_forward(model: Any) -> Callable[..., torch.Tensor]:
     """The forward alone compiled (FORWARD, DRAFT), once per model: a function with
-    engine.decode_step's arguments and result (batch, vocab) float32."""
+    engine.decode_step's arguments and result (batch, vocab) float32 (tokens (batch, n) with
+    positions (batch, n): the last position's logits, one graph per n)."""
     owner, forward = model.__dict__.get("_lmtrace_compiled_forward", (None, None))
     if owner != id(model):
         forward = torch.compile(forward_of(model), mode=mode(model.device), dynamic=False)
