@@ -189,6 +189,12 @@ def c_packed(b: Bench, batch: int) -> Contender | str:
     return Contender("lmtrace packed 4-bit (--weights packed)", "packed", lambda p: traced(b.packed, p, b.tokens))
 
 
+def c_packed_compile(b: Bench, batch: int) -> Contender | str:
+    if b.packed is None or not b.compile:
+        return "packed model not loaded" if b.packed is None else "--no-compile"
+    return Contender("lmtrace packed 4-bit --compile", "packed", lambda p: traced(b.packed, p, b.tokens, compile=True))
+
+
 def c_compile(b: Bench, batch: int) -> Contender | str:
     if not b.compile:
         return "--no-compile"
@@ -201,6 +207,7 @@ INSIDE = {"lens": {"lens": True}, "attention": {"attention": True},
 PLAIN = "lmtrace float32 (top_logprobs=20, KV ledger)"
 SPECULATIVE = "lmtrace float32 --matmul onednn + packed draft (--draft-tokens auto)"
 DRAFT = {"draft": "packed", "draft_tokens": "auto"}
+SPECULATIVE_COMPILED = f"{SPECULATIVE} --compile (the draft's step compiled)"
 
 
 def _inside(key: str) -> Callable[[Bench, int], Contender | str]:
@@ -244,6 +251,13 @@ def c_speculative(b: Bench, batch: int) -> Contender | str:
     return Contender(SPECULATIVE, "float32", lambda p: traced(b.onednn, p, b.tokens, **DRAFT))
 
 
+def c_speculative_compiled(b: Bench, batch: int) -> Contender | str:
+    found = c_speculative(b, batch)
+    if isinstance(found, str) or not b.compile:
+        return found if isinstance(found, str) else "--no-compile"
+    return Contender(SPECULATIVE_COMPILED, "float32", lambda p: traced(b.onednn, p, b.tokens, **DRAFT, compile=True))
+
+
 def exact_paths(bench: Bench, n: int) -> dict[str, dict]:
     """Each exact path against the default float32 path, greedy on the first four bench prompts:
     whether every token is the same, and the largest |Δ| of a chosen token's logprob (up to the
@@ -251,6 +265,7 @@ def exact_paths(bench: Bench, n: int) -> dict[str, dict]:
     kw = {"max_new_tokens": n, "temperature": 0, "top_logprobs": 5, "stop_on_eos": False}
     paths = {"--matmul onednn": (bench.onednn, {}), SPECULATIVE: (bench.onednn, DRAFT)}
     paths["--compile"] = (bench.lm, {"compile": True}) if bench.compile else (None, {})
+    paths[SPECULATIVE_COMPILED] = (bench.onednn, {**DRAFT, "compile": True}) if bench.compile else (None, {})
     found = {}
     for name, (lm, extra) in paths.items():
         if lm is None:
@@ -280,8 +295,21 @@ def c_llama_cpp_logprobs(b: Bench, batch: int) -> Contender | str:
     return Contender("llama-cpp-python (logprobs=5)", "gguf", llama_cpp_run(b.tokens, 5, b.model))
 
 
-CONTENDERS = [c_generate, c_generate_scores, c_float32, c_onednn, c_speculative, c_bfloat16, c_packed, c_compile,
-              *map(_inside, INSIDE), c_llama_cpp, c_llama_cpp_logprobs]  # fmt: skip
+CONTENDERS = [
+    c_generate,
+    c_generate_scores,
+    c_float32,
+    c_onednn,
+    c_speculative,
+    c_speculative_compiled,
+    c_bfloat16,
+    c_packed,
+    c_packed_compile,
+    c_compile,
+    *map(_inside, INSIDE),
+    c_llama_cpp,
+    c_llama_cpp_logprobs,
+]
 
 
 def measure(bench: Bench, batch: int, rounds: int, errors: dict[str, str]) -> dict[str, dict]:

@@ -2,7 +2,8 @@
 lmtrace float32 plain, the packed 4-bit path alone (eager and --compile), float32 with the packed
 draft at K = 2, 4, 6 (and with the draft's step compiled at K = 4, 6) and with the
 self-speculative `layers:N` draft; then the fast path, `--matmul onednn` (its verify forward of K + 1
-rows costs about one row's), plain and with the packed draft at K = 3, 4, 5 and auto (`--compile` is refused with it).
+rows costs about one row's), plain and with the packed draft at K = 3, 4, 5 and auto, and at auto with
+the draft's step compiled (`--compile`: only the packed draft compiles, the target keeps oneDNN).
 One run, the contenders interleaved in every
 round (each on the same prompts), medians over rounds; tokens/s, the ratio to plain float32,
 acceptance by position, and whether every run gave plain float32's tokens.
@@ -48,6 +49,7 @@ def contenders(layers: int) -> dict[str, dict]:
     out[ONEDNN] = {"lm": "onednn"}  # the fast path: verify rows in one oneDNN forward
     for k in (3, 4, 5, "auto"):
         out[f"onednn + packed draft K={k}"] = {"lm": "onednn", "draft": "packed", "k": k}
+    out["onednn + packed draft K=auto --compile"] = {"lm": "onednn", "draft": "packed", "k": "auto", "compile": True}
     out["float32 + packed draft K=auto"] = {"lm": "float32", "draft": "packed", "k": "auto"}
     return out
 
@@ -128,8 +130,10 @@ def summarize(record: dict) -> None:
         r["ratio_to_plain"] = r["median"] / plain if r["median"] and plain else None
         r["ratio_to_onednn"] = r["median"] / fast if r["median"] and fast else None
         rates = [s["acceptance_by_position"] for s in r["speculative"] if s]
-        r["acceptance_by_position"] = [statistics.mean(x[j] for x in rates if x[j] is not None)
-                                       for j in range(len(rates[0]))] if rates else None  # fmt: skip
+        by_position = [  # auto's runs propose blocks of different lengths
+            [x[j] for x in rates if j < len(x) and x[j] is not None] for j in range(max(map(len, rates), default=0))
+        ]
+        r["acceptance_by_position"] = [statistics.mean(p) if p else None for p in by_position] or None
         means = [s["mean_accepted_per_block"] for s in r["speculative"] if s and s["mean_accepted_per_block"]]
         r["mean_accepted_per_block"] = statistics.mean(means) if means else None
 

@@ -100,10 +100,10 @@ def forward_of(model: Any) -> Callable[..., torch.Tensor]:
 
 
 def embedded(model: Any, tokens: torch.Tensor) -> torch.Tensor:
-    """(batch,) tokens -> (batch, 1, hidden) ((batch, n) -> (batch, n, hidden)): the model's own input embedding, run before the
-    compiled graph (as the model runs it on input_ids: Gemma's scaling included), so that a
-    lookup torch.compile cannot trace (a packed load's rows, dequantized on the host from the
-    GGUF file) leaves the graph whole."""
+    """(batch,) tokens -> (batch, 1, hidden), (batch, n) -> (batch, n, hidden): the model's own
+    input embedding, run before the compiled graph (as the model runs it on input_ids: Gemma's
+    scaling included), so that a lookup torch.compile cannot trace (a packed load's rows,
+    dequantized on the host from the GGUF file) leaves the graph whole."""
     return model.get_input_embeddings()(tokens[:, None] if tokens.dim() == 1 else tokens)
 
 
