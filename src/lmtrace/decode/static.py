@@ -31,7 +31,7 @@ BUCKET = 256
 
 STEP = "static cache, compiled step (forward, processors, choice, numbers)"
 FORWARD = "static cache, compiled forward (the step eager: grammar, logits processors or observers)"
-DRAFT = "the draft's one-token step compiled on a static cache (the target's verify forward eager)"
+DRAFT = "the draft's steps compiled on a static cache (graphs of one and two tokens; the target's verify forward eager)"
 
 
 def capacity(positions: int) -> int:
