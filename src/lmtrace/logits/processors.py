@@ -46,7 +46,7 @@ def check_logit_bias(bias: dict[int, float], vocab: int) -> None:
 def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> torch.Tensor:
     """Each bias added to its token's logit in every row of (batch, vocab) logits, as
     transformers' SequenceBiasLogitsProcessor adds a one-token sequence's bias (float32)."""
-    if not bias:
+    if len(bias) == 0:
         return logits
     check_logit_bias(bias, logits.shape[-1])
     ids = torch.tensor(list(bias), device=logits.device)  # (n,)
@@ -150,7 +150,7 @@ PROCESSORS = {
     for p in (
         Processor(
             "logit_bias",
-            lambda p, _: bool(p.logit_bias),
+            lambda p, _: len(p.logit_bias) > 0,  # not bool(): torch.compile guards a dict's length, not its truth
             lambda x, p, _: apply_logit_bias(x, p.logit_bias),
             always=False,
         ),
