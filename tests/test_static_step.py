@@ -106,3 +106,27 @@ def test_onednn_target_with_a_compiled_packed_draft(tiny_gguf):
 
 def test_capacity_is_whole_buckets():
     assert [static.capacity(n) for n in (1, 256, 257)] == [256, 256, 512]
+
+
+def test_grouped_attention_is_sdpa_without_repeating_heads(tiny_lm):
+    """A one-token query in a compiled graph attends with SDPA's own grouped-query path (no copy
+    of each key/value head per query head); its output is transformers' sdpa's within 1e-6, and
+    eager calls and the model's attention name are left as they were."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from lmtrace.model import grouped_attention
+
+    attn = tiny_lm.model.model.layers[0].self_attn  # 4 query heads over 2 key/value heads
+    g = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, h, n, 16, generator=g) for h, n in ((4, 1), (2, 40), (2, 40)))
+    mask = torch.ones(2, 1, 1, 40, dtype=torch.bool)
+    mask[0, ..., 30:] = False  # the unfilled end of a static cache
+    want, _ = sdpa_attention_forward(attn, query, key, value, mask, scaling=0.25)
+    compiled = torch.compile(lambda *a: grouped_attention.grouped_sdpa(attn, *a, scaling=0.25)[0], dynamic=False)
+    assert (compiled(query, key, value, mask) - want).abs().max() <= 1e-6
+    eager, _ = grouped_attention.grouped_sdpa(attn, query, key, value, mask, scaling=0.25)
+    assert torch.equal(eager, want)
+    with grouped_attention.grouped(tiny_lm.model):
+        assert tiny_lm.model.config._attn_implementation == grouped_attention.NAME
+    assert tiny_lm.model.config._attn_implementation == "sdpa"

@@ -23,6 +23,7 @@ import torch
 from lmtrace.errors import InvalidParameter
 from lmtrace.kv import ledger
 from lmtrace.logits import measure, processors, sampling
+from lmtrace.model.grouped_attention import grouped
 from lmtrace.model.invariant import mode as invariant_mode
 from lmtrace.params import SamplingParams
 
@@ -149,9 +150,11 @@ class StaticStep:
             torch.compiler.cudagraph_mark_step_begin()
         embeds = embedded(self.model, tokens)
         if self.params.greedy:
-            chosen, floats, ints = self._greedy(embeds, positions, mask, cache, seen)
+            with grouped(self.model):
+                chosen, floats, ints = self._greedy(embeds, positions, mask, cache, seen)
             return Out(chosen.clone(), floats.clone(), ints.clone())
-        logits, processed = self._processed(embeds, positions, mask, cache, seen)
+        with grouped(self.model):
+            logits, processed = self._processed(embeds, positions, mask, cache, seen)
         chosen = sampling.choose(processed, self.params, rng)  # the row's generator: outside the graph
         floats, ints = self._numbers(logits, processed, chosen)
         return Out(chosen.clone(), floats.clone(), ints.clone())
@@ -198,7 +201,8 @@ def compiled_forward(model: Any) -> Callable[..., torch.Tensor]:
     ) -> torch.Tensor:
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        return forward(embedded(model, token_ids), position_ids, attention_mask, cache).clone()
+        with grouped(model):
+            return forward(embedded(model, token_ids), position_ids, attention_mask, cache).clone()
 
     return decode
 
