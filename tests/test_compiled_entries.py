@@ -89,6 +89,24 @@ def test_serve_compile_refuses_what_chooses_other_kernels_before_loading(capsys,
     assert "compile: --compile chooses its own kernels" in err and "Traceback" not in err
 
 
+def test_serve_compile_on_onednn_needs_a_draft_of_its_own(capsys, monkeypatch, tmp_path, tiny_tok):
+    """`serve --matmul onednn --compile` is refused before loading without a draft and with
+    `layers:N` (the target's own layers); with `--draft packed` the server starts, letting
+    requests compile (the draft's step)."""
+    from tests.tiny_gguf import write_tiny_gguf
+
+    for draft in ([], ["--draft", "layers:1"]):
+        assert main(["serve", "--model", "/nonexistent", "--matmul", "onednn", "--compile", *draft]) == 2
+        err = capsys.readouterr().err
+        assert "compile: --compile chooses its own kernels; not with --matmul onednn" in err and "Traceback" not in err
+    monkeypatch.setenv("LMTRACE_GGUF_CACHE", "0")
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_tok, qtype="Q4_1")
+    apps = []
+    monkeypatch.setattr("lmtrace.server.run.Runner.run", lambda runner: apps.append(runner.server.config.app))
+    assert main(["serve", "--model", str(path), "--matmul", "onednn", "--compile", "--draft", "packed"]) == 0
+    assert apps[0].state.lmtrace.compile is True
+
+
 def test_serve_compile_lets_requests_compile(monkeypatch, tiny_dir):
     apps = []
     monkeypatch.setattr("lmtrace.server.run.Runner.run", lambda runner: apps.append(runner.server.config.app))

@@ -91,17 +91,50 @@ def test_a_packed_load_compiles_whole(tiny_gguf):
     assert compiled.model["config"]["compile"] == static.described(static.STEP, "cpu")
 
 
-def test_onednn_target_with_a_compiled_packed_draft(tiny_gguf):
+@pytest.fixture(scope="module")
+def onednn_lm(tiny_gguf):
+    return lmtrace.load(str(tiny_gguf), device="cpu", dtype="float32", matmul="onednn")
+
+
+DRAFTED = {"max_new_tokens": 8, "stop_on_eos": False, "temperature": 0, "top_logprobs": 3, "draft": "packed"}
+
+
+@pytest.fixture(scope="module")
+def drafted_eager(onednn_lm):
+    return lmtrace.generate(onednn_lm, PROMPTS[0], **DRAFTED, draft_tokens="auto")
+
+
+def test_onednn_target_with_a_compiled_packed_draft(onednn_lm, drafted_eager):
     """`--matmul onednn --draft packed --compile`: the draft's step compiles (its own packed
     model), the target verifies on oneDNN; the tokens and numbers of the eager drafted run."""
-    lm = lmtrace.load(str(tiny_gguf), device="cpu", dtype="float32", matmul="onednn")
-    kw = {"max_new_tokens": 8, "stop_on_eos": False, "temperature": 0, "top_logprobs": 3, "draft": "packed"}
-    plain = lmtrace.generate(lm, PROMPTS[0], **kw, draft_tokens="auto")
-    compiled = lmtrace.generate(lm, PROMPTS[0], **kw, draft_tokens="auto", compile=True)
-    assert compiled.token_ids == plain.token_ids
-    assert max(abs(a.logprob - b.logprob) for a, b in zip(plain.steps, compiled.steps)) <= TOL
+    compiled = lmtrace.generate(onednn_lm, PROMPTS[0], **DRAFTED, draft_tokens="auto", compile=True)
+    assert compiled.token_ids == drafted_eager.token_ids
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(drafted_eager.steps, compiled.steps)) <= TOL
     assert compiled.model["config"]["compile"] == static.described(static.DRAFT, "cpu")
     assert compiled.speculative["draft_tokens"] == "auto"
+
+
+def test_a_server_on_onednn_compiles_its_packed_draft(onednn_lm, drafted_eager):
+    """`lmtrace serve --matmul onednn --draft packed --compile`: a request's `compile` decodes as
+    generate(compile=True) does, the draft's step compiled and the target on oneDNN; with
+    draft_tokens 0 nothing could compile (the target's kernel), a 400 naming compile."""
+    from fastapi.testclient import TestClient
+
+    from lmtrace.server import create_app
+
+    app = create_app(onednn_lm, name="tiny", draft="packed", draft_tokens="auto", compile=True)
+    body = {"prompt": PROMPTS[0], "compile": True, "max_tokens": 8, "temperature": 0, "top_logprobs": 3}
+    with TestClient(app) as client:
+        answer = client.post("/v1/traces", json={**body, "ignore_eos": True})
+        refused = client.post("/v1/traces", json={**body, "draft_tokens": 0})
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    assert [s["token_id"] for s in got["steps"]] == drafted_eager.token_ids
+    assert max(abs(s["logprob"] - a.logprob) for s, a in zip(got["steps"], drafted_eager.steps)) <= TOL
+    assert got["model"]["config"]["compile"] == static.described(static.DRAFT, "cpu")
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "compile" and "draft_tokens 0" in error["message"]
 
 
 def test_capacity_is_whole_buckets():

@@ -16,6 +16,7 @@ from lmtrace.cli.confidence import confidence_options, settings_from
 from lmtrace.cli.options import (
     attribution_options,
     batch_invariant_option,
+    check_compile_kernels,
     constraint_options,
     device_map_option,
     draft_from,
@@ -147,11 +148,7 @@ def _check_pairs(kw: dict, params, draft: str | None) -> None:
         raise InvalidParameter(f"against needs --attribution, got --against {kw['against']}")
     if kw["matmul"] != "default" and kw["server"]:
         raise InvalidParameter(f"server: --matmul {kw['matmul']} is the server's own option (lmtrace serve --matmul)")
-    if kw["matmul"] != "default" and kw["compile_"] and (draft is None or draft.startswith("layers:")):
-        raise InvalidParameter(
-            f"compile: --compile chooses its own kernels; not with --matmul {kw['matmul']} "
-            "(but for a draft of its own, --draft packed: its step compiles, the target keeps the kernel)"
-        )
+    check_compile_kernels(kw["compile_"], kw["matmul"], draft)
     if kw["batch_invariant"] and kw["server"]:
         raise InvalidParameter("server: --batch-invariant is the server's own option (lmtrace serve --batch-invariant)")
     if kw["batch_invariant"] and kw["compile_"]:

@@ -347,3 +347,13 @@ def draft_from(kw: dict) -> tuple[str | None, int]:
     if draft is None and k is not None:
         raise InvalidParameter(f"draft_tokens: only with --draft, got {k}")
     return draft, 4 if k is None else k
+
+
+def check_compile_kernels(compile_: bool, matmul: str, draft: str | None) -> None:
+    """--compile chooses its own kernels: not with --matmul, but for a draft of its own (--draft
+    packed or a path), whose step is the one that compiles while the target keeps the kernel."""
+    if matmul != "default" and compile_ and (draft is None or draft.startswith("layers:")):
+        raise InvalidParameter(
+            f"compile: --compile chooses its own kernels; not with --matmul {matmul} "
+            "(but for a draft of its own, --draft packed: its step compiles, the target keeps the kernel)"
+        )

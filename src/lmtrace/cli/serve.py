@@ -11,6 +11,7 @@ import click
 from lmtrace.cli.common import cli, load_draft, load_model
 from lmtrace.cli.options import (
     batch_invariant_option,
+    check_compile_kernels,
     draft_from,
     draft_options,
     logits_processor_option,
@@ -121,10 +122,10 @@ def check_sizes(max_batch: int, prefix_cache_mb: int, max_body_mb: float, max_ro
         raise InvalidParameter(f"max_rows_per_request must be >= 1, got {max_rows_per_request}")
 
 
-def check_compile(compile_: bool, matmul: str, batch_invariant: bool) -> None:
-    """--compile chooses its own kernels (as lmtrace generate refuses it), before the model loads."""
-    if compile_ and matmul != "default":
-        raise InvalidParameter(f"compile: --compile chooses its own kernels; not with --matmul {matmul}")
+def check_compile(compile_: bool, matmul: str, batch_invariant: bool, draft: str | None) -> None:
+    """--compile chooses its own kernels (as lmtrace generate refuses it, a draft of its own aside),
+    before the model loads."""
+    check_compile_kernels(compile_, matmul, draft)
     if compile_ and batch_invariant:
         raise InvalidParameter("compile: --compile chooses its own kernels; not with --batch-invariant")
 
@@ -243,7 +244,7 @@ def serve(
     cors = cors_from(kw, api_key)
     draft, draft_tokens = draft_from(kw)
     check_sizes(max_batch, prefix_cache_mb, max_body_mb, max_rows_per_request)
-    check_compile(kw["compile_"], matmul, batch_invariant)
+    check_compile(kw["compile_"], matmul, batch_invariant, draft)
     from lmtrace.server import create_app
     from lmtrace.server.run import Runner
 

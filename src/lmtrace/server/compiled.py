@@ -27,11 +27,14 @@ from lmtrace.server.worker import Emit, Work
 
 
 def allowed(lm: LM, draft: Any = None) -> bool:
-    """True, once the model (and the server's draft) are ones torch.compile can trace (a one-line
-    InvalidParameter naming `compile` otherwise: static.check)."""
-    static.check(lm.model)
+    """True, once the model that compiles is one torch.compile can trace (a one-line
+    InvalidParameter naming `compile` otherwise: static.check): the server's draft where it has
+    one (its step is the compiled one, as generate(compile=True, draft=...) compiles it, so a
+    target on --matmul onednn keeps its kernel), else the model."""
     if draft is not None:
         static.check(draft.model, "draft")
+    else:
+        static.check(lm.model)
     return True
 
 
@@ -40,6 +43,11 @@ def check(allowed: bool, lm: LM, job: Job) -> None:
     options where the request's other options read inside the compiled forward (as generate refuses)."""
     if not allowed:
         message = "compile: this server does not let requests compile (start it with lmtrace serve --compile)"
+        raise APIError(400, message, param="compile")
+    matmul = getattr(lm.model, "lmtrace_matmul", None)
+    if job.draft is None and matmul is not None:  # draft_tokens 0 on a server whose draft is what compiles
+        kernel = matmul.split()[0]
+        message = f"compile: this server's model runs matmul {kernel}; only its draft compiles: not with draft_tokens 0"
         raise APIError(400, message, param="compile")
     x = job.inside
     try:
