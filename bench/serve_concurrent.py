@@ -16,9 +16,10 @@ Each server gets `--threads` compute threads (OMP_NUM_THREADS; vLLM unpinned, VL
 nobind): on a machine shared with other jobs, two OpenMP threads on two busy cores can be several
 times slower than one.
 
-A change's before/after: `git worktree add /tmp/before <commit>`, then `--servers lmtrace
-lmtrace-before --before /tmp/before` (the ratio column is before's rate over now's). The
-batch-invariant mode's cost: `--servers lmtrace lmtrace-invariant`.
+The ratio column is each server's rate over the first server named. A change's before/after:
+`git worktree add /tmp/before <commit>`, then `--servers lmtrace lmtrace-before --before
+/tmp/before` (before's rate over now's). The batch-invariant mode's cost: `--servers lmtrace
+lmtrace-invariant`.
 
 Usage: python bench/serve_concurrent.py [--servers lmtrace vllm lmtrace-b1] [--clients 1 8 16]
        [--rounds 2] [--requests 2] [--max-tokens 32] [--spread 0] [--threads 1] [--before DIR]
@@ -200,14 +201,14 @@ def summary(servers: list[Server], runs: dict, clients: list[int]) -> list[dict]
     return rows
 
 
-def agreement(runs: dict, kind: str) -> str:
-    """How many of a server's greedy token sequences equal lmtrace's for the same prompt, and
-    the largest difference of the chosen tokens' logprobs where they are equal."""
-    ours = {p: t for n in runs.get("lmtrace", {}).values() for x in n for p, t in x["chosen"].items()}
+def agreement(runs: dict, kind: str, base: str = "lmtrace") -> str:
+    """How many of a server's greedy token sequences equal the `base` server's for the same
+    prompt, and the largest difference of the chosen tokens' logprobs where they are equal."""
+    ours = {p: t for n in runs.get(base, {}).values() for x in n for p, t in x["chosen"].items()}
     theirs = {p: t for n in runs[kind].values() for x in n for p, t in x["chosen"].items()}
     common = sorted(set(ours) & set(theirs))
     same = [p for p in common if ours[p][0] == theirs[p][0]]
-    said = f"greedy tokens equal to lmtrace's for {len(same)}/{len(common)} prompts"
+    said = f"greedy tokens equal to {base}'s for {len(same)}/{len(common)} prompts"
     if kind == "llama.cpp":  # the GGUF's own Q4_1 blocks, not the float32 weights: other numbers
         return said + " (another weight format: the GGUF's own quantized blocks)"
     if not same:
@@ -220,9 +221,11 @@ def table(servers: list[Server], rows: list[dict], runs: dict, args: argparse.Na
     length = f"{args.max_tokens}" + (f" ± {args.spread} (by prompt)" if args.spread else "")
     lines = [f"bundled model, greedy, {length} tokens per request (end token ignored), logprobs 1, "
              f"{args.requests} requests per client, {args.threads} thread(s) a server, median of {args.rounds} rounds",
-             "| server | clients | aggregate tok/s | p50 latency s | p95 latency s | ratio to lmtrace tok/s |",
+             "| server | clients | aggregate tok/s | p50 latency s | p95 latency s | "
+             f"ratio to {servers[0].kind} tok/s |",
              "|---|---|---|---|---|---|"]  # fmt: skip
-    ours = {x["clients"]: x.get("tokens_per_s") for x in rows if x["server"] == NAMES["lmtrace"]}
+    # the first server named (--servers) is the baseline
+    ours = {x["clients"]: x.get("tokens_per_s") for x in rows if x["server"] == servers[0].name}
     for x in rows:
         if "failed" in x:
             lines.append(f"| {x['server']} | {x['clients']} | {x['failed']} | | | |")
@@ -231,9 +234,10 @@ def table(servers: list[Server], rows: list[dict], runs: dict, args: argparse.Na
         ratio = f"{x['tokens_per_s'] / ours[x['clients']]:.2f}" if ours.get(x["clients"]) else "-"
         lines.append(f"| {name} | {x['clients']} | {x['tokens_per_s']:.1f} | {x['p50_s']:.2f} | "
                      f"{x['p95_s']:.2f} | {ratio} |")  # fmt: skip
+    base = "lmtrace" if "lmtrace" in runs else servers[0].kind  # the default path, else the first named
     for s in servers:
-        if s.kind != "lmtrace" and "lmtrace" in runs and any(runs[s.kind].values()):
-            lines.append(f"\n{s.name}: {agreement(runs, s.kind)}")
+        if s.kind != base and base in runs and any(runs[s.kind].values()):
+            lines.append(f"\n{s.name}: {agreement(runs, s.kind, base)}")
         if s.failed:
             lines.append(f"\n{s.name}: {s.failed}")
     return "\n".join(lines)
