@@ -189,12 +189,6 @@ def c_packed(b: Bench, batch: int) -> Contender | str:
     return Contender("lmtrace packed 4-bit (--weights packed)", "packed", lambda p: traced(b.packed, p, b.tokens))
 
 
-def c_packed_compile(b: Bench, batch: int) -> Contender | str:
-    if b.packed is None or not b.compile:
-        return "packed model not loaded" if b.packed is None else "--no-compile"
-    return Contender("lmtrace packed 4-bit --compile", "packed", lambda p: traced(b.packed, p, b.tokens, compile=True))
-
-
 def c_compile(b: Bench, batch: int) -> Contender | str:
     if not b.compile:
         return "--no-compile"
@@ -304,7 +298,6 @@ CONTENDERS = [
     c_speculative_compiled,
     c_bfloat16,
     c_packed,
-    c_packed_compile,
     c_compile,
     *map(_inside, INSIDE),
     c_llama_cpp,

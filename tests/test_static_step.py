@@ -79,16 +79,19 @@ def tiny_gguf(tmp_path_factory, tiny_tok):
         yield write_tiny_gguf(tmp_path_factory.mktemp("static") / "tiny.gguf", tiny_tok, qtype="Q4_1")
 
 
-def test_a_packed_load_compiles_whole(tiny_gguf):
-    """`weights="packed"` with compile: the embedding's rows (read from the file) are looked up
-    before the graph and the head's float32 refinement after it, so the step compiles (it
-    stopped with a dynamo assertion at the head's numpy read); the eager packed path's numbers."""
+def test_a_packed_load_does_not_compile(tiny_gguf, capsys):
+    """`weights="packed"` with compile is refused in one line naming both (before loading in the
+    CLI): the kernel rounds each layer's input to bfloat16, so the compiled graph's float32
+    rounding moved the bundled model's packed logprobs by up to 0.09 (docs/performance.md); a
+    packed draft still compiles (below)."""
+    from lmtrace.cli import main
+
     lm = lmtrace.load(str(tiny_gguf), device="cpu", dtype="float32", weights="packed")
-    kw = {"max_new_tokens": 8, "stop_on_eos": False, "temperature": 0, "top_logprobs": 3}
-    plain = lmtrace.generate(lm, PROMPTS[0], **kw)
-    compiled = lmtrace.generate(lm, PROMPTS[0], compile=True, **kw)
-    assert_close(plain, compiled)
-    assert compiled.model["config"]["compile"] == static.described(static.STEP, "cpu")
+    with pytest.raises(lmtrace.InvalidParameter, match="compile: not with weights packed"):
+        lmtrace.generate(lm, PROMPTS[0], max_new_tokens=2, compile=True)
+    assert main(["generate", "x", "--model", "/nonexistent", "--weights", "packed", "--compile"]) == 2
+    err = capsys.readouterr().err
+    assert "compile: not with --weights packed" in err and "Traceback" not in err
 
 
 @pytest.fixture(scope="module")

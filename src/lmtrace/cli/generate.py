@@ -149,6 +149,11 @@ def _check_pairs(kw: dict, params, draft: str | None) -> None:
     if kw["matmul"] != "default" and kw["server"]:
         raise InvalidParameter(f"server: --matmul {kw['matmul']} is the server's own option (lmtrace serve --matmul)")
     check_compile_kernels(kw["compile_"], kw["matmul"], draft)
+    if kw["compile_"] and kw["weights"] == "packed":  # as lmtrace.decode.static.check refuses it, before loading
+        raise InvalidParameter(
+            "compile: not with --weights packed (the kernel's bfloat16 inputs turn the compiled graph's rounding "
+            "into logprobs up to 0.1 apart from the packed path's); a packed draft compiles: --draft packed --compile"
+        )
     if kw["batch_invariant"] and kw["server"]:
         raise InvalidParameter("server: --batch-invariant is the server's own option (lmtrace serve --batch-invariant)")
     if kw["batch_invariant"] and kw["compile_"]:
