@@ -143,10 +143,15 @@ class StaticStep:
         def numbers(logits, processed, chosen):
             return measure.chosen_tensors(logits, processed, chosen, top_n)
 
-        self._greedy = torch.compile(greedy, mode=how, dynamic=False)
-        self._processed = torch.compile(processed, mode=how, dynamic=False)
-        self._numbers = torch.compile(numbers, mode=how, dynamic=False)
+        self._functions, self._how = (greedy, processed, numbers), how
+        self._compiled: tuple[Callable[..., Any], ...] | None = None  # made at the first call, which shows the cache
         self.graphs = how == "reduce-overhead"
+
+    def _made(self, cache: Any) -> tuple[Callable[..., Any], ...]:
+        if self._compiled is None:
+            dynamic = shapes(cache)
+            self._compiled = tuple(torch.compile(f, mode=self._how, dynamic=dynamic) for f in self._functions)
+        return self._compiled
 
     def __call__(
         self,
@@ -162,14 +167,15 @@ class StaticStep:
         if self.graphs:  # a new iteration: the graphs may overwrite the last step's outputs
             torch.compiler.cudagraph_mark_step_begin()
         embeds = embedded(self.model, tokens)
+        greedy, processed_of, numbers = self._made(cache)
         if self.params.greedy:
             with grouped(self.model):
-                chosen, floats, ints = self._greedy(embeds, positions, mask, cache, seen)
+                chosen, floats, ints = greedy(embeds, positions, mask, cache, seen)
             return Out(chosen.clone(), floats.clone(), ints.clone())
         with grouped(self.model):
-            logits, processed = self._processed(embeds, positions, mask, cache, seen)
+            logits, processed = processed_of(embeds, positions, mask, cache, seen)
         chosen = sampling.choose(processed, self.params, rng)  # the row's generator: outside the graph
-        floats, ints = self._numbers(logits, processed, chosen)
+        floats, ints = numbers(logits, processed, chosen)
         return Out(chosen.clone(), floats.clone(), ints.clone())
 
 
@@ -203,21 +209,31 @@ def compiled_forward(model: Any) -> Callable[..., torch.Tensor]:
     """The forward alone compiled (FORWARD, DRAFT), once per model: a function with
     engine.decode_step's arguments and result (batch, vocab) float32 (tokens (batch, n) with
     positions (batch, n): the last position's logits, one graph per n)."""
-    owner, forward = model.__dict__.get("_lmtrace_compiled_forward", (None, None))
-    if owner != id(model):
-        forward = torch.compile(forward_of(model), mode=mode(model.device), dynamic=False)
-        model.__dict__["_lmtrace_compiled_forward"] = (id(model), forward)
     graphs = mode(model.device) == "reduce-overhead"
 
     def decode(
         model: Any, token_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any, cache: Any
     ) -> torch.Tensor:
+        owner, forward = model.__dict__.get("_lmtrace_compiled_forward", (None, None))
+        if owner != id(model):  # made at the first call, which shows the cache
+            forward = torch.compile(forward_of(model), mode=mode(model.device), dynamic=shapes(cache))
+            model.__dict__["_lmtrace_compiled_forward"] = (id(model), forward)
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
         with grouped(model):
             return forward(embedded(model, token_ids), position_ids, attention_mask, cache).clone()
 
     return decode
+
+
+def shapes(cache: Any) -> bool | None:
+    """torch.compile's `dynamic` for a step over `cache`: False (every shape static, one graph for
+    the bucket), but None (torch's automatic dynamic) where a layer slides: transformers'
+    StaticSlidingWindowLayer keeps its length in a Python int, so static shapes recompiled at every
+    step until torch.compile's limit, then ran eager (Gemma 3); left dynamic after its second value,
+    it costs a graph or two more over the whole run."""
+    sliding = any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", ()))
+    return None if sliding else False
 
 
 def _hashable(setting: Any) -> Any:
