@@ -172,7 +172,7 @@ def test_a_sliding_window_model_compiles_once_not_every_step(tiny_tok):
     """Gemma 3's sliding layers keep their length in a Python int (transformers'
     StaticSlidingWindowLayer): compiled with static shapes, every step recompiled until
     torch.compile's limit, then ran eager (the 270M file: 110 s for its first 24 tokens). With
-    that int left dynamic, a few graphs serve the whole run, past the window too; the numbers
+    that int left dynamic, two graphs serve the whole run, past the window too; the numbers
     stay the default path's within 5e-5."""
     import torch._dynamo
 
@@ -187,4 +187,4 @@ def test_a_sliding_window_model_compiles_once_not_every_step(tiny_tok):
     for a, b in zip(plain.steps, compiled.steps):
         assert abs(a.logprob - b.logprob) <= TOL and abs(a.entropy - b.entropy) <= TOL
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    assert graphs <= 6, graphs
+    assert graphs <= 4, graphs  # 2 here; 8 (the limit) with static shapes
