@@ -44,11 +44,12 @@ def check(allowed: bool, lm: LM, job: Job) -> None:
     if not allowed:
         message = "compile: this server does not let requests compile (start it with lmtrace serve --compile)"
         raise APIError(400, message, param="compile")
-    matmul = getattr(lm.model, "lmtrace_matmul", None)
-    if job.draft is None and matmul is not None:  # draft_tokens 0 on a server whose draft is what compiles
-        kernel = matmul.split()[0]
-        message = f"compile: this server's model runs matmul {kernel}; only its draft compiles: not with draft_tokens 0"
-        raise APIError(400, message, param="compile")
+    if job.draft is None:  # draft_tokens 0 on a server whose draft is what compiles (allowed: its draft only)
+        try:
+            static.check(lm.model)
+        except InvalidParameter as e:
+            message = f"{e}; only this server's draft compiles: not with draft_tokens 0"
+            raise APIError(400, message, param="compile") from e
     x = job.inside
     try:
         probe.check(True, x.get("lens", False), x.get("attention", False))
