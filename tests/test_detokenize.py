@@ -54,3 +54,27 @@ def test_special_token_bytes(bundled_lm):
     tb = TokenBytes(bundled_lm.tokenizer)
     assert tb.byte_level
     assert tb(bundled_lm.eos_token_ids[0]) == b"<|im_end|>"
+
+
+def _fast(decoder) -> object:
+    """A word-level fast tokenizer whose decoder is `decoder`."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    if decoder is not None:
+        backend.decoder = decoder
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+@pytest.mark.integration
+def test_byte_level_is_read_off_the_decoder_alone(bundled_lm):
+    """ByteLevel alone or inside a Sequence is byte-level; Metaspace, WordPiece or no decoder are not."""
+    from tokenizers import decoders
+
+    assert TokenBytes(bundled_lm.tokenizer).byte_level
+    assert TokenBytes(_fast(decoders.ByteLevel())).byte_level
+    assert TokenBytes(_fast(decoders.Sequence([decoders.Strip(), decoders.ByteLevel()]))).byte_level
+    assert not TokenBytes(_fast(decoders.Metaspace())).byte_level
+    assert not TokenBytes(_fast(decoders.WordPiece())).byte_level
+    assert not TokenBytes(_fast(None)).byte_level
