@@ -361,3 +361,61 @@ def test_packed_load_of_a_tied_model_packs_its_head(tmp_path, monkeypatch):
     assert torch.equal(ref.get_input_embeddings().weight, model.model.embed_tokens.weight)
     with torch.inference_mode():
         assert torch.equal(ref(ids).logits, model(ids).logits)
+
+
+def _decode_logits(model, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The prompt's logits, then `steps` greedy one-token steps on the cache: each step's logits."""
+    from lmtrace.kv import ledger
+
+    cache = ledger.new_cache(model)
+    with torch.inference_mode():
+        out = [model(ids, **ledger.cache_kwargs(model, cache)).logits]
+        for _ in range(steps):
+            out.append(model(out[-1][:, -1:].argmax(-1), **ledger.cache_kwargs(model, cache)).logits)
+    return out
+
+
+@pytest.mark.parametrize("which", [1, 2], ids=["float32-kernel", "bfloat16-kernel"])
+def test_packed_layers_run_as_one_function_bit_for_bit(tiny_packed, which, monkeypatch):
+    """Each Llama layer whose products all run packed is one function (lmtrace.model.layer_path):
+    the prompt's and each decode step's logits equal transformers' layer forward, bit for bit. The
+    second layer keeps a float v_proj (F16 in the file): it stays transformers' own."""
+    from lmtrace.model import layer_path
+
+    model = tiny_packed[which]
+    assert packed.report_of(model).layers == 1
+    assert [layer_path.switched(x) for x in model.model.layers] == [True, False]
+    ids = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(3))
+    calls, qkv = [], layer_path.PACKED.qkv
+    monkeypatch.setattr(layer_path.PACKED, "qkv", lambda *a: calls.append(1) or qkv(*a))
+    fast = _decode_logits(model, ids, 4)
+    assert len(calls) == 5  # the first layer, at the prompt and at each step: the function ran
+    layer_path.remove(model)
+    try:
+        base = _decode_logits(model, ids, 4)
+    finally:
+        assert layer_path.install(model) == 1
+    assert all(torch.equal(a, b) for a, b in zip(fast, base))
+
+
+@pytest.mark.integration
+def test_bundled_packed_decodes_as_one_function_bit_for_bit(bundled_packed):
+    """The bundled model's 30 layers on their Q4_1 blocks: the same tokens, logprobs and entropies
+    with the one-function layers as with transformers' forward."""
+    import lmtrace
+    from lmtrace.model import layer_path
+
+    model = bundled_packed.model
+    assert packed.report_of(model).layers == 30
+    kw = {"max_new_tokens": 12, "temperature": 0, "top_logprobs": 5}
+    prompts = ["Once upon a time,", "很久很久以前，"]
+    fast = lmtrace.generate(bundled_packed, prompts, **kw)
+    layer_path.remove(model)
+    try:
+        base = lmtrace.generate(bundled_packed, prompts, **kw)
+    finally:
+        assert layer_path.install(model) == 30
+    for a, b in zip(fast, base):
+        assert a.token_ids == b.token_ids
+        assert [s.logprob for s in a.steps] == [s.logprob for s in b.steps]
+        assert [s.entropy for s in a.steps] == [s.entropy for s in b.steps]

@@ -86,12 +86,13 @@ def use(model: Any, matmul: str) -> int:
             module.forward = types.MethodType(_onednn_forward, module)
             switched += 1
     if matmul == "onednn" and switched == 0:
+        layer_path.install(model)  # a packed model's layers keep their own path
         raise InvalidParameter(
             "matmul: 'onednn' runs float32 linear layers on the CPU; this model has none "
             "(its weights packed, in another dtype or on another device)"
         )
     grouped = _group(model) if matmul == "onednn" else 0
-    lean = layer_path.install(model) if matmul == "onednn" else 0
+    lean = layer_path.install(model)  # onednn's grouped layers (or a packed model's, whatever matmul)
     what = f"{switched} linear layers, {grouped} groups, {lean} decoder layers in one function"
     model.lmtrace_matmul = f"onednn ({what})" if matmul == "onednn" else None
     return switched

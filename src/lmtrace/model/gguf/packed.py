@@ -137,13 +137,22 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.product(self.prepared(x), x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def prepared(self, x: torch.Tensor) -> torch.Tensor:
+        """The input as the kernel reads it: (..., in) -> (rows, pieces * in) in the compute dtype
+        (layers of one input, such as q/k/v, can share it: lmtrace.model.layer_path)."""
         flat = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)  # (..., in) -> (rows, in)
         if self.pieces > 1:  # one copy of the input per piece: (rows, in) -> (rows, pieces * in)
             flat = flat.repeat(1, self.pieces)
-        out = int4_mm(flat.contiguous(), self.packed, self.scale_zeros)
+        return flat.contiguous()
+
+    def product(self, flat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """(rows, out) in `dtype` for a `prepared` input: the layer's output, bias added."""
+        out = int4_mm(flat, self.packed, self.scale_zeros)
         if out.shape[-1] != self.out_features:  # (rows, padded out) -> (rows, out)
             out = out[:, : self.out_features]
-        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        out = out.to(dtype)
         return out if self.bias is None else out + self.bias
 
     def nbytes(self) -> int:
@@ -318,6 +327,9 @@ def pack_gguf(
 
         report.fused = fuse_groups(model, form_of)
         trim_heap()  # the unfused layers' blocks, freed
+        from lmtrace.model import layer_path
+
+        report.layers = layer_path.install(model)  # Llama decoder layers as one function, bit for bit
     report.seconds = time.perf_counter() - started
     model.lmtrace_packed = report
     return report

@@ -25,6 +25,7 @@ class PackReport:
     seconds: float = 0.0
     embedding: str = ""  # how the input embedding is held (a packed load: model/gguf/embedding.py)
     fused: int = 0  # groups of sibling projections stacked into one kernel call (model/gguf/fused.py)
+    layers: int = 0  # decoder layers computed as one function over the packed products (model/layer_path.py)
 
     def types(self) -> str:
         """e.g. "Q4_K x27, Q5_0 x81, Q6_K x9, Q8_0 x11": the GGUF types that run packed."""
