@@ -77,7 +77,7 @@ def test_default_puts_torch_back(own_tiny):
 
 
 def test_bad_matmul_is_one_line(own_tiny):
-    with pytest.raises(InvalidParameter, match="matmul must be one of default, onednn, got 'mkl'"):
+    with pytest.raises(InvalidParameter, match="matmul must be one of default, onednn, onednn-fused, got 'mkl'"):
         matmul.use(own_tiny.model, "mkl")
     with pytest.raises(InvalidParameter, match="matmul"):
         lmtrace.load(matmul="fast")

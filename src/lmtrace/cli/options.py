@@ -92,11 +92,13 @@ def weights_option(f):
 
 
 def matmul_option(f):
-    """Adds --matmul: default (torch's own kernel) or onednn (float32 linear layers on weights packed once)."""
-    return _choice("--matmul", ["default", "onednn"],
+    """Adds --matmul: default (torch's own kernel), onednn (float32 linear layers on weights packed
+    once) or onednn-fused (and the small operations between them in C)."""
+    return _choice("--matmul", ["default", "onednn", "onednn-fused"],
                    "onednn: float32 linear layers through oneDNN on weights packed once (CPU): a step of "
                    "several rows costs about one row's time; numbers differ from torch's kernel by float32 "
-                   "rounding.")(f)  # fmt: skip
+                   "rounding. onednn-fused: also RMSNorm, the rotary embedding and SiLU·mul of Llama layers "
+                   "in C (compiled at first use with the machine's C compiler).")(f)  # fmt: skip
 
 
 def batch_invariant_option(f):

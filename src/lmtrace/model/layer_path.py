@@ -36,15 +36,18 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from lmtrace.model import matmul
+from lmtrace.model.fused import ops as fused_ops
 
 # the only decoder layers switched: these classes exactly (others pass more to the attention,
 # such as a sliding window, or have norms of their own); the MLP transformers' or the packed fused one
 _CLASSES = {"LlamaDecoderLayer": ("LlamaAttention", ("LlamaMLP", "FusedMLP"), "LlamaRMSNorm")}
 
 
-def install(model: Any) -> int:
+def install(model: Any, fused: bool = False) -> int:
     """Switches every Llama decoder layer whose products are oneDNN's grouped ones or packed 4-bit
-    ones and whose output equals transformers' forward bit for bit on a probe; returns how many."""
+    ones and whose output equals transformers' forward bit for bit on a probe; returns how many.
+    `fused`: the switched layers then compute their small operations in C (lmtrace.model.fused),
+    each checked on the probe to stay within float32 rounding of the exact function."""
     remove(model)
     rotary = _rotary(model)
     switched = 0
@@ -56,7 +59,27 @@ def install(model: Any) -> int:
             switched += 1
         else:
             del layer.forward
+    if fused:
+        fuse(model, True)
     return switched
+
+
+def fuse(model: Any, on: bool) -> int:
+    """Switched layers compute their small operations in C (lmtrace.model.fused) or not (`on`
+    False: the exact function again); a layer is fused only where, on the probe, its output stays
+    within float32 rounding of transformers' layer. Returns how many are fused."""
+    rotary = _rotary(model)
+    for layer in model.modules():
+        if switched(layer):
+            layer.__dict__.pop("_lmtrace_fused", None)
+            if on:
+                _fuse(layer, rotary)
+    return fused_layers(model)
+
+
+def fused_layers(model: Any) -> int:
+    """How many switched layers compute their small operations in C."""
+    return sum(1 for layer in model.modules() if switched(layer) and layer.__dict__.get("_lmtrace_fused", False))
 
 
 def remove(model: Any) -> None:
@@ -64,6 +87,7 @@ def remove(model: Any) -> None:
     for layer in model.modules():
         if switched(layer):
             del layer.forward
+        layer.__dict__.pop("_lmtrace_fused", None)
 
 
 def switched(layer: Any) -> bool:
@@ -96,22 +120,25 @@ def forward(
     b, s, d = hidden_states.shape
     heads, kv = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
     products = ONEDNN if type(attn.q_proj) is torch.nn.Linear else PACKED
-    x = _norm(self.input_layernorm, hidden_states)
+    fused = self.__dict__.get("_lmtrace_fused", False)
+    x = _norm(self.input_layernorm, hidden_states, fused)
     qkv = products.qkv(attn, x).view(b, s, heads + 2 * kv, attn.head_dim)
-    qk = _rotated(qkv[:, :, : heads + kv], position_embeddings)  # type: ignore[arg-type]
+    part, emb = qkv[:, :, : heads + kv], position_embeddings
+    qk = fused_ops.rotary(part, *emb) if fused else _rotated(part, emb)  # type: ignore[arg-type,misc]
     q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)  # (b, heads, s, head_dim)
     v = qkv[:, :, heads + kv :].transpose(1, 2)
     passed = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what LlamaAttention passes on
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx, kwargs=passed)
-    attention = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, eager_attention_forward)
-    out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **passed)
-    h = hidden_states + products.linear(attn.o_proj, out.reshape(b, s, -1).contiguous())
-    x = _norm(self.post_attention_layernorm, h)
+    if fused and _fused_attention(attn, q, k, attention_mask, kwargs):
+        out = fused_ops.decode_attention(q, k, v, attention_mask, attn.scaling)
+    else:
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, eager_attention_forward)
+        out, _ = attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **passed)
+    attended = products.linear(attn.o_proj, out.reshape(b, s, -1).contiguous())
+    h, x = _add_norm(self.post_attention_layernorm, hidden_states, attended, fused)
     gate_up, inter = products.gate_up(mlp, x)  # (rows, 2 * intermediate), intermediate
-    act = mlp.act_fn
-    act = F.silu if type(act).__name__ in _SILU else act  # the module's forward is F.silu
-    return h + products.linear(mlp.down_proj, act(gate_up[:, :inter]) * gate_up[:, inter:]).view(b, s, d)
+    return h + products.linear(mlp.down_proj, _activated(mlp, gate_up, inter, fused)).view(b, s, d)
 
 
 class _OneDNN:
@@ -181,15 +208,43 @@ class _Packed:
 ONEDNN, PACKED = _OneDNN(), _Packed()
 
 
-def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+def _norm(norm: Any, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    if fused:
+        return fused_ops.rms_norm(x, norm.weight, norm.variance_epsilon)
     return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+
+
+def _add_norm(norm: Any, x: torch.Tensor, y: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream x + y and its RMSNorm."""
+    if fused:
+        return fused_ops.add_rms_norm(x, y, norm.weight, norm.variance_epsilon)
+    h = x + y
+    return h, _norm(norm, h)
+
+
+def _activated(mlp: Any, gate_up: torch.Tensor, inter: int, fused: bool) -> torch.Tensor:
+    """act(gate) * up for the MLP's one product (rows, 2 * intermediate)."""
+    act = mlp.act_fn
+    act = F.silu if type(act).__name__ in _SILU else act  # the module's forward is F.silu
+    if fused and act is F.silu:
+        return fused_ops.silu_mul(gate_up, inter)
+    return act(gate_up[:, :inter]) * gate_up[:, inter:]
+
+
+def _fused_attention(attn: Any, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) -> bool:
+    """A decode step's attention the C kernel computes: transformers' own sdpa attention (not one
+    registered by an observer: attention capture, the KV-cache lab), no bias or soft cap."""
+    if attn.config._attn_implementation != "sdpa" or kwargs.get("position_bias") is not None:
+        return False
+    return kwargs.get("softcap") is None and fused_ops.decodes(q, k, mask)
 
 
 def _rotated(x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """transformers' apply_rotary_pos_emb on (b, s, heads, head_dim), x*cos + rotate_half(x)*sin, as
     x*cos + roll(x)*signed_sin: rotate_half(x) is roll(x) with its first half negated, and the sign
     moved onto sin gives the same products exactly. cos and signed sin are made once per forward
-    (every layer gets the same position embeddings)."""
+    (every layer gets the same position embeddings). Fused: lmtrace.model.fused.ops.rotary, the
+    same roundings."""
     global _EMBEDDINGS
     made = _EMBEDDINGS
     if made is None or made[0] is not position_embeddings[0] or made[1] is not position_embeddings[1]:
@@ -253,8 +308,8 @@ def _rotary(model: Any) -> Any:
     return next((m for m in model.modules() if type(m).__name__ == "LlamaRotaryEmbedding"), None)
 
 
-def _same_on_probe(layer: Any, rotary: Any) -> bool:
-    """The switched forward and transformers' on a probe of 5 positions (causal): equal bit for bit."""
+def _probe(layer: Any, rotary: Any) -> tuple[torch.Tensor, Any]:
+    """The layer's output (the switched forward) on a probe of 5 positions (causal), and transformers'."""
     d = layer.self_attn.q_proj.in_features
     x = torch.randn(2, 5, d, generator=torch.Generator().manual_seed(0))
     positions = torch.arange(5).unsqueeze(0).expand(2, 5)
@@ -262,5 +317,19 @@ def _same_on_probe(layer: Any, rotary: Any) -> bool:
         emb = rotary(x, position_ids=positions)
         ours = layer(x, position_ids=positions, position_embeddings=emb)
         theirs = type(layer).forward(layer, x, position_ids=positions, position_embeddings=emb)
-    theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+    return ours, theirs[0] if isinstance(theirs, tuple) else theirs
+
+
+def _same_on_probe(layer: Any, rotary: Any) -> bool:
+    """The switched forward and transformers' on the probe: equal bit for bit."""
+    ours, theirs = _probe(layer, rotary)
     return isinstance(theirs, torch.Tensor) and torch.equal(ours, theirs)
+
+
+def _fuse(layer: Any, rotary: Any) -> None:
+    """Fuses the layer's small operations where, on the probe, its output stays within float32
+    rounding of transformers' (1e-5 relative: a kernel built wrong shows at once)."""
+    layer._lmtrace_fused = True
+    ours, theirs = _probe(layer, rotary)
+    if not torch.allclose(ours, theirs, rtol=1e-5, atol=1e-5 * float(theirs.abs().max())):
+        del layer._lmtrace_fused

@@ -165,7 +165,9 @@ def load(source: str | Path | None = None, options: LoadOptions | None = None, *
     what the load does (converting, or loading the converted copy). `weights="packed"` runs a
     GGUF's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU; model/gguf/packed.py), not dequantized.
     `matmul="onednn"` computes the float32 linear layers with oneDNN on weights packed once
-    (lmtrace.model.matmul: faster batch steps on the CPU, float32 rounding apart from torch's own).
+    (lmtrace.model.matmul: faster batch steps on the CPU, float32 rounding apart from torch's own);
+    `matmul="onednn-fused"` also computes a Llama layer's RMSNorm, rotary embedding and SiLU·mul in C
+    (lmtrace.model.fused, compiled at first use).
     `batch_invariant=True` runs the batch-invariant operations (lmtrace.model.invariant): every
     number a row gets is bitwise the same whatever else is computed beside it (float32, CPU)."""
     from lmtrace.model.matmul import check as check_matmul

@@ -9,6 +9,8 @@ about one row's time; vLLM's CPU backend runs its linear layers the same way. Th
 same model's in float32, summed in another order: logprobs move by float32 rounding (the bound
 measured against transformers is in docs/performance.md and tested), as between a batch and one
 row alone. The default stays torch's own kernel, the one transformers' numbers come from.
+`matmul="onednn-fused"` is oneDNN's products with the Llama layers' small operations between them
+(RMSNorm, the residual add, rotary, SiLU·mul) computed in C: lmtrace.model.fused.
 
 A packed copy is made once per layer and made again when the weight changes (an in-place edit
 bumps the tensor's version; a new tensor has another address), so an edited model never runs
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 
 from lmtrace.errors import InvalidParameter
 
-MATMULS = ("default", "onednn")
+MATMULS = ("default", "onednn", "onednn-fused")
 # the batch size oneDNN lays the weight out for; any batch runs on it (measured on 60 cold 1536 x 576
 # weights: at 8 and 16 rows the fastest of the layouts for 1, 8, 16 and 32 rows; at 1 row 12% slower
 # than the layout for 1, and still as fast as torch's own kernel there)
@@ -68,10 +70,12 @@ def check(matmul: str) -> None:
 
 def use(model: Any, matmul: str) -> int:
     """Runs the model's float32 CPU linear layers through `matmul` ("default": torch's own kernel
-    again); returns how many layers it switched. Packed (quantized) layers and layers in another
-    dtype or on another device keep their own kernel."""
+    again; "onednn-fused": oneDNN's, and the decoder layers' small operations in C, see
+    lmtrace.model.fused); returns how many layers it switched. Packed (quantized) layers and layers
+    in another dtype or on another device keep their own kernel."""
     check(matmul)
     from lmtrace.model import layer_path
+    from lmtrace.model.fused import build as fused_build
 
     layer_path.remove(model)
     switched = 0
@@ -81,20 +85,25 @@ def use(model: Any, matmul: str) -> int:
         if "forward" in vars(module) and getattr(module.forward, "__func__", None) is _onednn_forward:
             del module.forward
             module._lmtrace_onednn = module._lmtrace_group = None
-        if matmul == "onednn" and _eligible(module):
+        if matmul != "default" and _eligible(module):
             module._lmtrace_onednn = module._lmtrace_group = None
             module.forward = types.MethodType(_onednn_forward, module)
             switched += 1
-    if matmul == "onednn" and switched == 0:
+    if matmul != "default" and switched == 0:
         layer_path.install(model)  # a packed model's layers keep their own path
         raise InvalidParameter(
-            "matmul: 'onednn' runs float32 linear layers on the CPU; this model has none "
+            f"matmul: {matmul!r} runs float32 linear layers on the CPU; this model has none "
             "(its weights packed, in another dtype or on another device)"
         )
-    grouped = _group(model) if matmul == "onednn" else 0
-    lean = layer_path.install(model)  # onednn's grouped layers (or a packed model's, whatever matmul)
+    grouped = _group(model) if matmul != "default" else 0
+    fused = matmul == "onednn-fused"
+    if fused:
+        fused_build.library()  # compiled now: no compiler is one line here, not an error mid-decode
+    lean = layer_path.install(model, fused=fused)  # onednn's grouped layers (or a packed model's, whatever matmul)
     what = f"{switched} linear layers, {grouped} groups, {lean} decoder layers in one function"
-    model.lmtrace_matmul = f"onednn ({what})" if matmul == "onednn" else None
+    if fused:
+        what += f", {layer_path.fused_layers(model)} with RMSNorm, rotary, SiLU·mul and decode attention in C"
+    model.lmtrace_matmul = f"{matmul} ({what})" if matmul != "default" else None
     return switched
 
 

@@ -18,7 +18,8 @@ class LoadOptions:
     `gguf_cache=False` reads a .gguf file itself rather than its converted safetensors copy.
     `status` is told, in a line, what the load does (converting, or loading the converted copy).
     `weights="packed"` runs a GGUF's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU), not dequantized.
-    `matmul="onednn"` computes the float32 linear layers with oneDNN on weights packed once.
+    `matmul="onednn"` computes the float32 linear layers with oneDNN on weights packed once;
+    `matmul="onednn-fused"` also a Llama layer's small operations in C (lmtrace.model.fused).
     `batch_invariant=True` runs the batch-invariant operations (lmtrace.model.invariant)."""
 
     device: str = "auto"

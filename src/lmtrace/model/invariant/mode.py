@@ -27,7 +27,8 @@ def active(model: Any) -> bool:
 def check(model: Any) -> None:
     """Refuses, in one line naming both, what the invariant operations cannot run."""
     if matmul.describe(model) is not None:
-        raise InvalidParameter("batch_invariant: the model runs matmul 'onednn' (its own fused layers); "
+        name = matmul.describe(model).split()[0]  # type: ignore[union-attr]
+        raise InvalidParameter(f"batch_invariant: the model runs matmul {name!r} (its own fused layers); "
                                "the invariant mode runs its own oneDNN products: drop matmul")  # fmt: skip
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and type(module) is not torch.nn.Linear:

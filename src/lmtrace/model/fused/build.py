@@ -1,0 +1,94 @@
+"""Compiles kernels.c once per source, compiler flags and CPU into lmtrace's cache and loads it."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from lmtrace.errors import InvalidParameter
+from lmtrace.model.gguf.converted import cache_root
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
+# with glibc's vector math library SiLU's exp runs on 8 lanes; without it (another libc) on one
+VECTOR = (["-DLMT_MVEC"], ["-lmvec", "-lm"])
+SCALAR = ([], ["-lm"])
+
+
+def compiler() -> str:
+    """The C compiler: $CC where set, else cc or gcc; one line naming onednn-fused where there is none."""
+    asked = os.environ.get("CC")
+    for name in [asked] if asked else ["cc", "gcc"]:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise InvalidParameter(
+        f"matmul: 'onednn-fused' compiles its kernels with a C compiler; none found ({asked or 'cc, gcc'})"
+    )
+
+
+def _cpu() -> str:
+    """What -march=native compiles for: the CPU's flags (a library built on one CPU may not run on another)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _key(cc: str) -> str:
+    parts = [SOURCE.read_bytes(), " ".join(FLAGS).encode(), cc.encode(), _cpu().encode(), platform.machine().encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def _compile(cc: str, out: Path) -> None:
+    """Builds the library under a temporary name beside `out`, then renames it: never half a file."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name, suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    errors = []
+    try:
+        for defines, libs in (VECTOR, SCALAR):
+            try:
+                command = [cc, *FLAGS, *defines, str(SOURCE), "-o", tmp, *libs]
+                run = subprocess.run(command, capture_output=True, text=True)
+            except OSError as e:
+                errors.append([str(e)])
+                continue
+            if run.returncode == 0:
+                os.replace(tmp, out)
+                return
+            errors.append(run.stderr.strip().splitlines()[-1:] or ["?"])
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    raise InvalidParameter(f"matmul: 'onednn-fused' could not compile its kernels with {cc}: {errors[-1][0]}")
+
+
+@cache
+def library() -> ctypes.CDLL:
+    """The compiled kernels, built at the first call (a few tenths of a second) and kept in the cache."""
+    cc = compiler()
+    path = cache_root() / "kernels" / f"fused-{_key(cc)}.so"
+    if not path.exists():
+        _compile(cc, path)
+    lib = ctypes.CDLL(str(path))
+    p, n, f = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+    lanes = ctypes.c_int
+    lib.lmt_rms_norm.argtypes = [p, p, p, n, n, f, lanes]
+    lib.lmt_add_rms_norm.argtypes = [p, p, p, p, p, n, n, f, lanes]
+    lib.lmt_silu_mul.argtypes = [p, n, p, n, n]
+    lib.lmt_rotary.argtypes = [p, n, p, p, p, n, n, n]
+    lib.lmt_decode_attention.argtypes = [p, n, n, p, n, n, n, p, n, n, n, p, n, p, n, n, n, n, n, f, p]
+    for fn in (lib.lmt_rms_norm, lib.lmt_add_rms_norm, lib.lmt_silu_mul, lib.lmt_rotary, lib.lmt_decode_attention):
+        fn.restype = None
+    return lib

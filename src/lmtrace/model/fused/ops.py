@@ -1,0 +1,102 @@
+"""The fused kernels on torch tensors (float32, CPU): each allocates its output and makes one call
+into the C library (lmtrace.model.fused.build). Inputs are made contiguous where they are not."""
+
+from __future__ import annotations
+
+import torch
+
+from lmtrace.model.fused.build import library
+
+# the floats in one of torch's vectors on this CPU: RMSNorm sums its squares in torch's order for it
+LANES = 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension of `x` with `weight`: F.rms_norm's result, to the bit where
+    torch's vectors are LANES wide (AVX2, AVX-512), else within float32 rounding."""
+    x, weight = x.contiguous(), weight.contiguous()
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    library().lmt_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps, LANES)
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, norm) with h = x + y exactly as torch adds them and norm = rms_norm(h)."""
+    x, y, weight = x.contiguous(), y.contiguous(), weight.contiguous()
+    h, out = torch.empty_like(x), torch.empty_like(x)
+    n = x.shape[-1]
+    library().lmt_add_rms_norm(
+        x.data_ptr(), y.data_ptr(), h.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps, LANES
+    )
+    return h, out
+
+
+def silu_mul(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    """silu(gate_up[:, :inter]) * gate_up[:, inter:] for `gate_up` (rows, 2 * inter)."""
+    gate_up = gate_up.contiguous()
+    rows = gate_up.numel() // gate_up.shape[-1]
+    out = gate_up.new_empty((*gate_up.shape[:-1], inter))
+    library().lmt_silu_mul(gate_up.data_ptr(), gate_up.shape[-1], out.data_ptr(), rows, inter)
+    return out
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of `x` (b, s, heads, head_dim), read in place where its heads are a
+    slice of a wider row (a q/k/v product's): transformers' x * cos + rotate_half(x) * sin to the
+    bit, for cos and sin (b, s, head_dim); a new contiguous (b, s, heads, head_dim)."""
+    if x.stride(-1) != 1 or x.stride(-2) != x.shape[-1] or x.stride(0) != x.shape[1] * x.stride(1):
+        x = x.contiguous()
+    b, s, heads, d = x.shape
+    cos, sin = cos.expand(b, s, d).contiguous(), sin.expand(b, s, d).contiguous()
+    out = x.new_empty((b, s, heads, d))
+    library().lmt_rotary(x.data_ptr(), x.stride(1), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), b * s, heads, d)
+    return out
+
+
+def decodes(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether `decode_attention` computes this attention: one query position, float32 on the CPU,
+    the key/value heads dividing the query heads, and no mask or a boolean one per row and key
+    ((batch or 1, 1, 1, keys), True: attended), the masks transformers' sdpa attention gets."""
+    b, heads, s, _ = query.shape
+    if s != 1 or query.dtype != torch.float32 or key.dtype != torch.float32 or query.device.type != "cpu":
+        return False
+    if heads % key.shape[1] or key.shape[0] != b:
+        return False
+    if mask is None:
+        return True
+    shaped = mask.dim() == 4 and mask.shape[1:3] == (1, 1) and mask.shape[3] == key.shape[2]
+    return mask.dtype == torch.bool and shaped and mask.shape[0] in (1, b)
+
+
+def decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """softmax(scale q·k) v for one query position (where `decodes`): query (b, heads, 1, d), key and
+    value (b, kv_heads, keys, d), read in place whatever their strides along b, heads and keys;
+    (b, 1, heads, d) as transformers' attention functions return it."""
+    b, heads, _, d = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
+    keep, keep_stride = _keep(mask, length)
+    out = query.new_empty((b, 1, heads, d))
+    scores = query.new_empty(length)
+    library().lmt_decode_attention(
+        query.data_ptr(), query.stride(0), query.stride(1),
+        key.data_ptr(), key.stride(0), key.stride(1), key.stride(2),
+        value.data_ptr(), value.stride(0), value.stride(1), value.stride(2),
+        keep.data_ptr() if keep is not None else None, keep_stride,
+        out.data_ptr(), b, heads, kv_heads, length, d, scale, scores.data_ptr(),
+    )  # fmt: skip
+    return out
+
+
+def _keep(mask: torch.Tensor | None, length: int) -> tuple[torch.Tensor | None, int]:
+    """The boolean mask as (rows, keys) bytes and its row stride (0: one row for every batch row)."""
+    if mask is None:
+        return None, 0
+    keep = mask.reshape(mask.shape[0], length)
+    keep = keep if keep.stride(-1) == 1 else keep.contiguous()
+    return keep, keep.stride(0) if keep.shape[0] > 1 else 0
