@@ -1,7 +1,7 @@
 """Side-by-side decoding speed on the bundled model, one process, contenders interleaved in every
 round, medians over rounds: transformers' model.generate (plain, and with output_scores +
 output_logits), lmtrace.generate in float32, bfloat16, with the GGUF's packed 4-bit weights and
-with --compile, with --matmul onednn, with --matmul onednn and the packed draft (speculative, K auto,
+with --compile, with --matmul onednn (and onednn-fused), with --matmul onednn and the packed draft (speculative, K auto,
 batch 1) (with --inside also the logit lens, attention over the cache, and both), and
 llama-cpp-python (plain and with logprobs, each in a child process that may crash: the crash is
 that contender's result; built by `make bench-deps`, bench/llama_python.py). Batch sizes 1 and 16 by default.
@@ -82,6 +82,7 @@ class Bench:
     inside: bool = False
     bf16: lmtrace.LM | None = None
     onednn: lmtrace.LM | None = None  # float32, its linear layers on oneDNN (--matmul onednn)
+    fused: lmtrace.LM | None = None  # and the layers' small operations in C (--matmul onednn-fused)
     packed: lmtrace.LM | None = None
     step_bytes: dict[str, int] = field(default_factory=dict)
 
@@ -183,6 +184,12 @@ def c_onednn(b: Bench, batch: int) -> Contender | str:
     return Contender("lmtrace float32 --matmul onednn", "float32", lambda p: traced(b.onednn, p, b.tokens))
 
 
+def c_fused(b: Bench, batch: int) -> Contender | str:
+    if b.fused is None:
+        return "--no-fused"
+    return Contender("lmtrace float32 --matmul onednn-fused", "float32", lambda p: traced(b.fused, p, b.tokens))
+
+
 def c_packed(b: Bench, batch: int) -> Contender | str:
     if b.packed is None:
         return "packed model not loaded"
@@ -257,7 +264,8 @@ def exact_paths(bench: Bench, n: int) -> dict[str, dict]:
     whether every token is the same, and the largest |Δ| of a chosen token's logprob (up to the
     first token that differs, where there is one)."""
     kw = {"max_new_tokens": n, "temperature": 0, "top_logprobs": 5, "stop_on_eos": False}
-    paths = {"--matmul onednn": (bench.onednn, {}), SPECULATIVE: (bench.onednn, DRAFT)}
+    paths = {"--matmul onednn": (bench.onednn, {}), "--matmul onednn-fused": (bench.fused, {}),
+             SPECULATIVE: (bench.onednn, DRAFT)}  # fmt: skip
     paths["--compile"] = (bench.lm, {"compile": True}) if bench.compile else (None, {})
     paths[SPECULATIVE_COMPILED] = (bench.onednn, {**DRAFT, "compile": True}) if bench.compile else (None, {})
     found = {}
@@ -294,6 +302,7 @@ CONTENDERS = [
     c_generate_scores,
     c_float32,
     c_onednn,
+    c_fused,
     c_speculative,
     c_speculative_compiled,
     c_bfloat16,
@@ -412,6 +421,8 @@ def load_all(args) -> Bench:
     bench.step_bytes["gguf"] = gguf_bytes(gguf_file(model))
     if not args.no_onednn:
         bench.onednn = lmtrace.load(source, device="cpu", dtype="float32", matmul="onednn")
+    if not args.no_fused:
+        bench.fused = lmtrace.load(source, device="cpu", dtype="float32", matmul="onednn-fused")
     if not args.no_bf16:
         bench.bf16 = lmtrace.load(source, device="cpu", dtype="bfloat16")
         bench.step_bytes["bfloat16"] = weights_read_per_token(bench.bf16.model)
@@ -438,6 +449,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,16")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 contender")
     ap.add_argument("--no-onednn", action="store_true", help="skip the float32 --matmul onednn contender")
+    ap.add_argument("--no-fused", action="store_true", help="skip the float32 --matmul onednn-fused contender")
     ap.add_argument("--no-packed", action="store_true", help="skip the packed 4-bit contender")
     ap.add_argument("--no-compile", action="store_true", help="skip lmtrace --compile (a one-off compile)")
     ap.add_argument("--inside", action="store_true", help="also time --lens, --attention and both")

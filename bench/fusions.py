@@ -9,14 +9,17 @@ each Llama decoder layer computed by one of these variants, interleaved in every
 - `post-add+swish`: also the MLP as two products with post-ops, gate with "swish" (SiLU) and up
   with a binary "mul" by that, in place of one grouped gate/up product, SiLU and the multiply;
 - `compiled-small`: the layer's small regions (RMSNorm, the rotary embedding, SiLU times up) each
-  a torch.compile'd function (Inductor's C++ kernels), the products as in `onednn`.
+  a torch.compile'd function (Inductor's C++ kernels), the products as in `onednn`;
+- `fused`: the library's `--matmul onednn-fused` (lmtrace.model.fused): RMSNorm, the residual add
+  with the RMSNorm after it, the rotary embedding and SiLU·mul each one call of a small C library.
 
 Each variant's tokens and largest |Δ logprob| to `onednn` close the table (an opt-in kernel path
-may move logprobs 5e-5). The variants are written here, not in the library: none was faster
-beyond the noise (docs/performance.md, "Fusing the small operations").
+may move logprobs 5e-5). The first three variants are written here, not in the library: none
+was faster beyond the noise (docs/performance.md, "Fusing the small operations"); the C library
+was, and is the library's (`--variants onednn,fused`).
 
 Usage: python bench/fusions.py [--batch-sizes 8,16] [--rounds 6] [--tokens 32] [--threads 1]
-       [--variants onednn,post-add,post-add+swish,compiled-small] [--json bench/results/fusions.json]"""
+       [--variants onednn,post-add,post-add+swish,compiled-small,fused] [--json bench/results/fusions.json]"""
 
 from __future__ import annotations
 
@@ -122,11 +125,14 @@ def switched_layers(lm: Any) -> list[Any]:
     return layers
 
 
-def use(layers: list[Any], name: str) -> None:
-    """Puts the variant's forward on these layers (`onednn`: the layer path's own again)."""
-    forward = layer_path.forward if name == "onednn" else variant(name)
+def use(lm: Any, layers: list[Any], name: str) -> None:
+    """Puts the variant's forward on these layers (`onednn`: the layer path's own again; `fused`:
+    the layer path's with its C kernels)."""
+    forward = layer_path.forward if name in ("onednn", "fused") else variant(name)
     for layer in layers:
         layer.forward = types.MethodType(forward, layer)
+    if layer_path.fuse(lm.model, name == "fused") != (len(layers) if name == "fused" else 0):
+        raise SystemExit("the C kernels were not used on every layer")
 
 
 def run(lm: Any, prompts: list[str], tokens: int) -> tuple[float, list[list[int]], list[list[float]]]:
@@ -142,7 +148,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--variants", default="onednn,post-add,post-add+swish,compiled-small")
+    ap.add_argument("--variants", default="onednn,post-add,post-add+swish,compiled-small,fused")
     ap.add_argument("--json", type=Path, default=Path("bench/results/fusions.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -155,12 +161,12 @@ def main() -> None:
         seconds: dict[str, list[float]] = {n: [] for n in names}
         first: dict[str, tuple] = {}
         for name in names:  # warm-up (and the compiled variant's compiling), the numbers kept
-            use(layers, name)
+            use(lm, layers, name)
             _, ids, lps = run(lm, prompts, args.tokens)
             first[name] = (ids, lps)
         for _ in range(args.rounds):
             for name in names:
-                use(layers, name)
+                use(lm, layers, name)
                 seconds[name].append(run(lm, prompts, args.tokens)[0])
         ref_ids, ref_lps = first[names[0]]
         for name in names:
@@ -169,7 +175,7 @@ def main() -> None:
             rate = batch * args.tokens / statistics.median(seconds[name])
             record["rows"].append({"variant": name, "batch": batch, "tok_s": round(rate, 1),
                                    "same_tokens": ids == ref_ids, "max_abs_delta": delta})  # fmt: skip
-        use(layers, "onednn")
+        use(lm, layers, "onednn")
         args.json.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.json.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=1))

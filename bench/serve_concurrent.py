@@ -19,7 +19,7 @@ times slower than one.
 The ratio column is each server's rate over the first server named. A change's before/after:
 `git worktree add /tmp/before <commit>`, then `--servers lmtrace lmtrace-before --before
 /tmp/before` (before's rate over now's). The batch-invariant mode's cost: `--servers lmtrace
-lmtrace-invariant`.
+lmtrace-invariant`; the small operations in C: `--servers lmtrace-onednn lmtrace-fused vllm`.
 
 Usage: python bench/serve_concurrent.py [--servers lmtrace vllm lmtrace-b1] [--clients 1 8 16]
        [--rounds 2] [--requests 2] [--max-tokens 32] [--spread 0] [--threads 1] [--before DIR]
@@ -49,6 +49,7 @@ from prompts import PROMPTS  # noqa: E402
 NAMES = {"lmtrace": "lmtrace serve (max_batch 16)", "vllm": "vLLM OpenAI server (max_num_seqs 16)",
          "lmtrace-b1": "lmtrace serve (max_batch 1)",
          "lmtrace-onednn": "lmtrace serve --matmul onednn (max_batch 16)",
+         "lmtrace-fused": "lmtrace serve --matmul onednn-fused (max_batch 16)",
          "lmtrace-before": "lmtrace serve from --before's checkout (max_batch 16)",
          "lmtrace-invariant": "lmtrace serve --batch-invariant (max_batch 16)",
          "llama.cpp": "llama-cpp-python's OpenAI server (the bundled GGUF file)"}  # fmt: skip
@@ -79,6 +80,7 @@ def command(
         batch = "1" if kind == "lmtrace-b1" else "16"
         args = ["serve", "--port", str(port), "--max-batch", batch, "--max-concurrency", "64"]
         args += ["--matmul", "onednn"] if kind == "lmtrace-onednn" else []
+        args += ["--matmul", "onednn-fused"] if kind == "lmtrace-fused" else []
         args += ["--batch-invariant"] if kind == "lmtrace-invariant" else []
         return [sys.executable, "-c", "from lmtrace.cli import entry; entry()", *args], env
     args = ["--model", str(folder), "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",

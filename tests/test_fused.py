@@ -206,3 +206,17 @@ def test_no_compiler_is_one_line(own_tiny, monkeypatch, tmp_path, capsys, tiny_d
         assert list(tmp_path.iterdir()) == []  # nothing half-written
     finally:
         build.library.cache_clear()
+
+
+def test_a_model_without_llama_layers_is_refused():
+    """Qwen2's decoder layers are not computed as one function: onednn-fused would be onednn, so
+    it is refused in one line naming it, and the model keeps torch's kernel."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()  # fmt: skip
+    refused = "'onednn-fused' computes the small operations of Llama.*Qwen2DecoderLayers"
+    with pytest.raises(InvalidParameter, match=refused):
+        matmul.use(model, "onednn-fused")
+    assert matmul.describe(model) is None and not any(matmul.switched(m) for m in model.modules())
+    assert matmul.use(model, "onednn") > 0  # its linear layers still go to oneDNN

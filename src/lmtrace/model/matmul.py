@@ -102,9 +102,22 @@ def use(model: Any, matmul: str) -> int:
     lean = layer_path.install(model, fused=fused)  # onednn's grouped layers (or a packed model's, whatever matmul)
     what = f"{switched} linear layers, {grouped} groups, {lean} decoder layers in one function"
     if fused:
-        what += f", {layer_path.fused_layers(model)} with RMSNorm, rotary, SiLU·mul and decode attention in C"
+        count = layer_path.fused_layers(model)
+        if count == 0:  # onednn-fused would be onednn: said in one line, not silently
+            use(model, "default")
+            raise InvalidParameter(
+                "matmul: 'onednn-fused' computes the small operations of Llama decoder layers; this model's "
+                f"{_layer_kind(model)} are not such layers (use matmul 'onednn')"
+            )
+        what += f", {count} with RMSNorm, rotary, SiLU·mul and decode attention in C"
     model.lmtrace_matmul = f"{matmul} ({what})" if matmul != "default" else None
     return switched
+
+
+def _layer_kind(model: Any) -> str:
+    """The name of the model's decoder layers' class (plural), for a refusal."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return f"{type(layers[0]).__name__}s" if layers else "layers"
 
 
 # the sibling layers that read one input, by the names transformers' decoder layers give them
