@@ -1,8 +1,8 @@
 """--matmul onednn-fused (lmtrace.model.fused): oneDNN's products and a Llama layer's small
 operations in C. Each kernel against torch's operations; whole decodes against the default path
 (torch's kernel, transformers' layers) at the opt-in bound 5e-5 with every feature of the
-composability table, on the tiny model, the continuous batch and the bundled model; the trace and
-the CLI name it; no compiler is one line."""
+composability table on the tiny model (the continuous batch and the bundled model: tests/test_matmul.py,
+both kernels); the trace and the CLI name it; no compiler, or no Llama layer, is one line."""
 
 from __future__ import annotations
 
@@ -150,37 +150,6 @@ def test_fused_composes_with_every_feature(gguf_pair, feature):
         return
     want, got = _record(base, feature), _record(fused, feature)
     assert world.differences(got, want, BOUND) == []
-
-
-def test_fused_in_the_continuous_batch(own_tiny):
-    """The server's continuous batch on the fused path: each row as the default path gives it."""
-    from lmtrace.decode.continuous import RowSpec, generate_rows
-    from lmtrace.params import SamplingParams
-
-    prompts = ["Hello world", "很久很久以前，", "a"]
-    p = SamplingParams(max_new_tokens=6, temperature=0)
-    specs = lambda: [RowSpec(lmtrace.encode_prompt(own_tiny, t), p, t) for t in prompts]  # noqa: E731
-    base = generate_rows(own_tiny, specs())
-    matmul.use(own_tiny.model, "onednn-fused")
-    for a, b in zip(generate_rows(own_tiny, specs()), base):
-        assert a.token_ids == b.token_ids
-        assert max(abs(x.logprob - y.logprob) for x, y in zip(a.steps, b.steps)) < BOUND
-
-
-def test_bundled_fused_equals_the_default_path(bundled_lm):
-    """The bundled model, 4 prompts as one batch: the default path's greedy tokens and top-5,
-    logprobs within 5e-5 (measured 4 prompts x 24 tokens: 2.3e-5; --matmul onednn 1.8e-5)."""
-    prompts = ["The capital of France is", "很久很久以前，", "def fib(n):", "Why is the sky blue?"]
-    base = lmtrace.generate(bundled_lm, prompts, max_new_tokens=12, temperature=0, top_logprobs=5)
-    try:
-        matmul.use(bundled_lm.model, "onednn-fused")
-        fast = lmtrace.generate(bundled_lm, prompts, max_new_tokens=12, temperature=0, top_logprobs=5)
-    finally:
-        matmul.use(bundled_lm.model, "default")
-    for a, b in zip(base, fast):
-        assert a.token_ids == b.token_ids
-        assert max(abs(s.logprob - t.logprob) for s, t in zip(a.steps, b.steps)) < BOUND
-        assert [x.token_id for x in a.steps[0].top] == [x.token_id for x in b.steps[0].top]
 
 
 def test_generate_onednn_fused_on_the_cli(capsys, tiny_dir, tmp_path):
