@@ -114,7 +114,12 @@ def test_the_kernels_really_run(own_tiny, monkeypatch):
     layers = own_tiny.model.config.num_hidden_layers
     each = {n: 2 * layers for n in ("rms_norm", "add_rms_norm", "silu_mul", "rotary")}  # the prompt and one step
     assert {n: calls.count(n) for n in set(calls)} == each | {"decode_attention": layers}  # the step's
-    matmul.use(own_tiny.model, "onednn")  # back to the exact function: no kernel call
+    matmul.use(own_tiny.model, "onednn")  # the exact function: only the kernels with torch's bits
+    calls.clear()
+    lmtrace.generate(own_tiny, "Hi", max_new_tokens=2, temperature=0)
+    assert set(calls) == {"rms_norm", "add_rms_norm", "rotary"}
+    assert "with RMSNorm and rotary in C (torch's bits)" in matmul.describe(own_tiny.model)
+    matmul.use(own_tiny.model, "default")  # transformers' layers: no kernel
     calls.clear()
     lmtrace.generate(own_tiny, "Hi", max_new_tokens=2, temperature=0)
     assert calls == [] and layer_path.fused_layers(own_tiny.model) == 0
@@ -173,6 +178,8 @@ def test_no_compiler_is_one_line(own_tiny, monkeypatch, tmp_path, capsys, tiny_d
         err = capsys.readouterr().err
         assert "onednn-fused" in err and "Traceback" not in err
         assert list(tmp_path.iterdir()) == []  # nothing half-written
+        matmul.use(own_tiny.model, "onednn")  # the exact function still runs, on torch's operations
+        assert layer_path.fused_layers(own_tiny.model) == 0 and "in C" not in matmul.describe(own_tiny.model)
     finally:
         build.library.cache_clear()
 

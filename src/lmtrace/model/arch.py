@@ -27,7 +27,8 @@ class ArchSummary:
     # the layers that attend over a sliding window, where some do: "15 of 18 layers, window 512"
     sliding: str | None = None
     # the kernel of the float32 linear layers where not torch's own:
-    # "onednn (211 linear layers, 60 groups, 30 decoder layers in one function)"
+    # "onednn (211 linear layers, 60 groups, 30 decoder layers in one function, 30 with RMSNorm and
+    # rotary in C (torch's bits))"
     # (lmtrace.model.matmul); left out of the dict where None, so default traces keep their shape
     matmul: str | None = None
     # true where the model runs the batch-invariant operations (lmtrace.model.invariant); left out

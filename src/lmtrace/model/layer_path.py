@@ -35,6 +35,7 @@ from torch.nn.modules import module as torch_module
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from lmtrace.errors import InvalidParameter
 from lmtrace.model import matmul
 from lmtrace.model.fused import ops as fused_ops
 
@@ -46,8 +47,10 @@ _CLASSES = {"LlamaDecoderLayer": ("LlamaAttention", ("LlamaMLP", "FusedMLP"), "L
 def install(model: Any, fused: bool = False) -> int:
     """Switches every Llama decoder layer whose products are oneDNN's grouped ones or packed 4-bit
     ones and whose output equals transformers' forward bit for bit on a probe; returns how many.
-    `fused`: the switched layers then compute their small operations in C (lmtrace.model.fused),
-    each checked on the probe to stay within float32 rounding of the exact function."""
+    Where a C compiler is at hand, the switched layers' RMSNorm, residual add and rotary embedding
+    run in C with torch's bits (lmtrace.model.fused; each layer's probe still equal bit for bit).
+    `fused`: all the small operations in C, each layer checked on the probe to stay within
+    float32 rounding of the exact function (matmul "onednn-fused")."""
     remove(model)
     rotary = _rotary(model)
     switched = 0
@@ -59,27 +62,33 @@ def install(model: Any, fused: bool = False) -> int:
             switched += 1
         else:
             del layer.forward
-    if fused:
-        fuse(model, True)
+    if switched:
+        try:
+            fuse(model, True, exact=not fused)
+        except InvalidParameter:  # no C compiler: torch's operations, the same bits (onednn-fused: refused)
+            if fused:
+                raise
     return switched
 
 
-def fuse(model: Any, on: bool) -> int:
+def fuse(model: Any, on: bool, exact: bool = False) -> int:
     """Switched layers compute their small operations in C (lmtrace.model.fused) or not (`on`
     False: the exact function again); a layer is fused only where, on the probe, its output stays
-    within float32 rounding of transformers' layer. Returns how many are fused."""
+    within float32 rounding of transformers' layer. `exact`: only the kernels with torch's bits
+    (RMSNorm, the residual add, the rotary embedding), and only where the probe's output equals
+    transformers' layer bit for bit. Returns how many are fused."""
     rotary = _rotary(model)
     for layer in model.modules():
         if switched(layer):
             layer.__dict__.pop("_lmtrace_fused", None)
             if on:
-                _fuse(layer, rotary)
+                _fuse(layer, rotary, exact)
     return fused_layers(model)
 
 
 def fused_layers(model: Any) -> int:
     """How many switched layers compute their small operations in C."""
-    return sum(1 for layer in model.modules() if switched(layer) and layer.__dict__.get("_lmtrace_fused", False))
+    return sum(1 for layer in model.modules() if switched(layer) and layer.__dict__.get("_lmtrace_fused"))
 
 
 def remove(model: Any) -> None:
@@ -120,7 +129,8 @@ def forward(
     b, s, d = hidden_states.shape
     heads, kv = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
     products = ONEDNN if type(attn.q_proj) is torch.nn.Linear else PACKED
-    fused = self.__dict__.get("_lmtrace_fused", False)
+    kernels = self.__dict__.get("_lmtrace_fused")  # None, EXACT or ALL
+    fused, every = kernels is not None, kernels == ALL
     x = _norm(self.input_layernorm, hidden_states, fused)
     qkv = products.qkv(attn, x).view(b, s, heads + 2 * kv, attn.head_dim)
     part, emb = qkv[:, :, : heads + kv], position_embeddings
@@ -130,7 +140,7 @@ def forward(
     passed = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what LlamaAttention passes on
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx, kwargs=passed)
-    if fused and _fused_attention(attn, q, k, attention_mask, kwargs):
+    if every and _fused_attention(attn, q, k, attention_mask, kwargs):
         out = fused_ops.decode_attention(q, k, v, attention_mask, attn.scaling)
     else:
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, eager_attention_forward)
@@ -138,7 +148,7 @@ def forward(
     attended = products.linear(attn.o_proj, out.reshape(b, s, -1).contiguous())
     h, x = _add_norm(self.post_attention_layernorm, hidden_states, attended, fused)
     gate_up, inter = products.gate_up(mlp, x)  # (rows, 2 * intermediate), intermediate
-    return h + products.linear(mlp.down_proj, _activated(mlp, gate_up, inter, fused)).view(b, s, d)
+    return h + products.linear(mlp.down_proj, _activated(mlp, gate_up, inter, every)).view(b, s, d)
 
 
 class _OneDNN:
@@ -258,6 +268,8 @@ def _rotated(x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Ten
 # the last forward's position embeddings and what _rotated made of them (held, so never a stale id)
 _EMBEDDINGS: tuple[torch.Tensor, ...] | None = None
 _SILU = ("SiLUActivation", "SiLU")
+# a fused layer's kernels: those with torch's bits (RMSNorm, the residual add, rotary), or all of them
+EXACT, ALL = "exact", "all"
 
 
 def _children(layer: Any) -> tuple[Any, ...]:
@@ -326,10 +338,17 @@ def _same_on_probe(layer: Any, rotary: Any) -> bool:
     return isinstance(theirs, torch.Tensor) and torch.equal(ours, theirs)
 
 
-def _fuse(layer: Any, rotary: Any) -> None:
+def _fuse(layer: Any, rotary: Any, exact: bool) -> None:
     """Fuses the layer's small operations where, on the probe, its output stays within float32
-    rounding of transformers' (1e-5 relative: a kernel built wrong shows at once)."""
-    layer._lmtrace_fused = True
-    ours, theirs = _probe(layer, rotary)
-    if not torch.allclose(ours, theirs, rtol=1e-5, atol=1e-5 * float(theirs.abs().max())):
-        del layer._lmtrace_fused
+    rounding of transformers' (1e-5 relative: a kernel built wrong shows at once); `exact`: the
+    kernels with torch's bits only, where the probe's output is transformers' to the bit. A probe
+    that fails (no C compiler) leaves the layer unfused and raises."""
+    layer._lmtrace_fused = EXACT if exact else ALL
+    same = False
+    try:
+        ours, theirs = _probe(layer, rotary)
+        scale = float(theirs.abs().max())
+        same = torch.equal(ours, theirs) if exact else torch.allclose(ours, theirs, rtol=1e-5, atol=1e-5 * scale)
+    finally:
+        if not same:
+            del layer._lmtrace_fused
