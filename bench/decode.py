@@ -264,8 +264,8 @@ def exact_paths(bench: Bench, n: int) -> dict[str, dict]:
     whether every token is the same, and the largest |Δ| of a chosen token's logprob (up to the
     first token that differs, where there is one)."""
     kw = {"max_new_tokens": n, "temperature": 0, "top_logprobs": 5, "stop_on_eos": False}
-    paths = {"--matmul onednn": (bench.onednn, {}), "--matmul onednn-fused": (bench.fused, {}),
-             SPECULATIVE: (bench.onednn, DRAFT)}  # fmt: skip
+    paths = {"--matmul onednn": (bench.onednn, {}), "--matmul onednn-fused": (bench.fused, {})}
+    paths[SPECULATIVE] = (bench.onednn, DRAFT)
     paths["--compile"] = (bench.lm, {"compile": True}) if bench.compile else (None, {})
     paths[SPECULATIVE_COMPILED] = (bench.onednn, {**DRAFT, "compile": True}) if bench.compile else (None, {})
     found = {}

@@ -159,8 +159,8 @@ def test_fused_composes_with_every_feature(gguf_pair, feature):
 
 def test_generate_onednn_fused_on_the_cli(capsys, tiny_dir, tmp_path):
     out = tmp_path / "t.json"
-    code = main(["generate", "Hello", "--model", str(tiny_dir), "--matmul", "onednn-fused", "--max-new-tokens", "4",
-                 "--temperature", "0", "--json", str(out)])  # fmt: skip
+    args = ["--model", str(tiny_dir), "--matmul", "onednn-fused", "--max-new-tokens", "4", "--temperature", "0"]
+    code = main(["generate", "Hello", *args, "--json", str(out)])
     assert code == 0
     assert json.loads(out.read_text())["model"]["config"]["matmul"].startswith("onednn-fused (")
     assert "matmul: onednn-fused" in capsys.readouterr().err
@@ -189,8 +189,8 @@ def test_a_model_without_llama_layers_is_refused():
     it is refused in one line naming it, and the model keeps torch's kernel."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2)).eval()  # fmt: skip
+    sizes = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, num_hidden_layers=2, **sizes)).eval()
     refused = "'onednn-fused' computes the small operations of Llama.*Qwen2DecoderLayers"
     with pytest.raises(InvalidParameter, match=refused):
         matmul.use(model, "onednn-fused")

@@ -101,17 +101,17 @@ def use(model: Any, matmul: str) -> int:
         fused_build.library()  # compiled now: no compiler is one line here, not an error mid-decode
     lean = layer_path.install(model, fused=fused)  # onednn's grouped layers (or a packed model's, whatever matmul)
     what = f"{switched} linear layers, {grouped} groups, {lean} decoder layers in one function"
+    count = layer_path.fused_layers(model)
+    if fused and count == 0:  # onednn-fused would be onednn: said in one line, not silently
+        use(model, "default")
+        raise InvalidParameter(
+            "matmul: 'onednn-fused' computes the small operations of Llama decoder layers; this model's "
+            f"{_layer_kind(model)} are not such layers (use matmul 'onednn')"
+        )
     if fused:
-        count = layer_path.fused_layers(model)
-        if count == 0:  # onednn-fused would be onednn: said in one line, not silently
-            use(model, "default")
-            raise InvalidParameter(
-                "matmul: 'onednn-fused' computes the small operations of Llama decoder layers; this model's "
-                f"{_layer_kind(model)} are not such layers (use matmul 'onednn')"
-            )
         what += f", {count} with RMSNorm, rotary, SiLU·mul and decode attention in C"
-    elif layer_path.fused_layers(model):
-        what += f", {layer_path.fused_layers(model)} with RMSNorm and rotary in C (torch's bits)"
+    elif count:
+        what += f", {count} with RMSNorm and rotary in C (torch's bits)"
     model.lmtrace_matmul = f"{matmul} ({what})" if matmul != "default" else None
     return switched
 

@@ -82,13 +82,42 @@ def library() -> ctypes.CDLL:
     if not path.exists():
         _compile(cc, path)
     lib = ctypes.CDLL(str(path))
-    p, n, f = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
-    lanes = ctypes.c_int
-    lib.lmt_rms_norm.argtypes = [p, p, p, n, n, f, lanes]
-    lib.lmt_add_rms_norm.argtypes = [p, p, p, p, p, n, n, f, lanes]
+    p, n = ctypes.c_void_p, ctypes.c_long
+    norm, attention = ctypes.POINTER(Norm), ctypes.POINTER(Attention)
+    lib.lmt_rms_norm.argtypes = [p, p, n, n, norm]
+    lib.lmt_add_rms_norm.argtypes = [p, p, p, p, n, n, norm]
     lib.lmt_silu_mul.argtypes = [p, n, p, n, n]
     lib.lmt_rotary.argtypes = [p, n, p, p, p, n, n, n]
-    lib.lmt_decode_attention.argtypes = [p, n, n, p, n, n, n, p, n, n, n, p, n, p, n, n, n, n, n, f, p]
+    lib.lmt_decode_attention.argtypes = [attention]
     for fn in (lib.lmt_rms_norm, lib.lmt_add_rms_norm, lib.lmt_silu_mul, lib.lmt_rotary, lib.lmt_decode_attention):
         fn.restype = None
     return lib
+
+
+class Norm(ctypes.Structure):
+    """kernels.c's lmt_norm: an RMSNorm's weight, epsilon and the width of torch's vectors."""
+
+    _fields_ = [("weight", ctypes.c_void_p), ("eps", ctypes.c_float), ("lanes", ctypes.c_int)]
+
+
+class Attention(ctypes.Structure):
+    """kernels.c's lmt_attention: a decode step's attention, its tensors' addresses, strides and shape."""
+
+    _fields_ = [
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("q_stride", ctypes.c_long * 2),
+        ("k_stride", ctypes.c_long * 3),
+        ("v_stride", ctypes.c_long * 3),
+        ("keep", ctypes.c_void_p),
+        ("keep_stride", ctypes.c_long),
+        ("out", ctypes.c_void_p),
+        ("scores", ctypes.c_void_p),
+        ("batch", ctypes.c_long),
+        ("heads", ctypes.c_long),
+        ("kv_heads", ctypes.c_long),
+        ("length", ctypes.c_long),
+        ("d", ctypes.c_long),
+        ("scale", ctypes.c_float),
+    ]

@@ -49,22 +49,29 @@ static float sum_of_squares(const float* x, long n, int lanes) {
     return total;
 }
 
+/* an RMSNorm: its weight (n floats), epsilon, and the width of torch's vectors its sum follows */
+typedef struct {
+    const float* weight;
+    float eps;
+    int lanes;
+} lmt_norm;
+
 /* out = w * (x * rsqrt(mean(x^2) + eps)) per row of n: transformers' LlamaRMSNorm in float32, as
    torch's rms_norm computes it */
-void lmt_rms_norm(const float* x, const float* w, float* out, long rows, long n, float eps, int lanes) {
+void lmt_rms_norm(const float* x, float* out, long rows, long n, const lmt_norm* norm) {
+    const float* w = norm->weight;
     for (long r = 0; r < rows; r++) {
         const float* xr = x + r * n;
         float* o = out + r * n;
-        float rstd = 1.0f / sqrtf(sum_of_squares(xr, n, lanes) / (float)n + eps);
+        float rstd = 1.0f / sqrtf(sum_of_squares(xr, n, norm->lanes) / (float)n + norm->eps);
         for (long i = 0; i < n; i++) o[i] = w[i] * (xr[i] * rstd);
     }
 }
 
 /* h = x + y (the residual stream), out = the RMSNorm of h */
-void lmt_add_rms_norm(const float* x, const float* y, float* h, const float* w, float* out, long rows, long n,
-                      float eps, int lanes) {
+void lmt_add_rms_norm(const float* x, const float* y, float* h, float* out, long rows, long n, const lmt_norm* norm) {
     for (long i = 0; i < rows * n; i++) h[i] = x[i] + y[i];
-    lmt_rms_norm(h, w, out, rows, n, eps, lanes);
+    lmt_rms_norm(h, out, rows, n, norm);
 }
 
 /* out[r, i] = silu(g[i]) * u[i] where row r of gu (stride floats apart) is [g (inter), u (inter)] */
@@ -169,24 +176,33 @@ static void weighted_sum(const float* p, const float* v, long v_sl, long length,
     }
 }
 
-/* One query position's attention (a decode step) for every row and head: softmax(scale q.k) v over
-   the row's keys, query head h reading key/value head h / (heads / kv_heads) (grouped-query).
-   q[b, h] starts at b * q_sb + h * q_sh; k[b, g, l] at b * k_sb + g * k_sh + l * k_sl (v likewise);
-   keep[b * m_sb + l] (bytes, 0: masked out) or keep NULL: every key; out (batch, heads, d);
-   scores: `length` floats of scratch. A row with no key to attend gets zeros. */
-void lmt_decode_attention(const float* q, long q_sb, long q_sh, const float* k, long k_sb, long k_sh, long k_sl,
-                          const float* v, long v_sb, long v_sh, long v_sl, const unsigned char* keep, long m_sb,
-                          float* out, long batch, long heads, long kv_heads, long length, long d, float scale,
-                          float* scores) {
-    long group = heads / kv_heads;
-    for (long b = 0; b < batch; b++) {
-        for (long h = 0; h < heads; h++) {
-            const float* qh = q + b * q_sb + h * q_sh;
-            const float* kh = k + b * k_sb + (h / group) * k_sh;
-            float* o = out + (b * heads + h) * d;
+/* One decode step's attention: its tensors (q[b, h] at b * q_stride[0] + h * q_stride[1]; k[b, g, l]
+   at b * k_stride[0] + g * k_stride[1] + l * k_stride[2], v likewise), keep[b * keep_stride + l]
+   (bytes, 0: masked out; NULL: every key), out (batch, heads, d), `length` floats of scratch */
+typedef struct {
+    const float *q, *k, *v;
+    long q_stride[2], k_stride[3], v_stride[3];
+    const unsigned char* keep;
+    long keep_stride;
+    float *out, *scores;
+    long batch, heads, kv_heads, length, d;
+    float scale;
+} lmt_attention;
+
+/* softmax(scale q.k) v over each row's keys for every row and query head, query head h reading
+   key/value head h / (heads / kv_heads) (grouped-query). A row with no key to attend gets zeros. */
+void lmt_decode_attention(const lmt_attention* a) {
+    long group = a->heads / a->kv_heads, d = a->d, length = a->length;
+    float* scores = a->scores;
+    for (long b = 0; b < a->batch; b++) {
+        for (long h = 0; h < a->heads; h++) {
+            const float* qh = a->q + b * a->q_stride[0] + h * a->q_stride[1];
+            const float* kh = a->k + b * a->k_stride[0] + (h / group) * a->k_stride[1];
+            const unsigned char* keep = a->keep ? a->keep + b * a->keep_stride : 0;
+            float* o = a->out + (b * a->heads + h) * d;
             float top = -INFINITY;
             for (long l = 0; l < length; l++) {
-                scores[l] = keep && !keep[b * m_sb + l] ? -INFINITY : dot(qh, kh + l * k_sl, d) * scale;
+                scores[l] = keep && !keep[l] ? -INFINITY : dot(qh, kh + l * a->k_stride[2], d) * a->scale;
                 if (scores[l] > top) top = scores[l];
             }
             if (top == -INFINITY) {
@@ -195,7 +211,8 @@ void lmt_decode_attention(const float* q, long q_sb, long q_sh, const float* k, 
             }
             float total = exp_shifted(scores, length, top);
             for (long l = 0; l < length; l++) scores[l] /= total;
-            weighted_sum(scores, v + b * v_sb + (h / group) * v_sh, v_sl, length, d, o);
+            const float* vh = a->v + b * a->v_stride[0] + (h / group) * a->v_stride[1];
+            weighted_sum(scores, vh, a->v_stride[2], length, d, o);
         }
     }
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lmtrace.model.fused.build import library
+from lmtrace.model.fused.build import Attention, Norm, library
 
 # the floats in one of torch's vectors on this CPU: RMSNorm sums its squares in torch's order for it
 LANES = 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
@@ -17,7 +17,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x, weight = x.contiguous(), weight.contiguous()
     out = torch.empty_like(x)
     n = x.shape[-1]
-    library().lmt_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps, LANES)
+    library().lmt_rms_norm(x.data_ptr(), out.data_ptr(), x.numel() // n, n, Norm(weight.data_ptr(), eps, LANES))
     return out
 
 
@@ -28,9 +28,8 @@ def add_rms_norm(
     x, y, weight = x.contiguous(), y.contiguous(), weight.contiguous()
     h, out = torch.empty_like(x), torch.empty_like(x)
     n = x.shape[-1]
-    library().lmt_add_rms_norm(
-        x.data_ptr(), y.data_ptr(), h.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps, LANES
-    )
+    norm = Norm(weight.data_ptr(), eps, LANES)
+    library().lmt_add_rms_norm(x.data_ptr(), y.data_ptr(), h.data_ptr(), out.data_ptr(), x.numel() // n, n, norm)
     return h, out
 
 
@@ -83,13 +82,13 @@ def decode_attention(
     keep, keep_stride = _keep(mask, length)
     out = query.new_empty((b, 1, heads, d))
     scores = query.new_empty(length)
-    library().lmt_decode_attention(
-        query.data_ptr(), query.stride(0), query.stride(1),
-        key.data_ptr(), key.stride(0), key.stride(1), key.stride(2),
-        value.data_ptr(), value.stride(0), value.stride(1), value.stride(2),
-        keep.data_ptr() if keep is not None else None, keep_stride,
-        out.data_ptr(), b, heads, kv_heads, length, d, scale, scores.data_ptr(),
-    )  # fmt: skip
+    call = Attention(query.data_ptr(), key.data_ptr(), value.data_ptr())
+    call.q_stride[:] = query.stride()[:2]
+    call.k_stride[:], call.v_stride[:] = key.stride()[:3], value.stride()[:3]
+    call.keep, call.keep_stride = (keep.data_ptr() if keep is not None else None), keep_stride
+    call.out, call.scores = out.data_ptr(), scores.data_ptr()
+    call.batch, call.heads, call.kv_heads, call.length, call.d, call.scale = b, heads, kv_heads, length, d, scale
+    library().lmt_decode_attention(call)
     return out
 
 
