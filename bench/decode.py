@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -84,6 +85,7 @@ class Bench:
     onednn: lmtrace.LM | None = None  # float32, its linear layers on oneDNN (--matmul onednn)
     fused: lmtrace.LM | None = None  # and the layers' small operations in C (--matmul onednn-fused)
     packed: lmtrace.LM | None = None
+    packed_torch: lmtrace.LM | None = None  # the same file on torch's bfloat16 int4 kernel
     step_bytes: dict[str, int] = field(default_factory=dict)
 
 
@@ -194,6 +196,13 @@ def c_packed(b: Bench, batch: int) -> Contender | str:
     if b.packed is None:
         return "packed model not loaded"
     return Contender("lmtrace packed 4-bit (--weights packed)", "packed", lambda p: traced(b.packed, p, b.tokens))
+
+
+def c_packed_torch(b: Bench, batch: int) -> Contender | str:
+    if b.packed_torch is None:
+        return "--no-packed-torch, or no C compiler (packed is torch's kernel already)"
+    name = "lmtrace packed 4-bit, torch's bfloat16 int4 kernel (as without a C compiler)"
+    return Contender(name, "packed-torch", lambda p: traced(b.packed_torch, p, b.tokens))
 
 
 def c_compile(b: Bench, batch: int) -> Contender | str:
@@ -307,6 +316,7 @@ CONTENDERS = [
     c_speculative_compiled,
     c_bfloat16,
     c_packed,
+    c_packed_torch,
     c_compile,
     *map(_inside, INSIDE),
     c_llama_cpp,
@@ -353,7 +363,8 @@ def fidelity(bench: Bench, n: int) -> dict[str, dict]:
     from lmtrace.scoring.teacher.verify import cached_greedy, float32_cost
 
     found = {}
-    for label, lm in (("bfloat16", bench.bf16), ("packed", bench.packed)):
+    runs = (("bfloat16", bench.bf16), ("packed", bench.packed), ("packed, torch's kernel", bench.packed_torch))
+    for label, lm in runs:
         if lm is None:
             continue
         worst, diffs, agree, steps = 0.0, 0.0, 0.0, 0
@@ -429,11 +440,16 @@ def load_all(args) -> Bench:
     if not args.no_packed:
         started = time.perf_counter()
         bench.packed = lmtrace.load(source, device="cpu", dtype="float32", weights="packed")
+        from lmtrace.model.gguf import packed
         from lmtrace.model.gguf.packed import report_of
 
         bench.packed_types = report_of(bench.packed.model).types()
         bench.step_bytes["packed"] = weights_read_per_token(bench.packed.model)
         bench.packed_load_s = time.perf_counter() - started
+        if not args.no_packed_torch and packed.default_compute() == torch.float32:
+            with mock.patch.object(packed, "default_compute", lambda: torch.bfloat16):
+                bench.packed_torch = lmtrace.load(source, device="cpu", dtype="float32", weights="packed")
+            bench.step_bytes["packed-torch"] = weights_read_per_token(bench.packed_torch.model)
     return bench
 
 
@@ -451,6 +467,8 @@ def main() -> None:
     ap.add_argument("--no-onednn", action="store_true", help="skip the float32 --matmul onednn contender")
     ap.add_argument("--no-fused", action="store_true", help="skip the float32 --matmul onednn-fused contender")
     ap.add_argument("--no-packed", action="store_true", help="skip the packed 4-bit contender")
+    ap.add_argument("--no-packed-torch", action="store_true",
+                    help="skip packed 4-bit on torch's bfloat16 int4 kernel (what runs without a C compiler)")
     ap.add_argument("--no-compile", action="store_true", help="skip lmtrace --compile (a one-off compile)")
     ap.add_argument("--inside", action="store_true", help="also time --lens, --attention and both")
     ap.add_argument("--fidelity-tokens", type=int, default=32, help="greedy steps per prompt for the fidelity check")

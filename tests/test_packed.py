@@ -127,14 +127,15 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def tiny_packed(tmp_path_factory):
-    """(float model as loaded, the same model packed with float32 and bfloat16 kernels, report)."""
+    """(float model as loaded, the same model packed with float32 (lmtrace's C kernel) and bfloat16
+    (torch's int4 kernel) activations, the bfloat16 one's report)."""
     import copy
 
     path = tmp_path_factory.mktemp("packed") / "tiny.gguf"
     model = _tiny_gguf(path)
     exact, fast = copy.deepcopy(model), copy.deepcopy(model)
     packed.pack_gguf(exact, path, compute_dtype=torch.float32)
-    report = packed.pack_gguf(fast, path)
+    report = packed.pack_gguf(fast, path, compute_dtype=torch.bfloat16)
     return model, exact, fast, report
 
 
@@ -263,23 +264,26 @@ def test_cli_verify_packed_on_the_bundled_model(capsys):
     assert "packed weights: 211 of 211 linear layers (Q4_1 x210, Q8_0 x1;" in out.err
 
 
-def test_fused_mlp_gives_the_same_numbers(tiny_packed):
-    """gate and up stacked into one kernel call: the same logits, bit for bit, as separate calls,
-    and float_reference still rebuilds the float model."""
+@pytest.mark.parametrize("kernel", ["lmtrace-int4c", "torch-int4"])
+def test_fused_mlp_gives_the_same_numbers(tiny_packed, kernel):
+    """gate and up stacked into one kernel call: the same logits, bit for bit, as separate calls
+    (either kernel), and float_reference still rebuilds the float model."""
     import copy
 
     from lmtrace.model.gguf.fused import FusedMLP
 
-    model, _, fast, report = tiny_packed
-    assert report.fused == 2 and all(isinstance(layer.mlp, FusedMLP) for layer in fast.model.layers)
-    assert type(fast.model.layers[0].self_attn.q_proj) is packed.PackedLinear
+    model, exact, fast, report = tiny_packed
+    together = exact if kernel == "lmtrace-int4c" else fast
+    compute = torch.float32 if kernel == "lmtrace-int4c" else torch.bfloat16
+    assert report.fused == 2 and all(isinstance(layer.mlp, FusedMLP) for layer in together.model.layers)
+    assert type(together.model.layers[0].self_attn.q_proj) is packed.PackedLinear
     apart = copy.deepcopy(model)
-    packed.pack_gguf(apart, report.path, fuse=False)
+    packed.pack_gguf(apart, report.path, compute_dtype=compute, fuse=False)
     assert not any(isinstance(m, FusedMLP) for m in apart.modules())
     ids = torch.randint(0, 320, (2, 7))
     with torch.inference_mode():
-        assert torch.equal(fast(ids).logits, apart(ids).logits)
-        assert torch.equal(fast(ids[:1, :1]).logits, apart(ids[:1, :1]).logits)  # one token, as a decode step
+        assert torch.equal(together(ids).logits, apart(ids).logits)
+        assert torch.equal(together(ids[:1, :1]).logits, apart(ids[:1, :1]).logits)  # one token, as a decode step
 
 
 def test_a_file_with_nothing_to_pack_is_refused(tmp_path, tiny_tok, monkeypatch, capsys):

@@ -103,24 +103,26 @@ def test_q4_k_offsets_that_would_round_take_a_second_piece():
     assert torch.equal(form.dequantize(), torch.from_numpy(dequantize(raw, Q.Q4_K).reshape(16, 256).copy()))
 
 
-def test_a_large_tensor_is_packed_in_row_chunks(written, monkeypatch):
-    """Rows converted CHUNK_ROWS at a time (the kernel packs 64-row blocks on their own, then a
-    32-row tail): the same packed buffers, and matmul, as the tensor converted whole."""
+@pytest.mark.parametrize("compute", [torch.bfloat16, torch.float32], ids=["torch-int4", "lmtrace-int4c"])
+def test_a_large_tensor_is_packed_in_row_chunks(written, monkeypatch, compute):
+    """Rows converted CHUNK_ROWS at a time (torch's kernel packs 64-row blocks on their own, then a
+    32-row tail; lmtrace's panels of 64 columns): the same packed buffers, and matmul, as the
+    tensor converted whole, in either kernel's form."""
     from types import SimpleNamespace
 
     from lmtrace.model.gguf.names import Found
 
     tensor = SimpleNamespace(data=np.concatenate([written["Q5_0"].data] * 3), tensor_type=Q.Q5_0)  # 144 rows
-    whole = packed.PackedLinear(int4_form("Q5_0", tensor.data, 3 * OUT, IN), None, torch.float32, "Q5_0")
+    whole = packed.PackedLinear(int4_form("Q5_0", tensor.data, 3 * OUT, IN), None, compute, "Q5_0")
     monkeypatch.setattr(packed, "CHUNK_ROWS", 64)
     parts = list(packed._forms(Found(tensor, None), 3 * OUT, IN))
     assert [f.codes.shape[0] for f in parts] == [64, 64, 16]
-    chunked = packed.PackedLinear(iter(parts), None, torch.float32, "Q5_0", rows=3 * OUT)
+    chunked = packed.PackedLinear(iter(parts), None, compute, "Q5_0", rows=3 * OUT)
     assert torch.equal(chunked.packed, whole.packed) and torch.equal(chunked.scale_zeros, whole.scale_zeros)
     x = torch.randn(3, IN, generator=torch.Generator().manual_seed(0))
     assert torch.equal(chunked(x), whole(x))
     with pytest.raises(ValueError, match="multiple of 64"):  # 32-row chunks would be packed otherwise
-        packed.PackedLinear(iter([parts[0], parts[2], parts[1]]), None, torch.float32, "Q5_0", rows=3 * OUT)
+        packed.PackedLinear(iter([parts[0], parts[2], parts[1]]), None, compute, "Q5_0", rows=3 * OUT)
 
 
 def test_row_chunks_must_add_up_to_the_rows_announced(written, monkeypatch):

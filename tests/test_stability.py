@@ -190,7 +190,7 @@ def test_packed_weights_of_a_gguf_against_an_independent_load(tmp_path, tiny_tok
     base = along(plain(lm.model, ids + tokens, len(ids)), tokens)
     for s, x, b in zip(v["steps"], lp, base):
         assert abs(s["logprob"] - x) <= TOL and abs(s["delta"] - (x - b)) <= TOL
-    assert v["max_abs_delta"] > 1e-5  # bfloat16 activations: a real change
+    assert v["max_abs_delta"] > 0  # the packed kernel sums in its own order: a change, float32-sized here
     assert v["first_divergence"] == first_divergence(tokens, hf_tokens(other, [ids], lm, 8))
 
 

@@ -87,8 +87,9 @@ def _choice(flag: str, choices: list[str], help: str) -> Callable:
 def weights_option(f):
     """Adds --weights: float (the default) or packed (a GGUF's own 4-bit weights, CPU)."""
     return _choice("--weights", ["float", "packed"],
-                   "packed: run a .gguf's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU, bfloat16 activations) "
-                   "instead of dequantizing them to --dtype.")(f)  # fmt: skip
+                   "packed: run a .gguf's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU; float32 activations "
+                   "through lmtrace's C kernel, bfloat16 without a C compiler) instead of dequantizing them "
+                   "to --dtype.")(f)  # fmt: skip
 
 
 def matmul_option(f):

@@ -22,7 +22,7 @@ class ArchSummary:
     device: str | None = None
     parameters: int | None = None
     # how the linear layers' weights are held where not plain `dtype` tensors: e.g.
-    # "packed 4-bit (Q4_1 x210, Q8_0 x1), bfloat16 activations" (lmtrace.model.gguf.packed)
+    # "packed 4-bit (Q4_1 x210, Q8_0 x1), float32 activations" (lmtrace.model.gguf.packed)
     weights: str | None = None
     # the layers that attend over a sliding window, where some do: "15 of 18 layers, window 512"
     sliding: str | None = None

@@ -1,4 +1,5 @@
-"""Compiles kernels.c once per source, compiler flags and CPU into lmtrace's cache and loads it."""
+"""Compiles kernels.c and int4.c once per source, compiler flags and CPU into lmtrace's cache and
+loads them as one library."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from pathlib import Path
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.gguf.converted import cache_root
 
-SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
+SOURCES = [Path(__file__).with_name(name) for name in ("kernels.c", "int4.c")]
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC", "-pthread"]
 # with glibc's vector math library SiLU's exp runs on 8 lanes; without it (another libc) on one
 VECTOR = (["-DLMT_MVEC"], ["-lmvec", "-lm"])
 SCALAR = ([], ["-lm"])
@@ -46,7 +47,8 @@ def _cpu() -> str:
 
 
 def _key(cc: str) -> str:
-    parts = [SOURCE.read_bytes(), " ".join(FLAGS).encode(), cc.encode(), _cpu().encode(), platform.machine().encode()]
+    sources = [source.read_bytes() for source in SOURCES]
+    parts = [*sources, " ".join(FLAGS).encode(), cc.encode(), _cpu().encode(), platform.machine().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
@@ -59,7 +61,7 @@ def _compile(cc: str, out: Path) -> None:
     try:
         for defines, libs in (VECTOR, SCALAR):
             try:
-                command = [cc, *FLAGS, *defines, str(SOURCE), "-o", tmp, *libs]
+                command = [cc, *FLAGS, *defines, *map(str, SOURCES), "-o", tmp, *libs]
                 run = subprocess.run(command, capture_output=True, text=True)
             except OSError as e:
                 errors.append([str(e)])
@@ -89,7 +91,15 @@ def library() -> ctypes.CDLL:
     lib.lmt_silu_mul.argtypes = [p, n, p, n, n]
     lib.lmt_rotary.argtypes = [p, n, p, p, p, n, n, n]
     lib.lmt_decode_attention.argtypes = [attention]
-    for fn in (lib.lmt_rms_norm, lib.lmt_add_rms_norm, lib.lmt_silu_mul, lib.lmt_rotary, lib.lmt_decode_attention):
+    lib.lmt_int4_mm.argtypes = [ctypes.POINTER(Int4), ctypes.c_int]
+    for fn in (
+        lib.lmt_rms_norm,
+        lib.lmt_add_rms_norm,
+        lib.lmt_silu_mul,
+        lib.lmt_rotary,
+        lib.lmt_decode_attention,
+        lib.lmt_int4_mm,
+    ):
         fn.restype = None
     return lib
 
@@ -120,4 +130,20 @@ class Attention(ctypes.Structure):
         ("length", ctypes.c_long),
         ("d", ctypes.c_long),
         ("scale", ctypes.c_float),
+    ]
+
+
+class Int4(ctypes.Structure):
+    """int4.c's lmt_int4: a packed GGUF layer's product, its input, 4-bit codes, scales and zeros."""
+
+    _fields_ = [
+        ("x", ctypes.c_void_p),
+        ("rows", ctypes.c_long),
+        ("in_features", ctypes.c_long),
+        ("codes", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("zeros", ctypes.c_void_p),
+        ("panels", ctypes.c_long),
+        ("pieces", ctypes.c_int),
+        ("y", ctypes.c_void_p),
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lmtrace.model.fused.build import Attention, Norm, library
+from lmtrace.model.fused.build import Attention, Int4, Norm, library
 
 # the floats in one of torch's vectors on this CPU: RMSNorm sums its squares in torch's order for it
 LANES = 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
@@ -99,3 +99,41 @@ def _keep(mask: torch.Tensor | None, length: int) -> tuple[torch.Tensor | None, 
     keep = mask.reshape(mask.shape[0], length)
     keep = keep if keep.stride(-1) == 1 else keep.contiguous()
     return keep, keep.stride(0) if keep.shape[0] > 1 else 0
+
+
+SERIAL_WORK = 1 << 24  # multiply-adds under which a product runs on one thread (a thread costs more)
+
+
+def int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int) -> torch.Tensor:
+    """x (rows, in) float32 times a packed GGUF layer's weights in panels of 64 output columns
+    (lmtrace.model.gguf.nibbles): codes (panels, pieces * in * 32) uint8, scales_zeros (2, panels,
+    pieces * in / 32 * 64) float32; (rows, panels * 64) float32, each element computed the same way
+    whatever the rows or threads. Inside torch.compile it is one opaque operation
+    (`torch.ops.lmtrace.int4_mm`)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.lmtrace.int4_mm(x, codes, scales_zeros, pieces)
+    return _int4_mm(x, codes, scales_zeros, pieces)
+
+
+def _int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int) -> torch.Tensor:
+    x = x.contiguous()
+    rows, width = x.shape
+    panels = codes.shape[0]
+    y = x.new_empty((rows, panels * 64))
+    threads = torch.get_num_threads() if rows * width * pieces * panels * 64 >= SERIAL_WORK else 1
+    scales, zeros = scales_zeros[0], scales_zeros[1]
+    product = Int4(
+        x.data_ptr(), rows, width, codes.data_ptr(), scales.data_ptr(), zeros.data_ptr(), panels, pieces, y.data_ptr()
+    )
+    library().lmt_int4_mm(product, threads)
+    return y
+
+
+@torch.library.custom_op("lmtrace::int4_mm", mutates_args=())
+def _int4_mm_op(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int) -> torch.Tensor:
+    return _int4_mm(x, codes, scales_zeros, pieces)
+
+
+@_int4_mm_op.register_fake
+def _int4_mm_shape(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], codes.shape[0] * 64))

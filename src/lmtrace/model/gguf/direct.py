@@ -98,7 +98,7 @@ def fill_float(model: nn.Module, reader: Any, report: PackReport | None = None) 
     return sum(p.numel() * p.element_size() for p in params.values())
 
 
-def load_packed(config: Any, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+def load_packed(config: Any, path: str | Path, compute_dtype: torch.dtype | None = None) -> nn.Module:
     """The model of `config` with its linear layers packed from the GGUF at `path` and the rest
     dequantized from it; no float32 copy of the packed layers is ever made."""
     from transformers import AutoModelForCausalLM

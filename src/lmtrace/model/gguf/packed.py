@@ -6,9 +6,12 @@ with torch's CPU weight-only kernel (`aten._weight_int4pack_mm_for_cpu`). A tens
 type (F16, Q2_K, …) keeps its dequantized float weights, and the report says which and why; a
 file none of whose linear layers packs is refused, never run in float under the packed name.
 
-The kernel's vectorized (AVX2/AVX-512) path takes bfloat16 activations, scales and zeros and
-accumulates in float32, so by default each packed matmul rounds its input, scales and zeros to
-bfloat16 (`compute_dtype`); with float32 it runs torch's scalar path on the exact weights."""
+Two kernels, by `compute_dtype`: with float32 (what `lmtrace.load(weights="packed")` picks where a
+C compiler is at hand, `default_compute()`) lmtrace's own C kernel (model/fused/int4.c, on the form
+of model/gguf/nibbles.py) multiplies float32 inputs by the exact weights: the float32 model's
+products within float32 rounding (torch's scalar path where the C kernel cannot be built). With
+bfloat16 torch's vectorized (AVX2/AVX-512) path rounds each input, scale and zero to bfloat16 and
+accumulates in float32; its lm_head recomputes each step's best logits in float32 (PackedHead)."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from lmtrace.errors import InvalidParameter
 from lmtrace.model.gguf.blocks import GROUP, Int4Form, int4_form, permute_rows
 from lmtrace.model.gguf.embedding import PackedEmbedding
 from lmtrace.model.gguf.names import Found, linear_tensors
+from lmtrace.model.gguf.nibbles import kernel_available, nibble_chunks
 from lmtrace.model.gguf.report import PackReport, report_of
 from lmtrace.model.gguf.tensors import GGUFTensors, release, trim_heap
 
@@ -127,9 +131,12 @@ class PackedLinear(nn.Module):
         self.in_features, self.pieces = first.in_features, first.pieces
         self.compute_dtype, self.kind = compute_dtype, kind
         self.out_features = first.codes.shape[0] if rows is None else rows  # rows: all chunks' (given chunks)
-        packed, scale_zeros = _packed_chunks(
-            itertools.chain([first], forms), self.pieces, compute_dtype, self.out_features
-        )
+        self.own_kernel = compute_dtype == torch.float32 and kernel_available()  # int4.c, else torch's
+        chunks = itertools.chain([first], forms)
+        if self.own_kernel:  # (out, groups * 16) codes, (2, out, groups) scales and offsets
+            packed, scale_zeros = nibble_chunks(chunks, self.pieces, self.out_features)
+        else:  # torch's int4 form: (padded out, pieces * in / 2), (groups, padded out, 2)
+            packed, scale_zeros = _packed_chunks(chunks, self.pieces, compute_dtype, self.out_features)
         self.register_buffer("packed", packed)
         self.register_buffer("scale_zeros", scale_zeros)
         self.source, self.order = source, order  # the GGUF tensor's name and row order (float_reference)
@@ -143,13 +150,20 @@ class PackedLinear(nn.Module):
         """The input as the kernel reads it: (..., in) -> (rows, pieces * in) in the compute dtype
         (layers of one input, such as q/k/v, can share it: lmtrace.model.layer_path)."""
         flat = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)  # (..., in) -> (rows, in)
+        if self.own_kernel:  # the C kernel reads each piece's input from the one row
+            return flat.contiguous()
         if self.pieces > 1:  # one copy of the input per piece: (rows, in) -> (rows, pieces * in)
             flat = flat.repeat(1, self.pieces)
         return flat.contiguous()
 
     def product(self, flat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """(rows, out) in `dtype` for a `prepared` input: the layer's output, bias added."""
-        out = int4_mm(flat, self.packed, self.scale_zeros)
+        if self.own_kernel:
+            from lmtrace.model.fused import ops
+
+            out = ops.int4_mm(flat, self.packed, self.scale_zeros, self.pieces)
+        else:
+            out = int4_mm(flat, self.packed, self.scale_zeros)
         if out.shape[-1] != self.out_features:  # (rows, padded out) -> (rows, out)
             out = out[:, : self.out_features]
         out = out.to(dtype)
@@ -161,7 +175,7 @@ class PackedLinear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"{self.kind}, in={self.in_features}, out={self.out_features}, pieces={self.pieces}, "
-            f"compute={self.compute_dtype}"
+            f"compute={self.compute_dtype}, kernel={'lmtrace int4.c' if self.own_kernel else 'torch int4'}"
         )
 
 
@@ -219,6 +233,12 @@ class PackedHead(PackedLinear):
             return logits.scatter(-1, idx, exact.to(logits.dtype)).reshape(coarse.shape)
 
 
+def default_compute() -> torch.dtype:
+    """float32 where lmtrace's C kernel can be built (a C compiler: the float32 model's products,
+    faster than torch's bfloat16 kernel here), else bfloat16 (torch's vectorized int4 kernel)."""
+    return torch.float32 if kernel_available() else torch.bfloat16
+
+
 def _form(found: Found, out_features: int, in_features: int) -> Int4Form:
     if found.note:
         raise ValueError(found.note)
@@ -274,7 +294,7 @@ def _pack_one(model: nn.Module, module: nn.Linear, found: Found, compute: torch.
 def pack_gguf(
     model: nn.Module,
     path: str | Path,
-    compute_dtype: torch.dtype = torch.bfloat16,
+    compute_dtype: torch.dtype | None = None,
     fuse: bool = True,
     check: bool = True,
     before_fuse: Callable[[nn.Module, PackReport], None] | None = None,
@@ -285,6 +305,7 @@ def pack_gguf(
     float weights. With `fuse`, gate/up then run as one kernel call (model/gguf/fused.py).
     Raises InvalidParameter when no linear layer packs: a float model is never labelled packed."""
     started = time.perf_counter()
+    compute_dtype = default_compute() if compute_dtype is None else compute_dtype
     reader = GGUFTensors(path)
     found, arch = linear_tensors(model, reader)
     report = PackReport(compute_dtype=str(compute_dtype).replace("torch.", ""), path=str(path), architecture=arch)

@@ -49,7 +49,7 @@ class PackReport:
         return text
 
     def short(self) -> str:
-        """e.g. "packed (Q4_1 x210, Q8_0 x1), bfloat16 activations; kept float: 1" """
+        """e.g. "packed (Q4_1 x210, Q8_0 x1), float32 activations; kept float: 1" """
         text = f"packed ({self.types()}), {self.compute_dtype} activations"
         return text + (f"; kept float: {len(self.kept_float)}" if self.kept_float else "")
 

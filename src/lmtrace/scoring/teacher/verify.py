@@ -41,7 +41,7 @@ class VerifyReport:
     float32_mean_logprob_diff: float | None = None
     float32_top1_agreement: float | None = None
     weights: str = "float"  # "packed": a GGUF's own 4-bit weights (lmtrace.model.gguf.packed)
-    # with packed weights, what ran packed: "packed (Q4_K x27, Q5_0 x81, …), bfloat16 activations"
+    # with packed weights, what ran packed: "packed (Q4_K x27, Q5_0 x81, …), float32 activations"
     packed: str | None = None
 
     @property

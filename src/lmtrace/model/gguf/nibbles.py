@@ -1,0 +1,73 @@
+"""The form lmtrace's own C kernel reads a packed GGUF layer in (lmtrace/model/fused/int4.c), made
+from the same Int4Form pieces as torch's int4 kernel's (model/gguf/blocks.py): output columns in
+panels of 64 (the last padded with weights 0), and per panel, for each position along the (pieces
+side by side) input, 32 bytes of 4-bit codes (byte j: column j's code in its low nibble, column
+j + 32's in its high one); per panel and group of 32 positions, the 64 columns' float32 scales S and
+zeros Z, the weight being (c - 8) * S + Z. The kernel makes each weight with one rounding, so a
+one-piece type's are gguf's own dequantized values, and multiplies float32 inputs without rounding
+them (torch's int4 kernel rounds every input, scale and zero to bfloat16)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from lmtrace.errors import InvalidParameter
+from lmtrace.model.gguf.blocks import GROUP, Int4Form
+
+PANEL = 64  # output columns the kernel makes together (int4.c's PANEL)
+
+
+def kernel_available() -> bool:
+    """Whether the C kernel can run here: a C compiler builds it (once, into lmtrace's cache)."""
+    from lmtrace.model.fused.build import library
+
+    try:
+        library()
+    except InvalidParameter:
+        return False
+    return True
+
+
+def nibbles(form: Int4Form) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes (panels, positions * 32) uint8, scales and zeros (2, panels, groups * 64) float32) of
+    one form: positions = pieces * in, groups = positions / 32."""
+    out, positions = form.codes.shape
+    extra = -out % PANEL
+    codes = form.codes.to(torch.uint8)
+    scales_zeros = torch.stack([form.scales, form.zeros])  # (2, groups, out)
+    if extra:  # code 8, scale 0, zero 0: weight 0
+        codes = torch.cat([codes, codes.new_full((extra, positions), 8)])
+        scales_zeros = torch.cat([scales_zeros, scales_zeros.new_zeros((2, scales_zeros.shape[1], extra))], 2)
+    panels = (out + extra) // PANEL
+    codes = codes.reshape(panels, PANEL, positions).transpose(1, 2)  # (panels, positions, 64)
+    packed = (codes[..., :32] | (codes[..., 32:] << 4)).reshape(panels, -1)
+    groups = positions // GROUP
+    scales_zeros = scales_zeros.reshape(2, groups, panels, PANEL).transpose(1, 2).reshape(2, panels, -1)
+    return packed.contiguous(), scales_zeros.contiguous()
+
+
+def nibble_chunks(forms: Iterable[Int4Form], pieces: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The C form of `rows` rows given in chunks (each a multiple of 64 rows but the last), copied
+    into buffers made once."""
+    codes = scales_zeros = None
+    done, panels = 0, -(-rows // PANEL)
+    for part in forms:
+        if part.pieces != pieces:
+            raise ValueError("row chunks of different pieces")
+        if done % PANEL:
+            raise ValueError(f"a row chunk after {done} rows: chunks but the last must be a multiple of 64 rows")
+        c, sz = nibbles(part)
+        if codes is None or scales_zeros is None:
+            codes = c.new_empty((panels, c.shape[1]))
+            scales_zeros = sz.new_empty((2, panels, sz.shape[2]))
+        at = done // PANEL
+        if at + len(c) > panels:
+            raise ValueError(f"row chunks of more than the layer's {rows} rows")
+        codes[at : at + len(c)] = c
+        scales_zeros[:, at : at + len(c)] = sz
+        done += part.codes.shape[0]
+    if done != rows or codes is None or scales_zeros is None:
+        raise ValueError(f"row chunks of {done} rows for a layer of {rows}")
+    return codes, scales_zeros

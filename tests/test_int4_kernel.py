@@ -1,0 +1,79 @@
+"""lmtrace's own C kernel for packed GGUF layers (lmtrace/model/fused/int4.c): float32 inputs, the
+exact weights; each output element computed one way whatever the rows or threads of the call;
+opaque inside torch.compile; and, without a C compiler, torch's kernels as before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quantize
+
+from lmtrace.model.fused import build, ops
+from lmtrace.model.gguf import nibbles, packed
+from lmtrace.model.gguf.blocks import int4_form
+
+OUT, IN = 40, 352  # 11 groups of 32: an odd count, and a vector's worth of groups plus a tail
+
+
+def _layer(type_name: str, compute: torch.dtype = torch.float32) -> tuple[packed.PackedLinear, torch.Tensor]:
+    """(a packed layer of `type_name`, its dequantized float32 weight)."""
+    w = np.random.default_rng(0).normal(0, 0.05, (OUT, IN)).astype(np.float32)
+    raw = quantize(w, Q[type_name])
+    weight = torch.from_numpy(dequantize(raw, Q[type_name]).reshape(OUT, IN).copy())
+    return packed.PackedLinear(int4_form(type_name, raw, OUT, IN), None, compute, type_name), weight
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q5_1"])  # 1 and 2 pieces
+def test_the_float32_product_of_the_exact_weights(type_name):
+    layer, w = _layer(type_name)
+    assert layer.own_kernel and "int4.c" in repr(layer)
+    x = torch.randn(5, IN, generator=torch.Generator().manual_seed(1))
+    want = (x.double() @ w.double().t()).float()
+    got = layer(x)
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5  # float32 rounding
+    coarse, _ = _layer(type_name, torch.bfloat16)  # torch's kernel rounds inputs to bfloat16: far coarser
+    assert ((coarse(x) - want).abs().max() / want.abs().max()).item() > 1e-4
+
+
+def test_each_row_the_same_alone_in_a_batch_or_on_threads(monkeypatch):
+    """Rows in blocks of 4 share the codes' unpacking; a row's sums never depend on the block, the
+    batch or the threads the columns are split over."""
+    layer, _ = _layer("Q4_1")
+    x = torch.randn(7, IN, generator=torch.Generator().manual_seed(2))
+    together = layer(x)
+    for i in range(7):
+        assert torch.equal(layer(x[i : i + 1]), together[i : i + 1])
+    assert torch.equal(layer(x[2:6]), together[2:6])
+    monkeypatch.setattr(ops, "SERIAL_WORK", 1)  # every call on all of torch's threads
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        assert torch.equal(layer(x), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_compiled_as_one_opaque_operation():
+    layer, _ = _layer("Q4_0")
+    x = torch.randn(3, IN, generator=torch.Generator().manual_seed(3))
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x), layer(x))
+
+
+def test_no_compiler_keeps_torchs_kernels(monkeypatch, tmp_path):
+    """Without a C compiler: float32 layers run torch's scalar int4 path (the same weights, within
+    float32 rounding), and a packed load's default is torch's bfloat16 kernel, as before."""
+    monkeypatch.setenv("LMTRACE_CACHE", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    build.library.cache_clear()
+    try:
+        assert not nibbles.kernel_available() and packed.default_compute() == torch.bfloat16
+        layer, w = _layer("Q4_1")
+        assert not layer.own_kernel and "torch int4" in repr(layer)
+        x = torch.randn(2, IN, generator=torch.Generator().manual_seed(4))
+        torch.testing.assert_close(layer(x), x @ w.t(), rtol=1e-5, atol=1e-6)
+        assert list(tmp_path.iterdir()) == []  # nothing half-written
+    finally:
+        build.library.cache_clear()
