@@ -79,19 +79,44 @@ def tiny_gguf(tmp_path_factory, tiny_tok):
         yield write_tiny_gguf(tmp_path_factory.mktemp("static") / "tiny.gguf", tiny_tok, qtype="Q4_1")
 
 
-def test_a_packed_load_does_not_compile(tiny_gguf, capsys):
-    """`weights="packed"` with compile is refused in one line naming both (before loading in the
-    CLI): the kernel rounds each layer's input to bfloat16, so the compiled graph's float32
-    rounding moved the bundled model's packed logprobs by up to 0.09 (docs/performance.md); a
-    packed draft still compiles (below)."""
+def test_a_packed_load_compiles_on_lmtraces_kernel(tiny_gguf, capsys):
+    """`weights="packed"` on lmtrace's own kernel (float32 inputs; a C compiler here) compiles, the
+    kernel one opaque operation in the graph: the eager packed path's ids, its numbers within 5e-5;
+    the CLI no longer refuses it before loading."""
     from lmtrace.cli import main
 
     lm = lmtrace.load(str(tiny_gguf), device="cpu", dtype="float32", weights="packed")
-    with pytest.raises(lmtrace.InvalidParameter, match="compile: not with weights packed"):
-        lmtrace.generate(lm, PROMPTS[0], max_new_tokens=2, compile=True)
+    assert lm.model.lmtrace_packed.compute_dtype == "float32"
+    kw = {"max_new_tokens": 8, "stop_on_eos": False, "temperature": 0, "top_logprobs": 3}
+    plain = lmtrace.generate(lm, PROMPTS, **kw)
+    compiled = lmtrace.generate(lm, PROMPTS, compile=True, **kw)
+    for a, b in zip(plain, compiled):
+        assert_close(a, b)
+        assert b.model["config"]["compile"] == static.described(static.STEP, "cpu")
     assert main(["generate", "x", "--model", "/nonexistent", "--weights", "packed", "--compile"]) == 2
+    assert "compile" not in capsys.readouterr().err  # the missing model is the one line, not the pair
+
+
+def test_a_load_packed_for_torchs_kernel_does_not_compile(tiny_gguf, capsys, monkeypatch, tmp_path):
+    """Without a C compiler the packed layers run torch's int4 kernel on bfloat16 inputs, and
+    compile is refused in one line naming both (before loading in the CLI): the compiled graph's
+    float32 rounding moved the bundled model's packed logprobs by up to 0.09 there; a packed draft
+    still compiles (below)."""
+    from lmtrace.cli import main
+    from lmtrace.model.fused import build
+
+    monkeypatch.setenv("LMTRACE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    build.library.cache_clear()
+    try:
+        lm = lmtrace.load(str(tiny_gguf), device="cpu", dtype="float32", weights="packed")
+        with pytest.raises(lmtrace.InvalidParameter, match="compile: not with weights packed on torch's int4"):
+            lmtrace.generate(lm, PROMPTS[0], max_new_tokens=2, compile=True)
+        assert main(["generate", "x", "--model", "/nonexistent", "--weights", "packed", "--compile"]) == 2
+    finally:
+        build.library.cache_clear()
     err = capsys.readouterr().err
-    assert "compile: not with --weights packed" in err and "Traceback" not in err
+    assert "compile: not with --weights packed on torch's int4 kernel" in err and "Traceback" not in err
 
 
 @pytest.fixture(scope="module")

@@ -53,7 +53,9 @@ def described(kind: str, device: torch.device | str) -> str:
 def check(model: Any, option: str = "compile") -> None:
     """Refuses, in one line, a model whose kernels torch.compile cannot trace: the oneDNN
     linear layers (`matmul="onednn"`: Inductor cannot lower mkldnn's fused linear); and, but for
-    a draft, a packed load, whose compiled numbers would leave the opt-in bound (PACKED)."""
+    a draft, a load packed for torch's bfloat16 int4 kernel, whose compiled numbers would leave the
+    opt-in bound (PACKED). A load packed for lmtrace's own kernel (float32 inputs) compiles, the
+    kernel one opaque operation in the graph."""
     if invariant_mode.active(model):
         raise InvalidParameter(
             f"{option}: compile cannot be combined with batch_invariant (Inductor cannot lower its oneDNN "
@@ -64,17 +66,19 @@ def check(model: Any, option: str = "compile") -> None:
         raise InvalidParameter(
             f"{option}: compile cannot be combined with matmul {matmul.split()[0]}; load without matmul to compile"
         )
-    if option != "draft" and getattr(model, "lmtrace_packed", None) is not None:
+    packed = getattr(model, "lmtrace_packed", None)
+    if option != "draft" and packed is not None and packed.compute_dtype != "float32":
         raise InvalidParameter(PACKED)
 
 
-# A packed layer rounds its input to bfloat16 for torch's int4 kernel: the compiled graph's float32
+# A layer packed for torch's int4 kernel rounds its input to bfloat16: the compiled graph's float32
 # rounding, 1e-7 apart from eager's, flips some of those roundings, and the packed path's logprobs
 # move by up to 0.1 (bundled model) where an opt-in path may move them 5e-5. A packed draft's
 # numbers never reach the trace (the target verifies each proposal): it compiles.
 PACKED = (
-    "compile: not with weights packed (the kernel's bfloat16 inputs turn the compiled graph's rounding "
-    "into logprobs up to 0.1 apart from the packed path's); a packed draft compiles: --draft packed --compile"
+    "compile: not with weights packed on torch's int4 kernel (no C compiler for lmtrace's: its bfloat16 inputs "
+    "turn the compiled graph's rounding into logprobs up to 0.1 apart from the packed path's); a packed draft "
+    "compiles: --draft packed --compile"
 )
 
 

@@ -20,14 +20,15 @@
 #define PANEL 64 /* output columns made together */
 #define CHUNK 128 /* input positions of a panel in the buffer at once (32 KB) */
 
-/* one product: x (rows, in) float32; codes (panels, pieces * in, 32) bytes (byte j: column j's code
-   in its low nibble, column j + 32's in its high one); scales and zeros (panels, pieces * in / 32,
-   64) float32; y (rows, panels * 64) float32 */
+/* one product: x (rows, in) float32; codes (panels, pieces * in / 8, 8, 8) uint32: for each panel,
+   run of 8 input positions and block of 8 columns, one 32-bit word per column whose nibble j holds
+   (c ^ 8) for position j of the run (read back as a signed nibble it is c - 8); scales and zeros
+   (panels, pieces * in / 32, 64) float32; y (rows, panels * 64) float32 */
 typedef struct {
     const float* x;
     long rows;
     long in;
-    const uint8_t* codes;
+    const uint32_t* codes;
     const float* scales;
     const float* zeros;
     long panels;
@@ -35,40 +36,40 @@ typedef struct {
     float* y;
 } lmt_int4;
 
+/* c - 8 of position j of a run, for the 8 columns of a word vector: the nibble moved to the top,
+   then shifted back with its sign */
+#define CODE(v, j) _mm256_srai_epi32(_mm256_slli_epi32((v), 28 - 4 * (j)), 28)
+
+/* the codes of a panel's run of 8 positions starting at input position k of piece p */
+static inline const uint32_t* run_codes(const lmt_int4* a, long panel, int p, long k) {
+    const long k_all = a->pieces * a->in;
+    return a->codes + ((panel * k_all + p * a->in + k) / 8) * PANEL;
+}
+
 /* the panel's weights at input positions k0 .. k0 + n of piece p, as w[k][64] */
 static void weights(const lmt_int4* a, long panel, int p, long k0, long n, float* w) {
-    const long k_all = a->pieces * a->in, groups = k_all / 32;
-    const uint8_t* codes = a->codes + (panel * k_all + p * a->in + k0) * 32;
-    const float* scales = a->scales + (panel * groups + (p * a->in + k0) / 32) * PANEL;
-    const float* zeros = a->zeros + (panel * groups + (p * a->in + k0) / 32) * PANEL;
+    const long groups = a->pieces * a->in / 32, group0 = panel * groups + (p * a->in + k0) / 32;
+    for (long k8 = 0; k8 < n; k8 += 8) {
+        const uint32_t* codes = run_codes(a, panel, p, k0 + k8);
+        const float* s = a->scales + (group0 + k8 / 32) * PANEL;
+        const float* z = a->zeros + (group0 + k8 / 32) * PANEL;
 #if defined(__AVX2__) && defined(__FMA__)
-    const __m256i low = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi32(8);
-    for (long k = 0; k < n; k++) {
-        const float* s = scales + (k / 32) * PANEL;
-        const float* z = zeros + (k / 32) * PANEL;
-        __m256i v = _mm256_loadu_si256((const __m256i*)(codes + k * 32));
-        __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        __m128i parts[4] = {_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1), _mm256_castsi256_si128(hi),
-                            _mm256_extracti128_si256(hi, 1)};
-        for (int q = 0; q < 4; q++) {
-            __m256i c0 = _mm256_sub_epi32(_mm256_cvtepu8_epi32(parts[q]), eight);
-            __m256i c1 = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(parts[q], 8)), eight);
-            int at = q * 16;
-            _mm256_storeu_ps(w + k * PANEL + at, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c0), _mm256_loadu_ps(s + at),
-                                                                 _mm256_loadu_ps(z + at)));
-            _mm256_storeu_ps(w + k * PANEL + at + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c1),
-                                                                     _mm256_loadu_ps(s + at + 8),
-                                                                     _mm256_loadu_ps(z + at + 8)));
+        for (int b = 0; b < 8; b++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(codes + b * 8));
+            const __m256 sb = _mm256_loadu_ps(s + b * 8), zb = _mm256_loadu_ps(z + b * 8);
+            float* at = w + k8 * PANEL + b * 8;
+#define STORE(j) _mm256_storeu_ps(at + (j) * PANEL, _mm256_fmadd_ps(_mm256_cvtepi32_ps(CODE(v, j)), sb, zb))
+            STORE(0); STORE(1); STORE(2); STORE(3); STORE(4); STORE(5); STORE(6); STORE(7);
+#undef STORE
         }
-    }
 #else
-    for (long k = 0; k < n; k++)
-        for (int j = 0; j < PANEL; j++) {
-            const uint8_t b = codes[k * 32 + (j & 31)];
-            const float c = (float)((j < 32 ? b & 15 : b >> 4) - 8);
-            w[k * PANEL + j] = fmaf(c, scales[(k / 32) * PANEL + j], zeros[(k / 32) * PANEL + j]);
-        }
+        for (int j = 0; j < 8; j++)
+            for (int col = 0; col < PANEL; col++) {
+                const int c = (int)((codes[col] >> (4 * j)) & 15) ^ 8; /* c - 8 + 8 */
+                w[(k8 + j) * PANEL + col] = fmaf((float)(c - 8), s[col], z[col]);
+            }
 #endif
+    }
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -97,27 +98,28 @@ static inline void four_rows(const lmt_int4* a, const float* w, long n, const fl
    value), half a panel at a time: for calls of fewer than 4 rows, where a buffer would be written
    and read for one row's use */
 static void direct(const lmt_int4* a, long panel, int p, long k0, long n, const float* x, float* y, int first) {
-    const long k_all = a->pieces * a->in, groups = k_all / 32;
-    const uint8_t* codes = a->codes + (panel * k_all + p * a->in + k0) * 32;
-    const long group0 = panel * groups + (p * a->in + k0) / 32;
-    const __m256i low = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi32(8);
+    const long groups = a->pieces * a->in / 32, group0 = panel * groups + (p * a->in + k0) / 32;
     for (int half = 0; half < 2; half++) {
-        __m256 acc[4], s[4], z[4];
-        for (int q = 0; q < 4; q++) acc[q] = s[q] = z[q] = _mm256_setzero_ps();
-        for (long k = 0; k < n; k++) {
-            if (k % 32 == 0)
-                for (int q = 0; q < 4; q++) {
-                    s[q] = _mm256_loadu_ps(a->scales + (group0 + k / 32) * PANEL + half * 32 + q * 8);
-                    z[q] = _mm256_loadu_ps(a->zeros + (group0 + k / 32) * PANEL + half * 32 + q * 8);
-                }
-            __m256i v = _mm256_loadu_si256((const __m256i*)(codes + k * 32));
-            v = _mm256_and_si256(half ? _mm256_srli_epi16(v, 4) : v, low);
-            __m128i parts[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
-            __m256 xk = _mm256_broadcast_ss(x + k);
+        __m256 acc[4];
+        for (int q = 0; q < 4; q++) acc[q] = _mm256_setzero_ps();
+        for (long g = 0; g < n / 32; g++) {
+            __m256 s[4], z[4];
             for (int q = 0; q < 4; q++) {
-                __m128i bytes = q & 1 ? _mm_srli_si128(parts[q / 2], 8) : parts[q / 2];
-                __m256 c = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), eight));
-                acc[q] = _mm256_fmadd_ps(_mm256_fmadd_ps(c, s[q], z[q]), xk, acc[q]);
+                s[q] = _mm256_loadu_ps(a->scales + (group0 + g) * PANEL + half * 32 + q * 8);
+                z[q] = _mm256_loadu_ps(a->zeros + (group0 + g) * PANEL + half * 32 + q * 8);
+            }
+            for (long k8 = g * 32; k8 < g * 32 + 32; k8 += 8) {
+                const uint32_t* codes = run_codes(a, panel, p, k0 + k8) + half * 32;
+                __m256i v[4];
+                for (int q = 0; q < 4; q++) v[q] = _mm256_loadu_si256((const __m256i*)(codes + q * 8));
+#define STEP(j)                                                                                          \
+    {                                                                                                    \
+        const __m256 xk = _mm256_broadcast_ss(x + k8 + (j));                                             \
+        for (int q = 0; q < 4; q++)                                                                      \
+            acc[q] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(CODE(v[q], j)), s[q], z[q]), xk, acc[q]); \
+    }
+                STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7)
+#undef STEP
             }
         }
         for (int q = 0; q < 4; q++) {

@@ -106,7 +106,7 @@ SERIAL_WORK = 1 << 24  # multiply-adds under which a product runs on one thread 
 
 def int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int) -> torch.Tensor:
     """x (rows, in) float32 times a packed GGUF layer's weights in panels of 64 output columns
-    (lmtrace.model.gguf.nibbles): codes (panels, pieces * in * 32) uint8, scales_zeros (2, panels,
+    (lmtrace.model.gguf.nibbles): codes (panels, pieces * in * 8) int32, scales_zeros (2, panels,
     pieces * in / 32 * 64) float32; (rows, panels * 64) float32, each element computed the same way
     whatever the rows or threads. Inside torch.compile it is one opaque operation
     (`torch.ops.lmtrace.int4_mm`)."""

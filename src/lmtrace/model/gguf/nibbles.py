@@ -1,11 +1,12 @@
 """The form lmtrace's own C kernel reads a packed GGUF layer in (lmtrace/model/fused/int4.c), made
 from the same Int4Form pieces as torch's int4 kernel's (model/gguf/blocks.py): output columns in
-panels of 64 (the last padded with weights 0), and per panel, for each position along the (pieces
-side by side) input, 32 bytes of 4-bit codes (byte j: column j's code in its low nibble, column
-j + 32's in its high one); per panel and group of 32 positions, the 64 columns' float32 scales S and
-zeros Z, the weight being (c - 8) * S + Z. The kernel makes each weight with one rounding, so a
-one-piece type's are gguf's own dequantized values, and multiplies float32 inputs without rounding
-them (torch's int4 kernel rounds every input, scale and zero to bfloat16)."""
+panels of 64 (the last padded with weights 0); per panel, run of 8 input positions (the pieces side
+by side) and block of 8 columns, one 32-bit word per column whose nibble j holds c ^ 8 for position
+j (a signed nibble equal to c - 8: two shifts unpack it, no lookup or sign fix); per panel and
+group of 32 positions, the 64 columns' float32 scales S and zeros Z, the weight being
+(c - 8) * S + Z. The kernel makes each weight with one rounding, so a one-piece type's are gguf's
+own dequantized values, and multiplies float32 inputs without rounding them (torch's int4 kernel
+rounds every input, scale and zero to bfloat16)."""
 
 from __future__ import annotations
 
@@ -31,21 +32,23 @@ def kernel_available() -> bool:
 
 
 def nibbles(form: Int4Form) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes (panels, positions * 32) uint8, scales and zeros (2, panels, groups * 64) float32) of
-    one form: positions = pieces * in, groups = positions / 32."""
+    """(codes (panels, positions * 8) int32 words, scales and zeros (2, panels, groups * 64)
+    float32) of one form: positions = pieces * in, groups = positions / 32."""
     out, positions = form.codes.shape
     extra = -out % PANEL
-    codes = form.codes.to(torch.uint8)
+    codes = form.codes.to(torch.int64) ^ 8
     scales_zeros = torch.stack([form.scales, form.zeros])  # (2, groups, out)
-    if extra:  # code 8, scale 0, zero 0: weight 0
-        codes = torch.cat([codes, codes.new_full((extra, positions), 8)])
+    if extra:  # code 8 (stored 0), scale 0, zero 0: weight 0
+        codes = torch.cat([codes, codes.new_zeros((extra, positions))])
         scales_zeros = torch.cat([scales_zeros, scales_zeros.new_zeros((2, scales_zeros.shape[1], extra))], 2)
     panels = (out + extra) // PANEL
-    codes = codes.reshape(panels, PANEL, positions).transpose(1, 2)  # (panels, positions, 64)
-    packed = (codes[..., :32] | (codes[..., 32:] << 4)).reshape(panels, -1)
+    # (panels, 8 blocks, 8 columns, runs, 8 positions) -> (panels, runs, blocks, columns, positions)
+    runs = codes.reshape(panels, 8, 8, positions // 8, 8).permute(0, 3, 1, 2, 4)
+    words = (runs << (4 * torch.arange(8))).sum(-1)  # nibble j: position j
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).reshape(panels, -1)
     groups = positions // GROUP
     scales_zeros = scales_zeros.reshape(2, groups, panels, PANEL).transpose(1, 2).reshape(2, panels, -1)
-    return packed.contiguous(), scales_zeros.contiguous()
+    return words.contiguous(), scales_zeros.contiguous()
 
 
 def nibble_chunks(forms: Iterable[Int4Form], pieces: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
