@@ -205,6 +205,15 @@ def c_packed_torch(b: Bench, batch: int) -> Contender | str:
     return Contender(name, "packed-torch", lambda p: traced(b.packed_torch, p, b.tokens))
 
 
+def c_packed_compiled(b: Bench, batch: int) -> Contender | str:
+    if b.packed is None or not b.compile:
+        return "packed model not loaded" if b.packed is None else "--no-compile"
+    if b.packed_torch is None:
+        return "no C compiler: packed runs torch's kernel, which --compile refuses"
+    name = "lmtrace packed 4-bit --compile (lmtrace's kernel one op in the graph)"
+    return Contender(name, "packed", lambda p: traced(b.packed, p, b.tokens, compile=True))
+
+
 def c_compile(b: Bench, batch: int) -> Contender | str:
     if not b.compile:
         return "--no-compile"
@@ -277,6 +286,9 @@ def exact_paths(bench: Bench, n: int) -> dict[str, dict]:
     paths[SPECULATIVE] = (bench.onednn, DRAFT)
     paths["--compile"] = (bench.lm, {"compile": True}) if bench.compile else (None, {})
     paths[SPECULATIVE_COMPILED] = (bench.onednn, {**DRAFT, "compile": True}) if bench.compile else (None, {})
+    if bench.packed_torch is not None:  # packed on lmtrace's kernel: the float32 model of the same file
+        paths["--weights packed"] = (bench.packed, {})
+        paths["--weights packed --compile"] = (bench.packed, {"compile": True}) if bench.compile else (None, {})
     found = {}
     for name, (lm, extra) in paths.items():
         if lm is None:
@@ -317,6 +329,7 @@ CONTENDERS = [
     c_bfloat16,
     c_packed,
     c_packed_torch,
+    c_packed_compiled,
     c_compile,
     *map(_inside, INSIDE),
     c_llama_cpp,

@@ -101,7 +101,12 @@ def _keep(mask: torch.Tensor | None, length: int) -> tuple[torch.Tensor | None, 
     return keep, keep.stride(0) if keep.shape[0] > 1 else 0
 
 
-SERIAL_WORK = 1 << 24  # multiply-adds under which a product runs on one thread (a thread costs more)
+# multiply-adds under which a product runs on one thread: the kernel starts its threads per call, and
+# on a 2-core AMD EPYC (torch's OpenMP workers spinning after each of torch's parallel regions) a
+# decode step of the bundled packed model gave 29.4 tok/s all on one thread, 26.2 with its head on
+# two (2**24) and 17.5 with every product over 2**20 on two; at 16 rows 2**27 and one thread 100
+# and 98 tok/s, 2**24 92. Long prompts and wide batches still share the work.
+SERIAL_WORK = 1 << 27
 
 
 def int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int) -> torch.Tensor:
