@@ -10,9 +10,11 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
+from lmtrace.errors import InvalidParameter
 from lmtrace.model.fused import build, ops
 from lmtrace.model.gguf import nibbles, packed
 from lmtrace.model.gguf.blocks import int4_form
+from tests import composability as world
 
 OUT, IN = 40, 352  # 11 groups of 32: an odd count, and a vector's worth of groups plus a tail
 
@@ -77,3 +79,41 @@ def test_no_compiler_keeps_torchs_kernels(monkeypatch, tmp_path):
         assert list(tmp_path.iterdir()) == []  # nothing half-written
     finally:
         build.library.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tmp_path_factory, tiny_tok):
+    """The composability table's tiny GGUF model loaded twice: the default float32 path and packed
+    (on lmtrace's kernel)."""
+    import lmtrace
+    from tests.tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("int4") / "tiny.gguf", tiny_tok, qtype="Q4_1")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LMTRACE_GGUF_CACHE", "0")
+        base = lmtrace.load(str(path), device="cpu", dtype="float32")
+        fast = lmtrace.load(str(path), device="cpu", dtype="float32", weights="packed")
+    assert fast.model.lmtrace_packed.compute_dtype == "float32"
+    return base, fast
+
+
+def _record(lm, feature: str) -> dict:
+    args = dict(world.BASE) if feature == "plain" else world.merged(feature)
+    record = world.comparable(world.via_generate(lm, args))
+    record["model"]["config"].pop("weights", None)  # "packed (Q4_1 x…), float32 activations": how it ran
+    return record
+
+
+@pytest.mark.parametrize("feature", ["plain", *world.FEATURES])
+def test_packed_is_the_float32_path_with_every_feature(gguf_pair, feature):
+    """Packed on lmtrace's kernel is an exact path: with each feature of the composability table,
+    the default float32 path's record of the same file (token ids exactly, every number within
+    5e-5, the opt-in kernel bound); attribution, which reads the head's weight matrix, refused in
+    one line naming packed weights."""
+    base, fast = gguf_pair
+    if feature == "attribution":
+        with pytest.raises(InvalidParameter, match="attribution needs an lm_head with a weight matrix.*packed"):
+            world.via_generate(fast, world.merged(feature))
+        return
+    want, got = _record(base, feature), _record(fast, feature)
+    assert world.differences(got, want, 5e-5) == []
