@@ -94,6 +94,7 @@ def gguf_pair(tmp_path_factory, tiny_tok):
         base = lmtrace.load(str(path), device="cpu", dtype="float32")
         fast = lmtrace.load(str(path), device="cpu", dtype="float32", weights="packed")
     assert fast.model.lmtrace_packed.compute_dtype == "float32"
+    assert fast.model.lmtrace_packed.short().startswith("packed (Q4_1 x13), float32 activations, lmtrace's kernel")
     return base, fast
 
 

@@ -152,7 +152,7 @@ def test_every_quantized_linear_is_packed_and_the_rest_said(tiny_packed):
     assert packed.report_of(fast) is report and packed.report_of(model) is None
     from lmtrace.model.arch import summarize
 
-    want = "packed (Q4_0 x2, Q4_1 x11, Q8_0 x1), bfloat16 activations; kept float: 1"
+    want = "packed (Q4_0 x2, Q4_1 x11, Q8_0 x1), bfloat16 activations, torch's kernel; kept float: 1"
     assert summarize(fast.config, fast).weights == want
     assert summarize(fast.config, fast).parameters == summarize(model.config, model).parameters
     assert summarize(model.config, model).weights is None

@@ -309,6 +309,8 @@ def pack_gguf(
     reader = GGUFTensors(path)
     found, arch = linear_tensors(model, reader)
     report = PackReport(compute_dtype=str(compute_dtype).replace("torch.", ""), path=str(path), architecture=arch)
+    if compute_dtype == torch.float32 and kernel_available():
+        report.kernel = "lmtrace's"
     from lmtrace.model.gguf.progress import Progress
 
     progress = Progress(f"packing {Path(path).name}", sum(int(f.tensor.n_bytes) for f in found.values()))

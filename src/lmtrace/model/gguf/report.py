@@ -18,6 +18,7 @@ class PackReport:
     packed: dict[str, str] = field(default_factory=dict)  # module name -> GGUF type
     kept_float: dict[str, str] = field(default_factory=dict)  # module name -> reason
     compute_dtype: str = "bfloat16"
+    kernel: str = "torch's"  # whose int4 kernel multiplies: torch's, or lmtrace's (model/fused/int4.c)
     path: str = ""  # the GGUF file
     architecture: str | None = None  # the file's general.architecture
     packed_bytes: int = 0  # bytes of the packed matmul weights
@@ -39,7 +40,7 @@ class PackReport:
         total = len(self.packed) + len(self.kept_float)
         text = (
             f"packed weights: {len(self.packed)} of {total} linear layers ({self.types()}; "
-            f"{self.packed_bytes / 1e6:.0f} MB, {self.compute_dtype} activations)"
+            f"{self.packed_bytes / 1e6:.0f} MB, {self.compute_dtype} activations, {self.kernel} kernel)"
         )
         if self.embedding:
             text += f"; embedding: {self.embedding}"
@@ -49,8 +50,8 @@ class PackReport:
         return text
 
     def short(self) -> str:
-        """e.g. "packed (Q4_1 x210, Q8_0 x1), float32 activations; kept float: 1" """
-        text = f"packed ({self.types()}), {self.compute_dtype} activations"
+        """e.g. "packed (Q4_1 x210, Q8_0 x1), float32 activations, lmtrace's kernel; kept float: 1" """
+        text = f"packed ({self.types()}), {self.compute_dtype} activations, {self.kernel} kernel"
         return text + (f"; kept float: {len(self.kept_float)}" if self.kept_float else "")
 
     def to_dict(self) -> dict[str, Any]:
