@@ -18,9 +18,11 @@ from lmtrace.model.gguf.converted import cache_root
 
 SOURCES = [Path(__file__).with_name(name) for name in ("kernels.c", "int4.c")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC", "-pthread"]
-# with glibc's vector math library SiLU's exp runs on 8 lanes; without it (another libc) on one
+# with glibc's vector math library SiLU's exp runs on 8 lanes; without it (another libc) on one; with
+# OpenMP int4.c's threads are torch's own pool (the same libgomp.so.1, loaded by torch first)
 VECTOR = (["-DLMT_MVEC"], ["-lmvec", "-lm"])
 SCALAR = ([], ["-lm"])
+ATTEMPTS = [(["-fopenmp", *VECTOR[0]], VECTOR[1]), (["-fopenmp"], SCALAR[1]), VECTOR, SCALAR]
 
 
 def compiler() -> str:
@@ -48,7 +50,8 @@ def _cpu() -> str:
 
 def _key(cc: str) -> str:
     sources = [source.read_bytes() for source in SOURCES]
-    parts = [*sources, " ".join(FLAGS).encode(), cc.encode(), _cpu().encode(), platform.machine().encode()]
+    flags = " ".join(FLAGS) + repr(ATTEMPTS)
+    parts = [*sources, flags.encode(), cc.encode(), _cpu().encode(), platform.machine().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
@@ -59,7 +62,7 @@ def _compile(cc: str, out: Path) -> None:
     os.close(fd)
     errors = []
     try:
-        for defines, libs in (VECTOR, SCALAR):
+        for defines, libs in ATTEMPTS:
             try:
                 command = [cc, *FLAGS, *defines, *map(str, SOURCES), "-o", tmp, *libs]
                 run = subprocess.run(command, capture_output=True, text=True)
@@ -92,6 +95,7 @@ def library() -> ctypes.CDLL:
     lib.lmt_rotary.argtypes = [p, n, p, p, p, n, n, n]
     lib.lmt_decode_attention.argtypes = [attention]
     lib.lmt_int4_mm.argtypes = [ctypes.POINTER(Int4), ctypes.c_int]
+    lib.lmt_int4_openmp.argtypes, lib.lmt_int4_openmp.restype = [], ctypes.c_int
     for fn in (
         lib.lmt_rms_norm,
         lib.lmt_add_rms_norm,

@@ -16,6 +16,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
+#ifdef _OPENMP
+#include <omp.h> /* torch's own OpenMP runtime where torch is loaded first: its threads, no others */
+#endif
 
 #define PANEL 64 /* output columns made together */
 #define CHUNK 128 /* input positions of a panel in the buffer at once (32 KB) */
@@ -188,8 +191,17 @@ static void* run(void* p) {
     return NULL;
 }
 
-/* the product on `threads` threads (the calling one and threads - 1 started for the call), each
-   taking a run of panels */
+/* whether the threads are OpenMP's (torch's pool: cheap to wake) or started for each call */
+int lmt_int4_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* the product on `threads` threads, each taking a run of panels: OpenMP's where the library was
+   built with it, else the calling one and threads - 1 started for the call */
 void lmt_int4_mm(const lmt_int4* a, int threads) {
     if (threads > 64) threads = 64;
     if (threads > a->panels) threads = (int)a->panels;
@@ -197,6 +209,15 @@ void lmt_int4_mm(const lmt_int4* a, int threads) {
         panels(a, 0, a->panels);
         return;
     }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+    {
+        const long count = omp_get_num_threads(), t = omp_get_thread_num();
+        const long step = (a->panels + count - 1) / count;
+        const long start = t * step < a->panels ? t * step : a->panels;
+        panels(a, start, start + step < a->panels ? start + step : a->panels);
+    }
+#else
     pthread_t started[64];
     part parts[64];
     int running = 0;
@@ -213,4 +234,5 @@ void lmt_int4_mm(const lmt_int4* a, int threads) {
     }
     panels(a, parts[0].start, parts[0].end);
     for (int t = 0; t < running; t++) pthread_join(started[t], NULL);
+#endif
 }

@@ -101,12 +101,12 @@ def _keep(mask: torch.Tensor | None, length: int) -> tuple[torch.Tensor | None, 
     return keep, keep.stride(0) if keep.shape[0] > 1 else 0
 
 
-# multiply-adds under which a product runs on one thread: the kernel starts its threads per call, and
-# on a 2-core AMD EPYC (torch's OpenMP workers spinning after each of torch's parallel regions) a
-# decode step of the bundled packed model gave 29.4 tok/s all on one thread, 26.2 with its head on
-# two (2**24) and 17.5 with every product over 2**20 on two; at 16 rows 2**27 and one thread 100
-# and 98 tok/s, 2**24 92. Long prompts and wide batches still share the work.
-SERIAL_WORK = 1 << 27
+# multiply-adds under which a product runs on one thread, by whether int4.c's threads are torch's
+# OpenMP pool (True) or started per call (False). Started per call, on a 2-core AMD EPYC (torch's
+# OpenMP workers spinning after each of torch's parallel regions), a decode step of the bundled
+# packed model gave 29.4 tok/s all on one thread, 26.2 with its head on two (2**24) and 17.5 with
+# every product over 2**20 on two; at 16 rows 2**27 and one thread 100 and 98 tok/s, 2**24 92.
+SERIAL_WORK = {True: 1 << 18, False: 1 << 27}
 
 
 def int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int) -> torch.Tensor:
@@ -125,7 +125,8 @@ def _int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, p
     rows, width = x.shape
     panels = codes.shape[0]
     y = x.new_empty((rows, panels * 64))
-    threads = torch.get_num_threads() if rows * width * pieces * panels * 64 >= SERIAL_WORK else 1
+    work = rows * width * pieces * panels * 64
+    threads = torch.get_num_threads() if work >= SERIAL_WORK[bool(library().lmt_int4_openmp())] else 1
     scales, zeros = scales_zeros[0], scales_zeros[1]
     product = Int4(
         x.data_ptr(), rows, width, codes.data_ptr(), scales.data_ptr(), zeros.data_ptr(), panels, pieces, y.data_ptr()
