@@ -118,3 +118,20 @@ def test_packed_is_the_float32_path_with_every_feature(gguf_pair, feature):
         return
     want, got = _record(base, feature), _record(fast, feature)
     assert world.differences(got, want, 5e-5) == []
+
+
+def test_packed_in_the_continuous_batch(gguf_pair):
+    """The server's continuous batch on the packed model: each row as the float32 path of the same
+    file gives it alone (tokens exactly, logprobs within 5e-5)."""
+    import lmtrace
+    from lmtrace.decode.continuous import RowSpec, generate_rows
+    from lmtrace.params import SamplingParams
+
+    base, fast = gguf_pair
+    prompts = ["Hello world", "很久很久以前，", "a"]
+    p = SamplingParams(max_new_tokens=6, temperature=0, top_logprobs=2)
+    rows = generate_rows(fast, [RowSpec(lmtrace.encode_prompt(fast, t), p, t) for t in prompts])
+    for prompt, row in zip(prompts, rows):
+        alone = lmtrace.generate(base, prompt, max_new_tokens=6, temperature=0, top_logprobs=2, stop_on_eos=True)
+        assert row.token_ids == alone.token_ids
+        assert max(abs(x.logprob - y.logprob) for x, y in zip(row.steps, alone.steps)) <= 5e-5
