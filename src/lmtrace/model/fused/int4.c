@@ -180,6 +180,7 @@ static void panels(const lmt_int4* a, long start, long end) {
     free(w);
 }
 
+#ifndef _OPENMP /* threads started per call */
 typedef struct {
     const lmt_int4* a;
     long start, end;
@@ -190,6 +191,7 @@ static void* run(void* p) {
     panels(q->a, q->start, q->end);
     return NULL;
 }
+#endif
 
 /* whether the threads are OpenMP's (torch's pool: cheap to wake) or started for each call */
 int lmt_int4_openmp(void) {
