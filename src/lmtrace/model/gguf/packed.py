@@ -2,7 +2,8 @@
 every `nn.Linear` whose GGUF tensor is of a packed type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
 Q5_K, Q6_K, IQ4_NL, IQ4_XS: model/gguf/quants.py) is replaced by a `PackedLinear` that keeps the
 tensor's own blocks as 4-bit codes, in 1, 2 or 4 pieces (model/gguf/blocks.py), and multiplies
-with torch's CPU weight-only kernel (`aten._weight_int4pack_mm_for_cpu`). A tensor of another
+with lmtrace's C kernel or torch's CPU weight-only kernel (`aten._weight_int4pack_mm_for_cpu`;
+below). A tensor of another
 type (F16, Q2_K, …) keeps its dequantized float weights, and the report says which and why; a
 file none of whose linear layers packs is refused, never run in float under the packed name.
 
@@ -133,7 +134,7 @@ class PackedLinear(nn.Module):
         self.out_features = first.codes.shape[0] if rows is None else rows  # rows: all chunks' (given chunks)
         self.own_kernel = compute_dtype == torch.float32 and kernel_available()  # int4.c, else torch's
         chunks = itertools.chain([first], forms)
-        if self.own_kernel:  # (out, groups * 16) codes, (2, out, groups) scales and offsets
+        if self.own_kernel:  # (panels, pieces * in * 8) code words, (2, panels, groups * 64) scales and zeros
             packed, scale_zeros = nibble_chunks(chunks, self.pieces, self.out_features)
         else:  # torch's int4 form: (padded out, pieces * in / 2), (groups, padded out, 2)
             packed, scale_zeros = _packed_chunks(chunks, self.pieces, compute_dtype, self.out_features)
