@@ -81,20 +81,50 @@ def test_no_compiler_keeps_torchs_kernels(monkeypatch, tmp_path):
         build.library.cache_clear()
 
 
+def _sized(out: int, seed: int) -> packed.PackedLinear:
+    w = np.random.default_rng(seed).normal(0, 0.05, (out, IN)).astype(np.float32)
+    return packed.PackedLinear(int4_form("Q4_1", quantize(w, Q.Q4_1), out, IN), None, torch.float32, "Q4_1")
+
+
+def test_joined_qkv_give_each_layer_its_own_numbers():
+    """q/k/v made views of one pair of buffers: one call gives each layer's output as it gives it
+    alone, bit for bit; a layer replaced, or its buffers moved, and they are no longer joined."""
+    from lmtrace.model.gguf.joined import Joined, joinable, joined_of
+
+    layers = [_sized(128, 5), _sized(64, 6), _sized(64, 7)]
+    x = torch.randn(3, IN, generator=torch.Generator().manual_seed(5))
+    alone = [layer(x) for layer in layers]
+    assert joinable(layers) and not joinable([*layers, _sized(40, 8)])  # 40: not whole panels
+    attention = torch.nn.Module()
+    attention.q_proj, attention.k_proj, attention.v_proj = layers
+    attention._lmtrace_qkv = joined = Joined(layers)
+    assert joined_of(attention) is joined and joined.codes.data_ptr() == layers[0].packed.data_ptr()
+    assert torch.equal(joined.product(x), torch.cat(alone, 1))
+    assert all(torch.equal(layer(x), want) for layer, want in zip(layers, alone))  # each on its views
+    attention.v_proj = _sized(64, 7)
+    assert joined_of(attention) is None
+    attention.v_proj = layers[2]
+    layers[2].packed = layers[2].packed.clone()
+    assert joined_of(attention) is None
+
+
 @pytest.fixture(scope="module")
 def gguf_pair(tmp_path_factory, tiny_tok):
-    """The composability table's tiny GGUF model loaded twice: the default float32 path and packed
-    (on lmtrace's kernel)."""
+    """The composability table's tiny GGUF model (heads of 64, whole panels: its packed layers run
+    as two C calls a step) loaded twice: the default float32 path and packed (on lmtrace's kernel)."""
     import lmtrace
-    from tests.tiny_gguf import write_tiny_gguf
+    from tests.tiny_gguf import PANELS, write_tiny_gguf
 
-    path = write_tiny_gguf(tmp_path_factory.mktemp("int4") / "tiny.gguf", tiny_tok, qtype="Q4_1")
+    path = tmp_path_factory.mktemp("int4") / "tiny.gguf"
+    write_tiny_gguf(path, tiny_tok, qtype="Q4_1", dims=PANELS, float_q=False)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LMTRACE_GGUF_CACHE", "0")
         base = lmtrace.load(str(path), device="cpu", dtype="float32")
         fast = lmtrace.load(str(path), device="cpu", dtype="float32", weights="packed")
     assert fast.model.lmtrace_packed.compute_dtype == "float32"
-    assert fast.model.lmtrace_packed.short().startswith("packed (Q4_1 x13), float32 activations, lmtrace's kernel")
+    short = fast.model.lmtrace_packed.short()
+    assert short == "packed (Q4_1 x15), float32 activations, lmtrace's kernel, 2 layers' small operations in C"
+    assert all(layer.__dict__.get("_lmtrace_c") is not None for layer in fast.model.model.layers)
     return base, fast
 
 

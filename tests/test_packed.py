@@ -15,6 +15,7 @@ from gguf.quants import dequantize, quantize
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from lmtrace.errors import InvalidParameter
+from lmtrace.model import layer_path
 from lmtrace.model.gguf import packed
 from lmtrace.model.gguf.blocks import int4_form
 from lmtrace.model.gguf.embedding import PackedEmbedding
@@ -281,9 +282,13 @@ def test_fused_mlp_gives_the_same_numbers(tiny_packed, kernel):
     packed.pack_gguf(apart, report.path, compute_dtype=compute, fuse=False)
     assert not any(isinstance(m, FusedMLP) for m in apart.modules())
     ids = torch.randint(0, 320, (2, 7))
-    with torch.inference_mode():
-        assert torch.equal(together(ids).logits, apart(ids).logits)
-        assert torch.equal(together(ids[:1, :1]).logits, apart(ids[:1, :1]).logits)  # one token, as a decode step
+    layer_path.fuse(together, False)  # the small operations as torch does them (on lmtrace's kernel: in C)
+    try:
+        with torch.inference_mode():
+            assert torch.equal(together(ids).logits, apart(ids).logits)
+            assert torch.equal(together(ids[:1, :1]).logits, apart(ids[:1, :1]).logits)  # one token: a decode step
+    finally:
+        layer_path.fuse(together, True)
 
 
 def test_a_file_with_nothing_to_pack_is_refused(tmp_path, tiny_tok, monkeypatch, capsys):
@@ -383,43 +388,51 @@ def _decode_logits(model, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
 def test_packed_layers_run_as_one_function_bit_for_bit(tiny_packed, which, monkeypatch):
     """Each Llama layer whose products all run packed is one function (lmtrace.model.layer_path):
     the prompt's and each decode step's logits equal transformers' layer forward, bit for bit. The
-    second layer keeps a float v_proj (F16 in the file): it stays transformers' own."""
-    from lmtrace.model import layer_path
-
+    second layer keeps a float v_proj (F16 in the file): it stays transformers' own. On lmtrace's
+    kernel the layer's small operations then run in C: within float32 rounding of those logits."""
     model = tiny_packed[which]
     assert packed.report_of(model).layers == 1
     assert [layer_path.switched(x) for x in model.model.layers] == [True, False]
+    assert packed.report_of(model).small_ops == (1 if which == 1 else 0)
     ids = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(3))
     calls, qkv = [], layer_path.PACKED.qkv
     monkeypatch.setattr(layer_path.PACKED, "qkv", lambda *a: calls.append(1) or qkv(*a))
-    fast = _decode_logits(model, ids, 4)
-    assert len(calls) == 5  # the first layer, at the prompt and at each step: the function ran
-    layer_path.remove(model)
+    in_c = _decode_logits(model, ids, 4)
+    layer_path.fuse(model, False)  # the function with torch's small operations
     try:
+        fast = _decode_logits(model, ids, 4)
+        assert len(calls) == 10  # the first layer, at the prompt and at each step, twice: the function ran
+        layer_path.remove(model)
         base = _decode_logits(model, ids, 4)
     finally:
         assert layer_path.install(model) == 1
     assert all(torch.equal(a, b) for a, b in zip(fast, base))
+    assert all(torch.allclose(a, b, rtol=0, atol=5e-5) for a, b in zip(in_c, base))
+    assert all(torch.equal(a, b) for a, b in zip(in_c, base)) == (which == 2)  # torch's kernel: torch's bits
 
 
 @pytest.mark.integration
 def test_bundled_packed_decodes_as_one_function_bit_for_bit(bundled_packed):
     """The bundled model's 30 layers on their Q4_1 blocks: the same tokens, logprobs and entropies
-    with the one-function layers as with transformers' forward."""
+    with the one-function layers (their small operations as torch does them) as with transformers'
+    forward; with the small operations in C (lmtrace's kernel), the same tokens within 5e-5."""
     import lmtrace
-    from lmtrace.model import layer_path
 
     model = bundled_packed.model
-    assert packed.report_of(model).layers == 30
+    report = packed.report_of(model)
+    assert report.layers == report.joined == report.small_ops == 30  # q/k/v one call, small operations in C
     kw = {"max_new_tokens": 12, "temperature": 0, "top_logprobs": 5}
     prompts = ["Once upon a time,", "很久很久以前，"]
-    fast = lmtrace.generate(bundled_packed, prompts, **kw)
-    layer_path.remove(model)
+    in_c = lmtrace.generate(bundled_packed, prompts, **kw)
+    layer_path.fuse(model, False)
     try:
+        fast = lmtrace.generate(bundled_packed, prompts, **kw)
+        layer_path.remove(model)
         base = lmtrace.generate(bundled_packed, prompts, **kw)
     finally:
         assert layer_path.install(model) == 30
-    for a, b in zip(fast, base):
-        assert a.token_ids == b.token_ids
+    for a, b, c in zip(fast, base, in_c):
+        assert a.token_ids == b.token_ids == c.token_ids
         assert [s.logprob for s in a.steps] == [s.logprob for s in b.steps]
         assert [s.entropy for s in a.steps] == [s.entropy for s in b.steps]
+        assert max(abs(x.logprob - y.logprob) for x, y in zip(b.steps, c.steps)) <= 5e-5

@@ -38,6 +38,8 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 from lmtrace.errors import InvalidParameter
 from lmtrace.model import matmul
 from lmtrace.model.fused import ops as fused_ops
+from lmtrace.model.fused.layer import CLayer, Product, Shape
+from lmtrace.model.gguf.joined import joined_of
 
 # the only decoder layers switched: these classes exactly (others pass more to the attention,
 # such as a sliding window, or have norms of their own); the MLP transformers' or the packed fused one
@@ -50,7 +52,8 @@ def install(model: Any, fused: bool = False) -> int:
     Where a C compiler is at hand, the switched layers' RMSNorm, residual add and rotary embedding
     run in C with torch's bits (lmtrace.model.fused; each layer's probe still equal bit for bit).
     `fused`: all the small operations in C, each layer checked on the probe to stay within
-    float32 rounding of the exact function (matmul "onednn-fused")."""
+    float32 rounding of the exact function (matmul "onednn-fused"), as packed layers on lmtrace's
+    int4 kernel always are (`_own_int4`)."""
     remove(model)
     rotary = _rotary(model)
     switched = 0
@@ -76,19 +79,30 @@ def fuse(model: Any, on: bool, exact: bool = False) -> int:
     False: the exact function again); a layer is fused only where, on the probe, its output stays
     within float32 rounding of transformers' layer. `exact`: only the kernels with torch's bits
     (RMSNorm, the residual add, the rotary embedding), and only where the probe's output equals
-    transformers' layer bit for bit. Returns how many are fused."""
+    transformers' layer bit for bit; packed layers on lmtrace's int4 kernel take all the kernels
+    whatever `exact` (`_own_int4`). Returns how many are fused."""
     rotary = _rotary(model)
     for layer in model.modules():
         if switched(layer):
             layer.__dict__.pop("_lmtrace_fused", None)
+            layer.__dict__.pop("_lmtrace_c", None)
             if on:
-                _fuse(layer, rotary, exact)
+                _fuse(layer, rotary, exact and not _own_int4(layer))
     return fused_layers(model)
 
 
-def fused_layers(model: Any) -> int:
-    """How many switched layers compute their small operations in C."""
-    return sum(1 for layer in model.modules() if switched(layer) and layer.__dict__.get("_lmtrace_fused"))
+def fused_layers(model: Any, every: bool = False) -> int:
+    """How many switched layers compute their small operations in C (`every`: all of them, SiLU·mul
+    and the decode step's attention too)."""
+    wanted = (ALL,) if every else (EXACT, ALL)
+    return sum(1 for layer in model.modules() if switched(layer) and layer.__dict__.get("_lmtrace_fused") in wanted)
+
+
+def _own_int4(layer: Any) -> bool:
+    """The layer's products run on lmtrace's int4 kernel (packed weights, float32 inputs): its numbers
+    are already lmtrace's, not transformers', so all its small operations run in C too (each layer
+    still checked on the probe to stay within float32 rounding of the exact function)."""
+    return bool(getattr(layer._modules["self_attn"].q_proj, "own_kernel", False))
 
 
 def remove(model: Any) -> None:
@@ -97,6 +111,7 @@ def remove(model: Any) -> None:
         if switched(layer):
             del layer.forward
         layer.__dict__.pop("_lmtrace_fused", None)
+        layer.__dict__.pop("_lmtrace_c", None)
 
 
 def switched(layer: Any) -> bool:
@@ -131,15 +146,22 @@ def forward(
     products = ONEDNN if type(attn.q_proj) is torch.nn.Linear else PACKED
     kernels = self.__dict__.get("_lmtrace_fused")  # None, EXACT or ALL
     fused, every = kernels is not None, kernels == ALL
-    x = _norm(self.input_layernorm, hidden_states, fused)
-    qkv = products.qkv(attn, x).view(b, s, heads + 2 * kv, attn.head_dim)
-    part, emb = qkv[:, :, : heads + kv], position_embeddings
-    qk = fused_ops.rotary(part, *emb) if fused else _rotated(part, emb)  # type: ignore[arg-type,misc]
+    in_c = _in_c(self) if every else None  # on lmtrace's kernel: the same operations in two C calls
+    if in_c is not None:
+        qkv, qk = in_c.qkv(hidden_states, *position_embeddings)  # type: ignore[misc]
+        qkv = qkv.view(b, s, heads + 2 * kv, attn.head_dim)
+    else:
+        x = _norm(self.input_layernorm, hidden_states, fused)
+        qkv = products.qkv(attn, x).view(b, s, heads + 2 * kv, attn.head_dim)
+        part, emb = qkv[:, :, : heads + kv], position_embeddings
+        qk = fused_ops.rotary(part, *emb) if fused else _rotated(part, emb)  # type: ignore[arg-type,misc]
     q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)  # (b, heads, s, head_dim)
     v = qkv[:, :, heads + kv :].transpose(1, 2)
     passed = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}  # what LlamaAttention passes on
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx, kwargs=passed)
+    if in_c is not None and _fused_attention(attn, q, k, attention_mask, kwargs):
+        return in_c.rest(hidden_states, q, k, v, attention_mask)
     if every and _fused_attention(attn, q, k, attention_mask, kwargs):
         out = fused_ops.decode_attention(q, k, v, attention_mask, attn.scaling)
     else:
@@ -183,13 +205,17 @@ class _OneDNN:
 
 
 class _Packed:
-    """The products on a GGUF's 4-bit blocks (lmtrace.model.gguf.packed): q/k/v each its own
-    kernel call on one converted input, gate/up the fused MLP's one product."""
+    """The products on a GGUF's 4-bit blocks (lmtrace.model.gguf.packed): q/k/v one call of
+    lmtrace's kernel where joined, else each its own call on one converted input; gate/up the
+    fused MLP's one product."""
 
     @staticmethod
     def qkv(attn: Any, x: torch.Tensor) -> torch.Tensor:
         q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
         flat = q.prepared(x)  # the same conversion each of them makes of x
+        joined = joined_of(attn)  # on lmtrace's kernel: one call for the three (model/gguf/joined.py)
+        if joined is not None:
+            return joined.product(flat)
         return torch.cat([q.product(flat, x.dtype), k.product(flat, x.dtype), v.product(flat, x.dtype)], -1)
 
     @staticmethod
@@ -232,13 +258,68 @@ def _add_norm(norm: Any, x: torch.Tensor, y: torch.Tensor, fused: bool) -> tuple
     return h, _norm(norm, h)
 
 
+def _activation(mlp: Any) -> Any:
+    act = mlp.act_fn
+    return F.silu if type(act).__name__ in _SILU else act  # the module's forward is F.silu
+
+
 def _activated(mlp: Any, gate_up: torch.Tensor, inter: int, fused: bool) -> torch.Tensor:
     """act(gate) * up for the MLP's one product (rows, 2 * intermediate)."""
-    act = mlp.act_fn
-    act = F.silu if type(act).__name__ in _SILU else act  # the module's forward is F.silu
+    act = _activation(mlp)
     if fused and act is F.silu:
         return fused_ops.silu_mul(gate_up, inter)
     return act(gate_up[:, :inter]) * gate_up[:, inter:]
+
+
+def _in_c(layer: Any) -> CLayer | None:
+    """The layer's two-call C form (lmtrace.model.fused.layer) where it has one and it still reads the
+    layer's own norms and products."""
+    in_c = layer.__dict__.get("_lmtrace_c")
+    return in_c if in_c is not None and in_c.holds(_c_tensors(layer)) else None
+
+
+def _c_tensors(layer: Any) -> list[torch.Tensor]:
+    """The tensors a packed layer's C form reads: its two norms' weights and its four products'."""
+    attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
+    joined = joined_of(attn)
+    if joined is None:
+        return []
+    o, gate_up, down = attn._modules["o_proj"], mlp._modules["gate_up"], mlp._modules["down_proj"]
+    norms = [layer._modules["input_layernorm"].weight, layer._modules["post_attention_layernorm"].weight]
+    return [
+        *norms,
+        joined.codes,
+        joined.scale_zeros,
+        *(t for p in (o, gate_up, down) for t in (p.packed, p.scale_zeros)),
+    ]
+
+
+def _make_c(layer: Any) -> CLayer | None:
+    """A packed layer's C form: q/k/v joined on lmtrace's kernel, o, gate/up and down on it too, no
+    bias, a SiLU MLP, every product a whole number of 64-column panels; else None."""
+    attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
+    joined = joined_of(attn)
+    parts = [attn._modules["o_proj"], mlp._modules.get("gate_up"), mlp._modules["down_proj"]]
+    if joined is None or _activation(mlp) is not F.silu or not all(_on_int4(p) for p in parts):
+        return None
+    hidden, inter = attn.q_proj.in_features, mlp.sizes[0]
+    if parts[0].out_features != hidden or parts[2].out_features != hidden or parts[1].out_features != 2 * inter:
+        return None
+    products = [Product(joined.codes, joined.scale_zeros, joined.pieces, hidden)]
+    products += [Product(p.packed, p.scale_zeros, p.pieces, p.in_features) for p in parts]
+    norms = (layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"])
+    heads, kv = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
+    eps = (float(norms[0].variance_epsilon), float(norms[1].variance_epsilon))
+    shape = Shape(hidden, heads, kv, attn.head_dim, inter, float(attn.scaling), eps)
+    return CLayer((norms[0].weight, norms[1].weight), products, shape)
+
+
+def _on_int4(layer: Any) -> bool:
+    """A packed layer on lmtrace's kernel without a bias, its outputs whole 64-column panels."""
+    own = getattr(layer, "own_kernel", False)
+    return (
+        own and layer.bias is None and layer.out_features % 64 == 0 and layer.packed.shape[0] * 64 == layer.out_features
+    )
 
 
 def _fused_attention(attn: Any, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) -> bool:
@@ -344,6 +425,8 @@ def _fuse(layer: Any, rotary: Any, exact: bool) -> None:
     kernels with torch's bits only, where the probe's output is transformers' to the bit. A probe
     that fails (no C compiler) leaves the layer unfused and raises."""
     layer._lmtrace_fused = EXACT if exact else ALL
+    if not exact and _own_int4(layer):  # its operations in two C calls where the layer allows (layer.c)
+        layer.__dict__["_lmtrace_c"] = _make_c(layer)
     same = False
     try:
         ours, theirs = _probe(layer, rotary)
@@ -352,3 +435,4 @@ def _fuse(layer: Any, rotary: Any, exact: bool) -> None:
     finally:
         if not same:
             del layer._lmtrace_fused
+            layer.__dict__.pop("_lmtrace_c", None)

@@ -108,10 +108,11 @@ def use(model: Any, matmul: str) -> int:
             "matmul: 'onednn-fused' computes the small operations of Llama decoder layers; this model's "
             f"{_layer_kind(model)} are not such layers (use matmul 'onednn')"
         )
-    if fused:
-        what += f", {count} with RMSNorm, rotary, SiLU·mul and decode attention in C"
-    elif count:
-        what += f", {count} with RMSNorm and rotary in C (torch's bits)"
+    every = layer_path.fused_layers(model, every=True)  # onednn-fused's, or a packed model's on lmtrace's kernel
+    if every:
+        what += f", {every} with RMSNorm, rotary, SiLU·mul and decode attention in C"
+    if count > every:
+        what += f", {count - every} with RMSNorm and rotary in C (torch's bits)"
     model.lmtrace_matmul = f"{matmul} ({what})" if matmul != "default" else None
     return switched
 

@@ -1,4 +1,4 @@
-"""Compiles kernels.c and int4.c once per source, compiler flags and CPU into lmtrace's cache and
+"""Compiles kernels.c, int4.c and layer.c once per source, compiler flags and CPU into lmtrace's cache and
 loads them as one library."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 from lmtrace.errors import InvalidParameter
 from lmtrace.model.gguf.converted import cache_root
 
-SOURCES = [Path(__file__).with_name(name) for name in ("kernels.c", "int4.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("kernels.c", "int4.c", "layer.c")]
+HEADER = Path(__file__).with_name("kernels.h")  # the structs they share
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC", "-pthread"]
 # with glibc's vector math library SiLU's exp runs on 8 lanes; without it (another libc) on one; with
 # OpenMP int4.c's threads are torch's own pool (the same libgomp.so.1, loaded by torch first)
@@ -49,7 +50,7 @@ def _cpu() -> str:
 
 
 def _key(cc: str) -> str:
-    sources = [source.read_bytes() for source in SOURCES]
+    sources = [source.read_bytes() for source in [*SOURCES, HEADER]]
     flags = " ".join(FLAGS) + repr(ATTEMPTS)
     parts = [*sources, flags.encode(), cc.encode(), _cpu().encode(), platform.machine().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
@@ -96,6 +97,8 @@ def library() -> ctypes.CDLL:
     lib.lmt_decode_attention.argtypes = [attention]
     lib.lmt_int4_mm.argtypes = [ctypes.POINTER(Int4), ctypes.c_int]
     lib.lmt_int4_openmp.argtypes, lib.lmt_int4_openmp.restype = [], ctypes.c_int
+    lib.lmt_layer_qkv.argtypes = [ctypes.POINTER(Layer), p, n, p, p, p, p]
+    lib.lmt_layer_rest.argtypes = [ctypes.POINTER(Layer), Attention, p, n, p]
     for fn in (
         lib.lmt_rms_norm,
         lib.lmt_add_rms_norm,
@@ -103,6 +106,8 @@ def library() -> ctypes.CDLL:
         lib.lmt_rotary,
         lib.lmt_decode_attention,
         lib.lmt_int4_mm,
+        lib.lmt_layer_qkv,
+        lib.lmt_layer_rest,
     ):
         fn.restype = None
     return lib
@@ -150,4 +155,25 @@ class Int4(ctypes.Structure):
         ("panels", ctypes.c_long),
         ("pieces", ctypes.c_int),
         ("y", ctypes.c_void_p),
+    ]
+
+
+class Layer(ctypes.Structure):
+    """layer.c's lmt_layer: the layer's norms and products (their x, rows and y set per call) and shape."""
+
+    _fields_ = [
+        ("input_norm", Norm),
+        ("post_norm", Norm),
+        ("qkv", Int4),
+        ("o", Int4),
+        ("gate_up", Int4),
+        ("down", Int4),
+        ("hidden", ctypes.c_long),
+        ("heads", ctypes.c_long),
+        ("kv_heads", ctypes.c_long),
+        ("head_dim", ctypes.c_long),
+        ("inter", ctypes.c_long),
+        ("scale", ctypes.c_float),
+        ("threads", ctypes.c_int),
+        ("serial_work", ctypes.c_long),
     ]

@@ -16,28 +16,13 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
+#include "kernels.h"
 #ifdef _OPENMP
 #include <omp.h> /* torch's own OpenMP runtime where torch is loaded first: its threads, no others */
 #endif
 
 #define PANEL 64 /* output columns made together */
 #define CHUNK 128 /* input positions of a panel in the buffer at once (32 KB) */
-
-/* one product: x (rows, in) float32; codes (panels, pieces * in / 8, 8, 8) uint32: for each panel,
-   run of 8 input positions and block of 8 columns, one 32-bit word per column whose nibble j holds
-   (c ^ 8) for position j of the run (read back as a signed nibble it is c - 8); scales and zeros
-   (panels, pieces * in / 32, 64) float32; y (rows, panels * 64) float32 */
-typedef struct {
-    const float* x;
-    long rows;
-    long in;
-    const uint32_t* codes;
-    const float* scales;
-    const float* zeros;
-    long panels;
-    int pieces;
-    float* y;
-} lmt_int4;
 
 /* c - 8 of position j of a run, for the 8 columns of a word vector: the nibble moved to the top,
    then shifted back with its sign */

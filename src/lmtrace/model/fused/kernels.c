@@ -3,6 +3,8 @@
    -ffp-contract=off: each product and sum is rounded as torch rounds it, no fused multiply-add. */
 #include <math.h>
 
+#include "kernels.h"
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -49,12 +51,6 @@ static float sum_of_squares(const float* x, long n, int lanes) {
     return total;
 }
 
-/* an RMSNorm: its weight (n floats), epsilon, and the width of torch's vectors its sum follows */
-typedef struct {
-    const float* weight;
-    float eps;
-    int lanes;
-} lmt_norm;
 
 /* out = w * (x * rsqrt(mean(x^2) + eps)) per row of n: transformers' LlamaRMSNorm in float32, as
    torch's rms_norm computes it */
@@ -176,18 +172,6 @@ static void weighted_sum(const float* p, const float* v, long v_sl, long length,
     }
 }
 
-/* One decode step's attention: its tensors (q[b, h] at b * q_stride[0] + h * q_stride[1]; k[b, g, l]
-   at b * k_stride[0] + g * k_stride[1] + l * k_stride[2], v likewise), keep[b * keep_stride + l]
-   (bytes, 0: masked out; NULL: every key), out (batch, heads, d), `length` floats of scratch */
-typedef struct {
-    const float *q, *k, *v;
-    long q_stride[2], k_stride[3], v_stride[3];
-    const unsigned char* keep;
-    long keep_stride;
-    float *out, *scores;
-    long batch, heads, kv_heads, length, d;
-    float scale;
-} lmt_attention;
 
 /* softmax(scale q.k) v over each row's keys for every row and query head, query head h reading
    key/value head h / (heads / kv_heads) (grouped-query). A row with no key to attend gets zeros. */

@@ -77,19 +77,30 @@ def decode_attention(
     value (b, kv_heads, keys, d), read in place whatever their strides along b, heads and keys;
     (b, 1, heads, d) as transformers' attention functions return it."""
     b, heads, _, d = query.shape
+    out = query.new_empty((b, 1, heads, d))
+    call, held = attention_call(query, key, value, mask, scale)
+    call.out = out.data_ptr()
+    library().lmt_decode_attention(call)
+    del held
+    return out
+
+
+def attention_call(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[Attention, list[torch.Tensor]]:
+    """`decode_attention`'s call (its `out` unset) and the tensors it reads, to be kept alive until it is made."""
+    b, heads, _, d = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
     keep, keep_stride = _keep(mask, length)
-    out = query.new_empty((b, 1, heads, d))
     scores = query.new_empty(length)
     call = Attention(query.data_ptr(), key.data_ptr(), value.data_ptr())
     call.q_stride[:] = query.stride()[:2]
     call.k_stride[:], call.v_stride[:] = key.stride()[:3], value.stride()[:3]
     call.keep, call.keep_stride = (keep.data_ptr() if keep is not None else None), keep_stride
-    call.out, call.scores = out.data_ptr(), scores.data_ptr()
+    call.scores = scores.data_ptr()
     call.batch, call.heads, call.kv_heads, call.length, call.d, call.scale = b, heads, kv_heads, length, d, scale
-    library().lmt_decode_attention(call)
-    return out
+    return call, [query, key, value, scores, *([keep] if keep is not None else [])]
 
 
 def _keep(mask: torch.Tensor | None, length: int) -> tuple[torch.Tensor | None, int]:
@@ -127,10 +138,9 @@ def _int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, p
     y = x.new_empty((rows, panels * 64))
     work = rows * width * pieces * panels * 64
     threads = torch.get_num_threads() if work >= SERIAL_WORK[bool(library().lmt_int4_openmp())] else 1
-    scales, zeros = scales_zeros[0], scales_zeros[1]
-    product = Int4(
-        x.data_ptr(), rows, width, codes.data_ptr(), scales.data_ptr(), zeros.data_ptr(), panels, pieces, y.data_ptr()
-    )
+    scales = scales_zeros.data_ptr()  # scales_zeros[0] and [1] without making tensors of them (~4 us each)
+    zeros = scales + scales_zeros.stride(0) * scales_zeros.element_size()
+    product = Int4(x.data_ptr(), rows, width, codes.data_ptr(), scales, zeros, panels, pieces, y.data_ptr())
     library().lmt_int4_mm(product, threads)
     return y
 

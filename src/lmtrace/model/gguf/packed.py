@@ -351,9 +351,13 @@ def pack_gguf(
 
         report.fused = fuse_groups(model, form_of)
         trim_heap()  # the unfused layers' blocks, freed
+        from lmtrace.model.gguf.joined import join_attention
+
+        report.joined = join_attention(model)  # q/k/v in one call of lmtrace's kernel
         from lmtrace.model import layer_path
 
-        report.layers = layer_path.install(model)  # Llama decoder layers as one function, bit for bit
+        report.layers = layer_path.install(model)  # Llama decoder layers as one function
+        report.small_ops = layer_path.fused_layers(model, every=True)  # on lmtrace's kernel: all in C
     report.seconds = time.perf_counter() - started
     model.lmtrace_packed = report
     return report

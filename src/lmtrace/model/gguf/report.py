@@ -26,7 +26,11 @@ class PackReport:
     seconds: float = 0.0
     embedding: str = ""  # how the input embedding is held (a packed load: model/gguf/embedding.py)
     fused: int = 0  # groups of sibling projections stacked into one kernel call (model/gguf/fused.py)
+    joined: int = 0  # attention modules whose q/k/v run as one call of lmtrace's kernel (model/gguf/joined.py)
     layers: int = 0  # decoder layers computed as one function over the packed products (model/layer_path.py)
+    # of those, the layers whose small operations (RMSNorm, rotary, SiLU·mul, the decode step's
+    # attention) run in C: every one on lmtrace's kernel (model/fused)
+    small_ops: int = 0
 
     def types(self) -> str:
         """e.g. "Q4_K x27, Q5_0 x81, Q6_K x9, Q8_0 x11": the GGUF types that run packed."""
@@ -50,8 +54,11 @@ class PackReport:
         return text
 
     def short(self) -> str:
-        """e.g. "packed (Q4_1 x210, Q8_0 x1), float32 activations, lmtrace's kernel; kept float: 1" """
+        """e.g. "packed (Q4_1 x210, Q8_0 x1), float32 activations, lmtrace's kernel, 30 layers' small
+        operations in C; kept float: 1" """
         text = f"packed ({self.types()}), {self.compute_dtype} activations, {self.kernel} kernel"
+        if self.small_ops:
+            text += f", {self.small_ops} layers' small operations in C"
         return text + (f"; kept float: {len(self.kept_float)}" if self.kept_float else "")
 
     def to_dict(self) -> dict[str, Any]:
