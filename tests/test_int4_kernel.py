@@ -39,10 +39,11 @@ def test_the_float32_product_of_the_exact_weights(type_name):
     assert ((coarse(x) - want).abs().max() / want.abs().max()).item() > 1e-4
 
 
-def test_each_row_the_same_alone_in_a_batch_or_on_threads(monkeypatch):
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+def test_each_row_the_same_alone_in_a_batch_or_on_threads(monkeypatch, type_name):
     """Rows in blocks of 4 share the codes' unpacking; a row's sums never depend on the block, the
     batch or the threads the columns are split over."""
-    layer, _ = _layer("Q4_1")
+    layer, _ = _layer(type_name)
     x = torch.randn(7, IN, generator=torch.Generator().manual_seed(2))
     together = layer(x)
     for i in range(7):

@@ -190,7 +190,9 @@ def test_packed_weights_of_a_gguf_against_an_independent_load(tmp_path, tiny_tok
     base = along(plain(lm.model, ids + tokens, len(ids)), tokens)
     for s, x, b in zip(v["steps"], lp, base):
         assert abs(s["logprob"] - x) <= TOL and abs(s["delta"] - (x - b)) <= TOL
-    assert v["max_abs_delta"] > 0  # the packed kernel sums in its own order: a change, float32-sized here
+    # lmtrace's kernel: the file's own Q8_0 weights (8-bit codes, c * d exactly) in float32 chains of
+    # multiply-adds: within the opt-in bound of the float path (on this 64-wide model, often its bits)
+    assert "lmtrace's kernel" in v["about"] and v["max_abs_delta"] <= 5e-5
     assert v["first_divergence"] == first_divergence(tokens, hf_tokens(other, [ids], lm, 8))
 
 

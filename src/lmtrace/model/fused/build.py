@@ -155,6 +155,7 @@ class Int4(ctypes.Structure):
         ("panels", ctypes.c_long),
         ("pieces", ctypes.c_int),
         ("y", ctypes.c_void_p),
+        ("bits", ctypes.c_int),  # 4 or 8
     ]
 
 

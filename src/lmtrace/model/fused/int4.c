@@ -1,13 +1,13 @@
 /* A packed GGUF layer's product in float32 (see lmtrace/model/gguf/nibbles.py): y = x W^T where W
    is held as 4-bit codes c with, per group of 32 along the input and per output column, a scale S
    and a zero Z, the weight being (c - 8) * S + Z, summed over the layer's pieces (each piece reads
-   the same input). Columns go in panels of 64: a chunk of a panel's weights is made in float32,
-   fma(c - 8, S, Z) (one rounding: gguf's own dequantized value for a one-piece type), into a
-   buffer, and every input row multiplies it. Each output element is a chain of fused multiply-adds
-   along each chunk of 128 input positions in order, the chunks' sums added in order, so it is the
-   same whatever the rows of the call, the threads sharing it, or how its rows and columns are
-   blocked. Built by lmtrace.model.fused.build
-   with the other kernels. */
+   the same input), or as one piece of 8-bit codes, the weight c * S + Z (types whose integers need
+   5 to 8 bits: Q8_0, Q5_0, Q5_1, Q5_K...). Columns go in panels of 64: a chunk of a panel's weights
+   is made in float32, fma(c - 8, S, Z) or fma(c, S, Z) (one rounding: gguf's own dequantized value
+   for a one-piece type), into a buffer, and every input row multiplies it. Each output element is a
+   chain of fused multiply-adds along each chunk of 128 input positions in order, the chunks' sums
+   added in order, so it is the same whatever the rows of the call, the threads sharing it, or how
+   its rows and columns are blocked. Built by lmtrace.model.fused.build with the other kernels. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -56,6 +56,30 @@ static void weights(const lmt_int4* a, long panel, int p, long k0, long n, float
                 const int c = (int)((codes[col] >> (4 * j)) & 15) ^ 8; /* c - 8 + 8 */
                 w[(k8 + j) * PANEL + col] = fmaf((float)(c - 8), s[col], z[col]);
             }
+#endif
+    }
+}
+
+/* 8-bit codes: the panel's 64 codes at input position k (one piece) */
+static inline const int8_t* byte_codes(const lmt_int4* a, long panel, long k) {
+    return (const int8_t*)a->codes + (panel * a->in + k) * PANEL;
+}
+
+/* weights() for 8-bit codes: fma(c, S, Z) */
+static void weights8(const lmt_int4* a, long panel, long k0, long n, float* w) {
+    const long groups = a->in / 32, group0 = panel * groups + k0 / 32;
+    for (long k = 0; k < n; k++) {
+        const int8_t* codes = byte_codes(a, panel, k0 + k);
+        const float* s = a->scales + (group0 + k / 32) * PANEL;
+        const float* z = a->zeros + (group0 + k / 32) * PANEL;
+#if defined(__AVX2__) && defined(__FMA__)
+        for (int b = 0; b < 8; b++) {
+            const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(codes + b * 8))));
+            _mm256_storeu_ps(w + k * PANEL + b * 8,
+                             _mm256_fmadd_ps(c, _mm256_loadu_ps(s + b * 8), _mm256_loadu_ps(z + b * 8)));
+        }
+#else
+        for (int col = 0; col < PANEL; col++) w[k * PANEL + col] = fmaf((float)codes[col], s[col], z[col]);
 #endif
     }
 }
@@ -117,6 +141,35 @@ static void direct(const lmt_int4* a, long panel, int p, long k0, long n, const 
     }
 }
 
+/* direct() for 8-bit codes: each weight made in registers as weights8() makes it */
+static void direct8(const lmt_int4* a, long panel, long k0, long n, const float* x, float* y, int first) {
+    const long groups = a->in / 32, group0 = panel * groups + k0 / 32;
+    for (int half = 0; half < 2; half++) {
+        __m256 acc[4];
+        for (int q = 0; q < 4; q++) acc[q] = _mm256_setzero_ps();
+        for (long g = 0; g < n / 32; g++) {
+            __m256 s[4], z[4];
+            for (int q = 0; q < 4; q++) {
+                s[q] = _mm256_loadu_ps(a->scales + (group0 + g) * PANEL + half * 32 + q * 8);
+                z[q] = _mm256_loadu_ps(a->zeros + (group0 + g) * PANEL + half * 32 + q * 8);
+            }
+            for (long k = g * 32; k < g * 32 + 32; k++) {
+                const int8_t* codes = byte_codes(a, panel, k0 + k) + half * 32;
+                const __m256 xk = _mm256_broadcast_ss(x + k);
+                for (int q = 0; q < 4; q++) {
+                    const __m128i c8 = _mm_loadl_epi64((const __m128i*)(codes + q * 8));
+                    const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c8)), s[q], z[q]);
+                    acc[q] = _mm256_fmadd_ps(w, xk, acc[q]);
+                }
+            }
+        }
+        for (int q = 0; q < 4; q++) {
+            float* at = y + half * 32 + q * 8;
+            _mm256_storeu_ps(at, first ? acc[q] : _mm256_add_ps(_mm256_loadu_ps(at), acc[q]));
+        }
+    }
+}
+
 /* one row, the panel's 64 columns */
 static inline void one_row(const float* w, long n, const float* x, float* y, int first) {
     __m256 acc[8];
@@ -149,12 +202,21 @@ static void panels(const lmt_int4* a, long start, long end) {
                 long m = 0;
 #if defined(__AVX2__) && defined(__FMA__)
                 if (a->rows < 4) {
-                    for (; m < a->rows; m++)
-                        direct(a, panel, p, k0, n, a->x + m * a->in + k0, a->y + m * out + panel * PANEL, first);
+                    for (; m < a->rows; m++) {
+                        const float* x = a->x + m * a->in + k0;
+                        float* y = a->y + m * out + panel * PANEL;
+                        if (a->bits == 8)
+                            direct8(a, panel, k0, n, x, y, first);
+                        else
+                            direct(a, panel, p, k0, n, x, y, first);
+                    }
                     continue;
                 }
 #endif
-                weights(a, panel, p, k0, n, w);
+                if (a->bits == 8)
+                    weights8(a, panel, k0, n, w);
+                else
+                    weights(a, panel, p, k0, n, w);
 #if defined(__AVX2__) && defined(__FMA__)
                 for (; m + 4 <= a->rows; m += 4)
                     for (int j = 0; j < PANEL; j += 16)

@@ -24,10 +24,12 @@ typedef struct {
     float scale;
 } lmt_attention;
 
-/* one packed product: x (rows, in) float32; codes (panels, pieces * in / 8, 8, 8) uint32: for each
-   panel, run of 8 input positions and block of 8 columns, one 32-bit word per column whose nibble j
-   holds (c ^ 8) for position j of the run (read back as a signed nibble it is c - 8); scales and
-   zeros (panels, pieces * in / 32, 64) float32; y (rows, panels * 64) float32 */
+/* one packed product: x (rows, in) float32; with 4 bits, codes (panels, pieces * in / 8, 8, 8)
+   uint32: for each panel, run of 8 input positions and block of 8 columns, one 32-bit word per
+   column whose nibble j holds (c ^ 8) for position j of the run (read back as a signed nibble it is
+   c - 8), the weight (c - 8) * S + Z; with 8 bits (one piece), codes (panels, in, 64) int8 c, the
+   weight c * S + Z; scales and zeros (panels, pieces * in / 32, 64) float32; y (rows, panels * 64)
+   float32 */
 typedef struct {
     const float* x;
     long rows;
@@ -38,6 +40,7 @@ typedef struct {
     long panels;
     int pieces;
     float* y;
+    int bits; /* 4 or 8 */
 } lmt_int4;
 
 void lmt_rms_norm(const float* x, float* out, long rows, long n, const lmt_norm* norm);

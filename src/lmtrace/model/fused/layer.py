@@ -24,12 +24,13 @@ class Product:
     scale_zeros: torch.Tensor  # (2, panels, groups * 64) float32, each half contiguous
     pieces: int
     in_features: int
+    bits: int
 
     def call(self) -> Int4:
         scales = self.scale_zeros.data_ptr()
         zeros = scales + self.scale_zeros.stride(0) * self.scale_zeros.element_size()
-        panels = self.codes.shape[0]
-        return Int4(None, 0, self.in_features, self.codes.data_ptr(), scales, zeros, panels, self.pieces, None)
+        codes, panels = self.codes.data_ptr(), self.codes.shape[0]
+        return Int4(None, 0, self.in_features, codes, scales, zeros, panels, self.pieces, None, self.bits)
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,18 @@ class Shape:
 
 class CLayer:
     """One decoder layer's two calls. `norms` (input, post-attention) weights; `products` q/k/v (one
-    joined product), o, gate/up (one), down; every output a whole number of 64-column panels."""
+    joined product), o, gate/up (one), down; every output a whole number of 64-column panels;
+    `watched` the layer's tensors the form stands for (`holds`)."""
 
-    def __init__(self, norms: tuple[torch.Tensor, torch.Tensor], products: list[Product], shape: Shape) -> None:
+    def __init__(
+        self,
+        norms: tuple[torch.Tensor, torch.Tensor],
+        products: list[Product],
+        shape: Shape,
+        watched: list[torch.Tensor],
+    ) -> None:
         self.tensors = [*norms, *(t for p in products for t in (p.codes, p.scale_zeros))]  # what the struct points at
-        self.addresses = tuple(t.data_ptr() for t in self.tensors)
+        self.watched = watched  # the layer's tensors as it held them (`holds`)
         self.shape = shape
         call = Layer()
         call.input_norm = Norm(norms[0].data_ptr(), shape.eps[0], ops.LANES)
@@ -64,8 +72,9 @@ class CLayer:
         return None  # a copied model's layer has no C form (its calls one by one, the same numbers)
 
     def holds(self, tensors: list[torch.Tensor]) -> bool:
-        """Whether the layer's norms and products are still these tensors, where they were."""
-        return len(tensors) == len(self.addresses) and all(t.data_ptr() == a for t, a in zip(tensors, self.addresses))
+        """Whether the layer holds the very tensors it held when this form was made (none replaced:
+        the struct reads their memory)."""
+        return len(tensors) == len(self.watched) and all(a is b for a, b in zip(tensors, self.watched))
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (b, s, hidden) -> (qkv (b, s, width), qk (b, s, heads + kv_heads, head_dim) rotated)."""

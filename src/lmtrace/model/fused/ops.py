@@ -120,18 +120,20 @@ def _keep(mask: torch.Tensor | None, length: int) -> tuple[torch.Tensor | None, 
 SERIAL_WORK = {True: 1 << 18, False: 1 << 27}
 
 
-def int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int) -> torch.Tensor:
+def int4_mm(
+    x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int = 4
+) -> torch.Tensor:
     """x (rows, in) float32 times a packed GGUF layer's weights in panels of 64 output columns
-    (lmtrace.model.gguf.nibbles): codes (panels, pieces * in * 8) int32, scales_zeros (2, panels,
-    pieces * in / 32 * 64) float32; (rows, panels * 64) float32, each element computed the same way
-    whatever the rows or threads. Inside torch.compile it is one opaque operation
-    (`torch.ops.lmtrace.int4_mm`)."""
+    (lmtrace.model.gguf.nibbles): codes (panels, pieces * in * 8) int32 (4 bits) or (panels, in * 64)
+    int8 (8 bits, one piece), scales_zeros (2, panels, pieces * in / 32 * 64) float32; (rows, panels *
+    64) float32, each element computed the same way whatever the rows or threads. Inside
+    torch.compile it is one opaque operation (`torch.ops.lmtrace.int4_mm`)."""
     if torch.compiler.is_compiling():
-        return torch.ops.lmtrace.int4_mm(x, codes, scales_zeros, pieces)
-    return _int4_mm(x, codes, scales_zeros, pieces)
+        return torch.ops.lmtrace.int4_mm(x, codes, scales_zeros, pieces, bits)
+    return _int4_mm(x, codes, scales_zeros, pieces, bits)
 
 
-def _int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int) -> torch.Tensor:
+def _int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int) -> torch.Tensor:
     x = x.contiguous()
     rows, width = x.shape
     panels = codes.shape[0]
@@ -140,16 +142,20 @@ def _int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, p
     threads = torch.get_num_threads() if work >= SERIAL_WORK[bool(library().lmt_int4_openmp())] else 1
     scales = scales_zeros.data_ptr()  # scales_zeros[0] and [1] without making tensors of them (~4 us each)
     zeros = scales + scales_zeros.stride(0) * scales_zeros.element_size()
-    product = Int4(x.data_ptr(), rows, width, codes.data_ptr(), scales, zeros, panels, pieces, y.data_ptr())
+    product = Int4(x.data_ptr(), rows, width, codes.data_ptr(), scales, zeros, panels, pieces, y.data_ptr(), bits)
     library().lmt_int4_mm(product, threads)
     return y
 
 
 @torch.library.custom_op("lmtrace::int4_mm", mutates_args=())
-def _int4_mm_op(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int) -> torch.Tensor:
-    return _int4_mm(x, codes, scales_zeros, pieces)
+def _int4_mm_op(
+    x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int
+) -> torch.Tensor:
+    return _int4_mm(x, codes, scales_zeros, pieces, bits)
 
 
 @_int4_mm_op.register_fake
-def _int4_mm_shape(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int) -> torch.Tensor:
+def _int4_mm_shape(
+    x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int
+) -> torch.Tensor:
     return x.new_empty((x.shape[0], codes.shape[0] * 64))

@@ -6,7 +6,8 @@ j (a signed nibble equal to c - 8: two shifts unpack it, no lookup or sign fix);
 group of 32 positions, the 64 columns' float32 scales S and zeros Z, the weight being
 (c - 8) * S + Z. The kernel makes each weight with one rounding, so a one-piece type's are gguf's
 own dequantized values, and multiplies float32 inputs without rounding them (torch's int4 kernel
-rounds every input, scale and zero to bfloat16)."""
+rounds every input, scale and zero to bfloat16). A two-piece form (5 to 8 bits) is held as one
+piece of 8-bit codes instead (`bytes_form`): (panels, in, 64) int8, the weight c * S + Z."""
 
 from __future__ import annotations
 
@@ -51,17 +52,51 @@ def nibbles(form: Int4Form) -> tuple[torch.Tensor, torch.Tensor]:
     return words.contiguous(), scales_zeros.contiguous()
 
 
-def nibble_chunks(forms: Iterable[Int4Form], pieces: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def bytes_form(form: Int4Form) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A two-piece form (a type of 5 to 8 bits: high and low nibbles, S_high = 16 S_low) as one piece
+    of 8-bit codes: c = 16 (c_high - 8) + c_low in [-128, 127], S = S_low, Z = Z_high + Z_low - 8 S_low,
+    so that c * S + Z is the pieces' exact sum (one rounding: gguf's own value); (codes (panels,
+    in * 64) int8, scales and zeros (2, panels, groups * 64) float32), or None where the form is not
+    such a pair or Z is not a float32 number."""
+    if form.pieces != 2:
+        return None
+    out, n = form.codes.shape[0], form.in_features
+    groups = n // GROUP
+    s_high, s_low = form.scales[:groups].double(), form.scales[groups:].double()
+    if not torch.equal(s_high, 16 * s_low):
+        return None
+    zeros = form.zeros[:groups].double() + form.zeros[groups:].double() - 8 * s_low
+    if not torch.equal(zeros.float().double(), zeros):
+        return None
+    codes = 16 * (form.codes[:, :n] - 8) + form.codes[:, n:]  # (out, in)
+    extra = -out % PANEL
+    scales_zeros = torch.stack([s_low.float(), zeros.float()])  # (2, groups, out)
+    if extra:  # code 0, scale 0, zero 0: weight 0
+        codes = torch.cat([codes, codes.new_zeros((extra, n))])
+        scales_zeros = torch.cat([scales_zeros, scales_zeros.new_zeros((2, groups, extra))], 2)
+    panels = (out + extra) // PANEL
+    codes = codes.to(torch.int8).reshape(panels, PANEL, n).transpose(1, 2).reshape(panels, -1)  # (panels, in, 64)
+    scales_zeros = scales_zeros.reshape(2, groups, panels, PANEL).transpose(1, 2).reshape(2, panels, -1)
+    return codes.contiguous(), scales_zeros.contiguous()
+
+
+def nibble_chunks(forms: Iterable[Int4Form], pieces: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The C form of `rows` rows given in chunks (each a multiple of 64 rows but the last), copied
-    into buffers made once."""
+    into buffers made once, and its bits: 8 where the chunks are two-piece forms `bytes_form`
+    takes (each chunk must, or a ValueError about row chunks), else 4."""
     codes = scales_zeros = None
-    done, panels = 0, -(-rows // PANEL)
+    done, panels, bits = 0, -(-rows // PANEL), 4
     for part in forms:
         if part.pieces != pieces:
             raise ValueError("row chunks of different pieces")
         if done % PANEL:
             raise ValueError(f"a row chunk after {done} rows: chunks but the last must be a multiple of 64 rows")
-        c, sz = nibbles(part)
+        as_bytes = bytes_form(part) if bits == 8 or codes is None else None
+        if codes is None and as_bytes is not None:
+            bits = 8
+        elif bits == 8 and as_bytes is None:
+            raise ValueError("row chunks of which only some have an 8-bit form")
+        c, sz = as_bytes if as_bytes is not None else nibbles(part)
         if codes is None or scales_zeros is None:
             codes = c.new_empty((panels, c.shape[1]))
             scales_zeros = sz.new_empty((2, panels, sz.shape[2]))
@@ -73,4 +108,4 @@ def nibble_chunks(forms: Iterable[Int4Form], pieces: int, rows: int) -> tuple[to
         done += part.codes.shape[0]
     if done != rows or codes is None or scales_zeros is None:
         raise ValueError(f"row chunks of {done} rows for a layer of {rows}")
-    return codes, scales_zeros
+    return codes, scales_zeros, bits
