@@ -21,4 +21,10 @@ within the opt-in bound (5e-5, tested) as `--matmul onednn`'s do. The decoder la
 where lmtrace.model.layer_path runs them as one function; a layer that falls back to transformers'
 forward (a hook, a replaced module, gradients) computes transformers' operations, and the attention
 kernel runs only for transformers' own sdpa attention (not one an observer registered).
+
+Packed GGUF layers (`weights="packed"`) multiply on lmtrace's own kernel here too (int4.c: 4-bit
+codes, or 8-bit for the types of 5 to 8 bits, float32 inputs); their Llama layers take all of these
+operations, and where every product is whole 64-column panels a decode step's layer is two calls
+(layer.c, lmtrace.model.fused.layer: q/k/v before transformers' cache update, the rest after), the
+same operations in the same order as one by one, so the same bits.
 """

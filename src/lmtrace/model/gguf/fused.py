@@ -4,9 +4,10 @@ conversion of the input, one call instead of two). Each output element is the sa
 over the same groups as before: the fused MLP is checked to give the model's own MLP output,
 bit for bit, before it replaces it. Stateless, so torch.compile traces it like any module.
 
-(q/k/v are not fused: their products feed the attention's own forward, which would have to be
-rewritten or handed a cached product; a cache keyed on the input recompiled torch.compile's graph
-at every step.)"""
+(q/k/v are not stacked here: their products feed the attention's own forward, which would have
+to be rewritten or handed a cached product; a cache keyed on the input recompiled torch.compile's
+graph at every step. On lmtrace's kernel they are joined instead, their buffers views of one pair,
+for the decoder layers lmtrace.model.layer_path computes as one function: model/gguf/joined.py.)"""
 
 from __future__ import annotations
 
