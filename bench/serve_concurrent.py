@@ -50,6 +50,7 @@ NAMES = {"lmtrace": "lmtrace serve (max_batch 16)", "vllm": "vLLM OpenAI server 
          "lmtrace-b1": "lmtrace serve (max_batch 1)",
          "lmtrace-onednn": "lmtrace serve --matmul onednn (max_batch 16)",
          "lmtrace-fused": "lmtrace serve --matmul onednn-fused (max_batch 16)",
+         "lmtrace-packed": "lmtrace serve --weights packed (the GGUF's Q4_1 blocks, float32 inputs; max_batch 16)",
          "lmtrace-before": "lmtrace serve from --before's checkout (max_batch 16)",
          "lmtrace-invariant": "lmtrace serve --batch-invariant (max_batch 16)",
          "llama.cpp": "llama-cpp-python's OpenAI server (the bundled GGUF file)"}  # fmt: skip
@@ -82,6 +83,7 @@ def command(
         args += ["--matmul", "onednn"] if kind == "lmtrace-onednn" else []
         args += ["--matmul", "onednn-fused"] if kind == "lmtrace-fused" else []
         args += ["--batch-invariant"] if kind == "lmtrace-invariant" else []
+        args += ["--weights", "packed"] if kind == "lmtrace-packed" else []
         return [sys.executable, "-c", "from lmtrace.cli import entry; entry()", *args], env
     args = ["--model", str(folder), "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
             "--max-num-seqs", "16", "--max-logprobs", "20", "--logprobs-mode", "raw_logprobs", "--seed", "0",

@@ -91,3 +91,29 @@ def test_a_copied_model_runs_its_layers_call_by_call(panels):
     ids = torch.tensor([[5, 9, 11, 3]])
     with torch.inference_mode():
         assert torch.equal(twin(ids).logits, panels.model(ids).logits)
+
+
+def test_serve_weights_packed(monkeypatch, tmp_path, tiny_tok, capsys):
+    """`lmtrace serve --weights packed` serves the file's packed weights on lmtrace's kernel (the
+    completion's logprobs those of `lmtrace.generate` on the same load); `--weights packed --compile`
+    loads too (lmtrace's kernel compiles), and with --server a client refuses --weights in one line."""
+    from fastapi.testclient import TestClient
+
+    from lmtrace.cli import main
+
+    monkeypatch.setenv("LMTRACE_GGUF_CACHE", "0")
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_tok, qtype="Q4_1", dims=PANELS, float_q=False)
+    apps = []
+    monkeypatch.setattr("lmtrace.server.run.Runner.run", lambda runner: apps.append(runner.server.config.app))
+    assert main(["serve", "--model", str(path), "--weights", "packed"]) == 0
+    assert main(["serve", "--model", str(path), "--weights", "packed", "--compile"]) == 0
+    assert "packed weights: 15 of 15 linear layers" in capsys.readouterr().err
+    lm = apps[0].state.lmtrace.lm
+    assert lm.model.lmtrace_packed.kernel == "lmtrace's"
+    body = {"model": apps[0].state.lmtrace.name, "prompt": PROMPTS[0], "max_tokens": 5, "temperature": 0,
+            "logprobs": 1, "ignore_eos": True}  # fmt: skip
+    got = TestClient(apps[0]).post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["token_logprobs"]
+    want = lmtrace.generate(lm, PROMPTS[0], max_new_tokens=5, temperature=0, stop_on_eos=False)
+    assert got == [s.logprob for s in want.steps]
+    assert main(["generate", "hi", "--server", "http://127.0.0.1:9", "--weights", "packed"]) == 2
+    assert "weights: --weights applies to a model loaded here" in capsys.readouterr().err

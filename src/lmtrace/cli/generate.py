@@ -17,6 +17,7 @@ from lmtrace.cli.options import (
     attribution_options,
     batch_invariant_option,
     check_compile_kernels,
+    check_compile_packed,
     constraint_options,
     device_map_option,
     draft_from,
@@ -149,15 +150,7 @@ def _check_pairs(kw: dict, params, draft: str | None) -> None:
     if kw["matmul"] != "default" and kw["server"]:
         raise InvalidParameter(f"server: --matmul {kw['matmul']} is the server's own option (lmtrace serve --matmul)")
     check_compile_kernels(kw["compile_"], kw["matmul"], draft)
-    if kw["compile_"] and kw["weights"] == "packed":  # as lmtrace.decode.static.check refuses it, before loading
-        from lmtrace.model.gguf.nibbles import kernel_available
-
-        if not kernel_available():
-            raise InvalidParameter(
-                "compile: not with --weights packed on torch's int4 kernel (no C compiler for lmtrace's: its "
-                "bfloat16 inputs turn the compiled graph's rounding into logprobs up to 0.1 apart from the packed "
-                "path's); a packed draft compiles: --draft packed --compile"
-            )
+    check_compile_packed(kw["compile_"], kw["weights"])
     if kw["batch_invariant"] and kw["server"]:
         raise InvalidParameter("server: --batch-invariant is the server's own option (lmtrace serve --batch-invariant)")
     if kw["batch_invariant"] and kw["compile_"]:

@@ -85,11 +85,11 @@ def _choice(flag: str, choices: list[str], help: str) -> Callable:
 
 
 def weights_option(f):
-    """Adds --weights: float (the default) or packed (a GGUF's own 4-bit weights, CPU)."""
+    """Adds --weights: float (the default) or packed (a GGUF's own quantized weights, CPU)."""
     return _choice("--weights", ["float", "packed"],
-                   "packed: run a .gguf's own Q4_0/Q4_1/Q8_0 weights at 4 bits (CPU; float32 activations "
-                   "through lmtrace's C kernel, bfloat16 without a C compiler) instead of dequantizing them "
-                   "to --dtype.")(f)  # fmt: skip
+                   "packed: run a .gguf's own quantized weights (Q4_0 … Q8_0, K-quants, IQ4) as 4- or 8-bit "
+                   "codes (CPU; float32 activations through lmtrace's C kernel, bfloat16 without a C compiler) "
+                   "instead of dequantizing them to --dtype.")(f)  # fmt: skip
 
 
 def matmul_option(f):
@@ -350,6 +350,21 @@ def draft_from(kw: dict) -> tuple[str | None, int]:
     if draft is None and k is not None:
         raise InvalidParameter(f"draft_tokens: only with --draft, got {k}")
     return draft, 4 if k is None else k
+
+
+def check_compile_packed(compile_: bool, weights: str) -> None:
+    """--compile with --weights packed: on lmtrace's kernel (a C compiler at hand) it compiles; on
+    torch's bfloat16 kernel it is refused before the model loads (as lmtrace.decode.static.check)."""
+    if not (compile_ and weights == "packed"):
+        return
+    from lmtrace.model.gguf.nibbles import kernel_available
+
+    if not kernel_available():
+        raise InvalidParameter(
+            "compile: not with --weights packed on torch's int4 kernel (no C compiler for lmtrace's: its "
+            "bfloat16 inputs turn the compiled graph's rounding into logprobs up to 0.1 apart from the packed "
+            "path's); a packed draft compiles: --draft packed --compile"
+        )
 
 
 def check_compile_kernels(compile_: bool, matmul: str, draft: str | None) -> None:

@@ -12,12 +12,14 @@ from lmtrace.cli.common import cli, load_draft, load_model
 from lmtrace.cli.options import (
     batch_invariant_option,
     check_compile_kernels,
+    check_compile_packed,
     draft_from,
     draft_options,
     logits_processor_option,
     matmul_option,
     model_options,
     observer_option,
+    weights_option,
 )
 from lmtrace.errors import InvalidParameter
 
@@ -122,10 +124,11 @@ def check_sizes(max_batch: int, prefix_cache_mb: int, max_body_mb: float, max_ro
         raise InvalidParameter(f"max_rows_per_request must be >= 1, got {max_rows_per_request}")
 
 
-def check_compile(compile_: bool, matmul: str, batch_invariant: bool, draft: str | None) -> None:
+def check_compile(compile_: bool, matmul: str, batch_invariant: bool, draft: str | None, weights: str) -> None:
     """--compile chooses its own kernels (as lmtrace generate refuses it, a draft of its own aside),
     before the model loads."""
     check_compile_kernels(compile_, matmul, draft)
+    check_compile_packed(compile_, weights)
     if compile_ and batch_invariant:
         raise InvalidParameter("compile: --compile chooses its own kernels; not with --batch-invariant")
 
@@ -211,6 +214,7 @@ def check_compile(compile_: bool, matmul: str, batch_invariant: bool, draft: str
 @logits_processor_option
 @observer_option
 @draft_options
+@weights_option
 @matmul_option
 @batch_invariant_option
 def serve(
@@ -231,6 +235,7 @@ def serve(
     max_body_mb,
     max_rows_per_request,
     no_docs,
+    weights,
     matmul,
     batch_invariant,
     **kw,
@@ -244,12 +249,12 @@ def serve(
     cors = cors_from(kw, api_key)
     draft, draft_tokens = draft_from(kw)
     check_sizes(max_batch, prefix_cache_mb, max_body_mb, max_rows_per_request)
-    check_compile(kw["compile_"], matmul, batch_invariant, draft)
+    check_compile(kw["compile_"], matmul, batch_invariant, draft, weights)
     from lmtrace.server import create_app
     from lmtrace.server.run import Runner
 
     status = Console(stderr=True)
-    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, matmul=matmul,
+    lm = load_model(status, model, device, dtype, allow_pickle, trust_remote_code, weights=weights, matmul=matmul,
                     batch_invariant=batch_invariant)  # fmt: skip
     chosen = load_draft(status, lm, draft)
     app = create_app(
