@@ -106,6 +106,20 @@ static inline void four_rows(const lmt_int4* a, const float* w, long n, const fl
         }
 }
 
+/* the scales and zeros of group `group` of the panels, for the 32 columns of half a panel */
+static inline void half_scales(const lmt_int4* a, long group, int half, __m256* s, __m256* z) {
+    for (int q = 0; q < 4; q++) {
+        s[q] = _mm256_loadu_ps(a->scales + group * PANEL + half * 32 + q * 8);
+        z[q] = _mm256_loadu_ps(a->zeros + group * PANEL + half * 32 + q * 8);
+    }
+}
+
+/* y[0 .. 32] = acc (the first chunk) or y + acc */
+static inline void store_half(const __m256* acc, float* y, int first) {
+    for (int q = 0; q < 4; q++)
+        _mm256_storeu_ps(y + q * 8, first ? acc[q] : _mm256_add_ps(_mm256_loadu_ps(y + q * 8), acc[q]));
+}
+
 /* one row, the panel's 64 columns, each weight made in registers as weights() makes it (the same
    value), half a panel at a time: for calls of fewer than 4 rows, where a buffer would be written
    and read for one row's use */
@@ -116,10 +130,7 @@ static void direct(const lmt_int4* a, long panel, int p, long k0, long n, const 
         for (int q = 0; q < 4; q++) acc[q] = _mm256_setzero_ps();
         for (long g = 0; g < n / 32; g++) {
             __m256 s[4], z[4];
-            for (int q = 0; q < 4; q++) {
-                s[q] = _mm256_loadu_ps(a->scales + (group0 + g) * PANEL + half * 32 + q * 8);
-                z[q] = _mm256_loadu_ps(a->zeros + (group0 + g) * PANEL + half * 32 + q * 8);
-            }
+            half_scales(a, group0 + g, half, s, z);
             for (long k8 = g * 32; k8 < g * 32 + 32; k8 += 8) {
                 const uint32_t* codes = run_codes(a, panel, p, k0 + k8) + half * 32;
                 __m256i v[4];
@@ -134,10 +145,7 @@ static void direct(const lmt_int4* a, long panel, int p, long k0, long n, const 
 #undef STEP
             }
         }
-        for (int q = 0; q < 4; q++) {
-            float* at = y + half * 32 + q * 8;
-            _mm256_storeu_ps(at, first ? acc[q] : _mm256_add_ps(_mm256_loadu_ps(at), acc[q]));
-        }
+        store_half(acc, y + half * 32, first);
     }
 }
 
@@ -149,10 +157,7 @@ static void direct8(const lmt_int4* a, long panel, long k0, long n, const float*
         for (int q = 0; q < 4; q++) acc[q] = _mm256_setzero_ps();
         for (long g = 0; g < n / 32; g++) {
             __m256 s[4], z[4];
-            for (int q = 0; q < 4; q++) {
-                s[q] = _mm256_loadu_ps(a->scales + (group0 + g) * PANEL + half * 32 + q * 8);
-                z[q] = _mm256_loadu_ps(a->zeros + (group0 + g) * PANEL + half * 32 + q * 8);
-            }
+            half_scales(a, group0 + g, half, s, z);
             for (long k = g * 32; k < g * 32 + 32; k++) {
                 const int8_t* codes = byte_codes(a, panel, k0 + k) + half * 32;
                 const __m256 xk = _mm256_broadcast_ss(x + k);
@@ -163,10 +168,7 @@ static void direct8(const lmt_int4* a, long panel, long k0, long n, const float*
                 }
             }
         }
-        for (int q = 0; q < 4; q++) {
-            float* at = y + half * 32 + q * 8;
-            _mm256_storeu_ps(at, first ? acc[q] : _mm256_add_ps(_mm256_loadu_ps(at), acc[q]));
-        }
+        store_half(acc, y + half * 32, first);
     }
 }
 
