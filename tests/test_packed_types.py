@@ -81,19 +81,17 @@ def test_packed_matmul_is_the_dequantized_matmul(written, type_name):
 
 @pytest.mark.parametrize("type_name", list(TYPES))
 def test_lmtraces_kernel_makes_each_weight_ggufs_own_value(written, type_name):
-    """On lmtrace's kernel a two-piece type runs as one piece of 8-bit codes (c * S + Z, one
-    rounding), so each weight of a type gguf rounds once is gguf's own value: a one-hot input reads
-    it back, bit for bit. Q6_K stays four 4-bit pieces (each rounded): within a rounding of it."""
+    """On lmtrace's kernel a two-piece type, and Q6_K's four pieces, run as one piece of 8-bit codes
+    (c * S + Z, one rounding; Q6_K with a scale per 16), so each weight is gguf's own value: a
+    one-hot input reads it back, bit for bit, alone and among other rows."""
     tensor = written[type_name]
     want = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).reshape(OUT, IN).copy())
     layer = packed.PackedLinear(int4_form(type_name, tensor.data, OUT, IN), None, torch.float32, type_name)
-    if type_name in ("Q8_0", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"):
-        assert (layer.bits, layer.pieces) == (8, 1)
-    read = layer(torch.eye(IN)).t()
-    if layer.pieces == 1:
-        assert torch.equal(read, want)
-    else:
-        torch.testing.assert_close(read, want, rtol=1e-6, atol=1e-9)
+    if type_name in ("Q8_0", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q6_K"):
+        assert (layer.bits, layer.pieces, layer.group) == (8, 1, 16 if type_name == "Q6_K" else 32)
+    assert layer.pieces == 1
+    assert torch.equal(layer(torch.eye(IN)).t(), want)
+    assert torch.equal(torch.cat([layer(torch.eye(IN)[k : k + 1]) for k in (0, 17, 300)]), want.t()[[0, 17, 300]])
 
 
 def test_a_row_count_the_kernel_cannot_take_is_padded(written):

@@ -304,8 +304,8 @@ def _make_c(layer: Any) -> CLayer | None:
     hidden, inter = attn.q_proj.in_features, mlp.sizes[0]
     if parts[0].out_features != hidden or parts[2].out_features != hidden or parts[1].out_features != 2 * inter:
         return None
-    products = [Product(joined.codes, joined.scale_zeros, joined.pieces, hidden, joined.bits)]
-    products += [Product(p.packed, p.scale_zeros, p.pieces, p.in_features, p.bits) for p in parts]
+    products = [Product(joined.codes, joined.scale_zeros, joined.pieces, hidden, joined.bits, joined.group)]
+    products += [Product(p.packed, p.scale_zeros, p.pieces, p.in_features, p.bits, p.group) for p in parts]
     norms = (layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"])
     heads, kv = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
     eps = (float(norms[0].variance_epsilon), float(norms[1].variance_epsilon))

@@ -156,6 +156,7 @@ class Int4(ctypes.Structure):
         ("pieces", ctypes.c_int),
         ("y", ctypes.c_void_p),
         ("bits", ctypes.c_int),  # 4 or 8
+        ("group", ctypes.c_int),  # input positions a scale covers: 32, or 16 (8 bits, Q6_K)
     ]
 
 

@@ -2,7 +2,7 @@
    is held as 4-bit codes c with, per group of 32 along the input and per output column, a scale S
    and a zero Z, the weight being (c - 8) * S + Z, summed over the layer's pieces (each piece reads
    the same input), or as one piece of 8-bit codes, the weight c * S + Z (types whose integers need
-   5 to 8 bits: Q8_0, Q5_0, Q5_1, Q5_K...). Columns go in panels of 64: a chunk of a panel's weights
+   5 to 8 bits: Q8_0, Q5_0, Q5_1, Q5_K..., and Q6_K with a scale per 16). Columns go in panels of 64: a chunk of a panel's weights
    is made in float32, fma(c - 8, S, Z) or fma(c, S, Z) (one rounding: gguf's own dequantized value
    for a one-piece type), into a buffer, and every input row multiplies it. Each output element is a
    chain of fused multiply-adds along each chunk of 128 input positions in order, the chunks' sums
@@ -67,11 +67,11 @@ static inline const int8_t* byte_codes(const lmt_int4* a, long panel, long k) {
 
 /* weights() for 8-bit codes: fma(c, S, Z) */
 static void weights8(const lmt_int4* a, long panel, long k0, long n, float* w) {
-    const long groups = a->in / 32, group0 = panel * groups + k0 / 32;
+    const long groups = a->in / a->group, group0 = panel * groups + k0 / a->group;
     for (long k = 0; k < n; k++) {
         const int8_t* codes = byte_codes(a, panel, k0 + k);
-        const float* s = a->scales + (group0 + k / 32) * PANEL;
-        const float* z = a->zeros + (group0 + k / 32) * PANEL;
+        const float* s = a->scales + (group0 + k / a->group) * PANEL;
+        const float* z = a->zeros + (group0 + k / a->group) * PANEL;
 #if defined(__AVX2__) && defined(__FMA__)
         for (int b = 0; b < 8; b++) {
             const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(codes + b * 8))));
@@ -151,14 +151,14 @@ static void direct(const lmt_int4* a, long panel, int p, long k0, long n, const 
 
 /* direct() for 8-bit codes: each weight made in registers as weights8() makes it */
 static void direct8(const lmt_int4* a, long panel, long k0, long n, const float* x, float* y, int first) {
-    const long groups = a->in / 32, group0 = panel * groups + k0 / 32;
+    const long group = a->group, groups = a->in / group, group0 = panel * groups + k0 / group;
     for (int half = 0; half < 2; half++) {
         __m256 acc[4];
         for (int q = 0; q < 4; q++) acc[q] = _mm256_setzero_ps();
-        for (long g = 0; g < n / 32; g++) {
+        for (long g = 0; g < n / group; g++) {
             __m256 s[4], z[4];
             half_scales(a, group0 + g, half, s, z);
-            for (long k = g * 32; k < g * 32 + 32; k++) {
+            for (long k = g * group; k < g * group + group; k++) {
                 const int8_t* codes = byte_codes(a, panel, k0 + k) + half * 32;
                 const __m256 xk = _mm256_broadcast_ss(x + k);
                 for (int q = 0; q < 4; q++) {

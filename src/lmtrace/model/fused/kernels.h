@@ -28,8 +28,8 @@ typedef struct {
    uint32: for each panel, run of 8 input positions and block of 8 columns, one 32-bit word per
    column whose nibble j holds (c ^ 8) for position j of the run (read back as a signed nibble it is
    c - 8), the weight (c - 8) * S + Z; with 8 bits (one piece), codes (panels, in, 64) int8 c, the
-   weight c * S + Z; scales and zeros (panels, pieces * in / 32, 64) float32; y (rows, panels * 64)
-   float32 */
+   weight c * S + Z; scales and zeros (panels, pieces * in / group, 64) float32; y (rows, panels *
+   64) float32 */
 typedef struct {
     const float* x;
     long rows;
@@ -40,7 +40,8 @@ typedef struct {
     long panels;
     int pieces;
     float* y;
-    int bits; /* 4 or 8 */
+    int bits;  /* 4 or 8 */
+    int group; /* input positions a scale and zero cover: 32, or with 8 bits 16 (Q6_K) */
 } lmt_int4;
 
 void lmt_rms_norm(const float* x, float* out, long rows, long n, const lmt_norm* norm);

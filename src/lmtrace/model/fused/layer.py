@@ -25,12 +25,13 @@ class Product:
     pieces: int
     in_features: int
     bits: int
+    group: int  # input positions a scale covers
 
     def call(self) -> Int4:
         scales = self.scale_zeros.data_ptr()
         zeros = scales + self.scale_zeros.stride(0) * self.scale_zeros.element_size()
         codes, panels = self.codes.data_ptr(), self.codes.shape[0]
-        return Int4(None, 0, self.in_features, codes, scales, zeros, panels, self.pieces, None, self.bits)
+        return Int4(None, 0, self.in_features, codes, scales, zeros, panels, self.pieces, None, self.bits, self.group)
 
 
 @dataclass(frozen=True)

@@ -121,19 +121,22 @@ SERIAL_WORK = {True: 1 << 18, False: 1 << 27}
 
 
 def int4_mm(
-    x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int = 4
+    x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int = 4, group: int = 32
 ) -> torch.Tensor:
     """x (rows, in) float32 times a packed GGUF layer's weights in panels of 64 output columns
     (lmtrace.model.gguf.nibbles): codes (panels, pieces * in * 8) int32 (4 bits) or (panels, in * 64)
-    int8 (8 bits, one piece), scales_zeros (2, panels, pieces * in / 32 * 64) float32; (rows, panels *
+    int8 (8 bits, one piece), scales_zeros (2, panels, pieces * in / group * 64) float32 (a scale per
+    `group` input positions: 32, or 16 with 8 bits); (rows, panels *
     64) float32, each element computed the same way whatever the rows or threads. Inside
     torch.compile it is one opaque operation (`torch.ops.lmtrace.int4_mm`)."""
     if torch.compiler.is_compiling():
-        return torch.ops.lmtrace.int4_mm(x, codes, scales_zeros, pieces, bits)
-    return _int4_mm(x, codes, scales_zeros, pieces, bits)
+        return torch.ops.lmtrace.int4_mm(x, codes, scales_zeros, pieces, bits, group)
+    return _int4_mm(x, codes, scales_zeros, pieces, bits, group)
 
 
-def _int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int) -> torch.Tensor:
+def _int4_mm(
+    x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int, group: int
+) -> torch.Tensor:
     x = x.contiguous()
     rows, width = x.shape
     panels = codes.shape[0]
@@ -142,20 +145,22 @@ def _int4_mm(x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, p
     threads = torch.get_num_threads() if work >= SERIAL_WORK[bool(library().lmt_int4_openmp())] else 1
     scales = scales_zeros.data_ptr()  # scales_zeros[0] and [1] without making tensors of them (~4 us each)
     zeros = scales + scales_zeros.stride(0) * scales_zeros.element_size()
-    product = Int4(x.data_ptr(), rows, width, codes.data_ptr(), scales, zeros, panels, pieces, y.data_ptr(), bits)
+    product = Int4(
+        x.data_ptr(), rows, width, codes.data_ptr(), scales, zeros, panels, pieces, y.data_ptr(), bits, group
+    )
     library().lmt_int4_mm(product, threads)
     return y
 
 
 @torch.library.custom_op("lmtrace::int4_mm", mutates_args=())
 def _int4_mm_op(
-    x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int
+    x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int, group: int
 ) -> torch.Tensor:
-    return _int4_mm(x, codes, scales_zeros, pieces, bits)
+    return _int4_mm(x, codes, scales_zeros, pieces, bits, group)
 
 
 @_int4_mm_op.register_fake
 def _int4_mm_shape(
-    x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int
+    x: torch.Tensor, codes: torch.Tensor, scales_zeros: torch.Tensor, pieces: int, bits: int, group: int
 ) -> torch.Tensor:
     return x.new_empty((x.shape[0], codes.shape[0] * 64))

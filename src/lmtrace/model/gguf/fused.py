@@ -78,7 +78,7 @@ def fuse(model: nn.Module, form_of: Callable[[str, PackedLinear], Int4Form]) -> 
         down, act = getattr(mlp, "down_proj", None), getattr(mlp, "act_fn", None)
         if type(gate) is not PackedLinear or type(up) is not PackedLinear or down is None or act is None:
             continue
-        alike = [(m.in_features, m.pieces, m.bits, m.compute_dtype) for m in (gate, up)]
+        alike = [(m.in_features, m.pieces, m.bits, m.group, m.compute_dtype) for m in (gate, up)]
         if alike[0] != alike[1]:
             continue
         prefix = f"{name}." if name else ""

@@ -6,7 +6,7 @@ of multiply-adds whatever the columns beside it, so each layer's numbers are tho
 (lmtrace.model.layer_path); transformers' forward still calls each layer, on its views.
 
 Joined only where each layer runs on lmtrace's kernel, without a bias, with the same input and
-pieces and bits and a whole number of the kernel's 64-column panels (no padding between them)."""
+pieces, bits and scale groups and a whole number of the kernel's 64-column panels (no padding between them)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class Joined:
         self.layers = tuple(layers)
         self.codes = torch.cat([layer.packed for layer in layers])
         self.scale_zeros = torch.cat([layer.scale_zeros for layer in layers], 1)
-        self.pieces, self.bits = layers[0].pieces, layers[0].bits
+        self.pieces, self.bits, self.group = layers[0].pieces, layers[0].bits, layers[0].group
         at = 0
         for layer in layers:
             panels = layer.packed.shape[0]
@@ -46,7 +46,7 @@ class Joined:
         """(rows, sum of the layers' outputs) float32 for a `PackedLinear.prepared` input."""
         from lmtrace.model.fused import ops
 
-        return ops.int4_mm(flat, self.codes, self.scale_zeros, self.pieces, self.bits)
+        return ops.int4_mm(flat, self.codes, self.scale_zeros, self.pieces, self.bits, self.group)
 
 
 def joinable(layers: list[Any]) -> bool:
@@ -56,7 +56,8 @@ def joinable(layers: list[Any]) -> bool:
         and layer.own_kernel
         and layer.bias is None
         and layer.out_features % PANEL == 0
-        and (layer.in_features, layer.pieces, layer.bits) == (first.in_features, first.pieces, first.bits)
+        and (layer.in_features, layer.pieces, layer.bits, layer.group)
+        == (first.in_features, first.pieces, first.bits, first.group)
         for layer in layers
     )
 

@@ -6,8 +6,9 @@ j (a signed nibble equal to c - 8: two shifts unpack it, no lookup or sign fix);
 group of 32 positions, the 64 columns' float32 scales S and zeros Z, the weight being
 (c - 8) * S + Z. The kernel makes each weight with one rounding, so a one-piece type's are gguf's
 own dequantized values, and multiplies float32 inputs without rounding them (torch's int4 kernel
-rounds every input, scale and zero to bfloat16). A two-piece form (5 to 8 bits) is held as one
-piece of 8-bit codes instead (`bytes_form`): (panels, in, 64) int8, the weight c * S + Z."""
+rounds every input, scale and zero to bfloat16). A two-piece form (5 to 8 bits), and Q6_K's four,
+are held as one piece of 8-bit codes instead (`bytes_form`): (panels, in, 64) int8, the weight
+c * S + Z, a scale per 32 positions (per 16 for Q6_K)."""
 
 from __future__ import annotations
 
@@ -52,16 +53,23 @@ def nibbles(form: Int4Form) -> tuple[torch.Tensor, torch.Tensor]:
     return words.contiguous(), scales_zeros.contiguous()
 
 
-def bytes_form(form: Int4Form) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A two-piece form (a type of 5 to 8 bits: high and low nibbles, S_high = 16 S_low) as one piece
-    of 8-bit codes: c = 16 (c_high - 8) + c_low in [-128, 127], S = S_low, Z = Z_high + Z_low - 8 S_low,
-    so that c * S + Z is the pieces' exact sum (one rounding: gguf's own value); (codes (panels,
-    in * 64) int8, scales and zeros (2, panels, groups * 64) float32), or None where the form is not
-    such a pair or Z is not a float32 number."""
-    if form.pieces != 2:
+def bytes_form(form: Int4Form) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """The form as one piece of 8-bit codes where it is two 4-bit pieces (a type of 5 to 8 bits) or
+    Q6_K's four (`_pair`, `_sixteen`): c * S + Z is then the pieces' exact sum, in one rounding
+    (gguf's own value); (codes (panels, in * 64) int8, scales and zeros (2, panels, groups * 64)
+    float32, the positions a scale covers: 32, or 16 for Q6_K), or None where the form is neither
+    or a zero would not be a float32 number."""
+    made = _pair(form) if form.pieces == 2 else _sixteen(form) if form.pieces == 4 else None
+    if made is None:
         return None
-    out, n = form.codes.shape[0], form.in_features
-    groups = n // GROUP
+    codes, scales, zeros, group = made
+    return *_bytes_layout(codes, torch.stack([scales, zeros])), group
+
+
+def _pair(form: Int4Form) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
+    """High and low nibbles, S_high = 16 S_low: c = 16 (c_high - 8) + c_low in [-128, 127], S = S_low,
+    Z = Z_high + Z_low - 8 S_low."""
+    n, groups = form.in_features, form.in_features // GROUP
     s_high, s_low = form.scales[:groups].double(), form.scales[groups:].double()
     if not torch.equal(s_high, 16 * s_low):
         return None
@@ -69,8 +77,38 @@ def bytes_form(form: Int4Form) -> tuple[torch.Tensor, torch.Tensor] | None:
     if not torch.equal(zeros.float().double(), zeros):
         return None
     codes = 16 * (form.codes[:, :n] - 8) + form.codes[:, n:]  # (out, in)
+    return codes, s_low.float(), zeros.float(), GROUP
+
+
+def _sixteen(form: Int4Form) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
+    """Q6_K's four pieces (blocks.py: high and low nibble of each half of a group of 32, code 8 on
+    the other half, every Z = 0): c = 16 h + l, one scale per 16 positions, Z = 0."""
+    n, groups = form.in_features, form.in_features // GROUP
+    parts = [form.codes[:, p * n : (p + 1) * n] - 8 for p in range(4)]  # high0, low0, high1, low1
+    scales = [form.scales[p * groups : (p + 1) * groups] for p in range(4)]
+    first = torch.zeros(GROUP, dtype=torch.bool)
+    first[:16] = True
+    first = first.repeat(groups)  # positions in the first half of their group
+    quiet = [~first, ~first, first, first]  # where each piece must hold code 8 (0)
+    if not all(torch.equal(s, torch.zeros_like(s)) for s in (p[:, q] for p, q in zip(parts, quiet))):
+        return None
+    if not (torch.equal(scales[0], 16 * scales[1]) and torch.equal(scales[2], 16 * scales[3])):
+        return None
+    if form.zeros.abs().max() != 0:
+        return None
+    codes = 16 * (parts[0] + parts[2]) + parts[1] + parts[3]
+    if codes.min() < -128 or codes.max() > 127:
+        return None
+    per_16 = torch.stack([scales[1], scales[3]], 1).reshape(2 * groups, -1)  # (in / 16, out)
+    return codes, per_16, torch.zeros_like(per_16), 16
+
+
+def _bytes_layout(codes: torch.Tensor, scales_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes (out, in) in [-128, 127] and scales_zeros (2, groups, out) in the kernel's 8-bit form:
+    (panels, in * 64) int8 (each panel's 64 codes a position side by side), (2, panels, groups * 64)."""
+    out, n = codes.shape
+    groups = scales_zeros.shape[1]
     extra = -out % PANEL
-    scales_zeros = torch.stack([s_low.float(), zeros.float()])  # (2, groups, out)
     if extra:  # code 0, scale 0, zero 0: weight 0
         codes = torch.cat([codes, codes.new_zeros((extra, n))])
         scales_zeros = torch.cat([scales_zeros, scales_zeros.new_zeros((2, groups, extra))], 2)
@@ -80,12 +118,12 @@ def bytes_form(form: Int4Form) -> tuple[torch.Tensor, torch.Tensor] | None:
     return codes.contiguous(), scales_zeros.contiguous()
 
 
-def nibble_chunks(forms: Iterable[Int4Form], pieces: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def nibble_chunks(forms: Iterable[Int4Form], pieces: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """The C form of `rows` rows given in chunks (each a multiple of 64 rows but the last), copied
-    into buffers made once, and its bits: 8 where the chunks are two-piece forms `bytes_form`
-    takes (each chunk must, or a ValueError about row chunks), else 4."""
+    into buffers made once, its bits and the positions a scale covers: 8 bits where the chunks are
+    forms `bytes_form` takes (each chunk must, or a ValueError about row chunks), else 4 (and 32)."""
     codes = scales_zeros = None
-    done, panels, bits = 0, -(-rows // PANEL), 4
+    done, panels, bits, group = 0, -(-rows // PANEL), 4, GROUP
     for part in forms:
         if part.pieces != pieces:
             raise ValueError("row chunks of different pieces")
@@ -96,7 +134,10 @@ def nibble_chunks(forms: Iterable[Int4Form], pieces: int, rows: int) -> tuple[to
             bits = 8
         elif bits == 8 and as_bytes is None:
             raise ValueError("row chunks of which only some have an 8-bit form")
-        c, sz = as_bytes if as_bytes is not None else nibbles(part)
+        if as_bytes is not None:
+            c, sz, group = as_bytes
+        else:
+            c, sz = nibbles(part)
         if codes is None or scales_zeros is None:
             codes = c.new_empty((panels, c.shape[1]))
             scales_zeros = sz.new_empty((2, panels, sz.shape[2]))
@@ -108,4 +149,4 @@ def nibble_chunks(forms: Iterable[Int4Form], pieces: int, rows: int) -> tuple[to
         done += part.codes.shape[0]
     if done != rows or codes is None or scales_zeros is None:
         raise ValueError(f"row chunks of {done} rows for a layer of {rows}")
-    return codes, scales_zeros, bits
+    return codes, scales_zeros, bits, group

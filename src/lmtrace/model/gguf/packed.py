@@ -134,9 +134,11 @@ class PackedLinear(nn.Module):
         self.out_features = first.codes.shape[0] if rows is None else rows  # rows: all chunks' (given chunks)
         self.own_kernel = compute_dtype == torch.float32 and kernel_available()  # int4.c, else torch's
         chunks = itertools.chain([first], forms)
-        self.bits = 4  # 8: one piece of 8-bit codes on lmtrace's kernel (a two-piece type, nibbles.bytes_form)
+        # 8 bits: one piece of 8-bit codes on lmtrace's kernel (nibbles.bytes_form); group: the input
+        # positions a scale covers (16: Q6_K's, in 8 bits)
+        self.bits, self.group = 4, 32
         if self.own_kernel:  # (panels, pieces * in * 8) code words, (2, panels, groups * 64) scales and zeros
-            packed, scale_zeros, self.bits = nibble_chunks(chunks, self.pieces, self.out_features)
+            packed, scale_zeros, self.bits, self.group = nibble_chunks(chunks, self.pieces, self.out_features)
             self.pieces = 1 if self.bits == 8 else self.pieces
         else:  # torch's int4 form: (padded out, pieces * in / 2), (groups, padded out, 2)
             packed, scale_zeros = _packed_chunks(chunks, self.pieces, compute_dtype, self.out_features)
@@ -164,7 +166,7 @@ class PackedLinear(nn.Module):
         if self.own_kernel:
             from lmtrace.model.fused import ops
 
-            out = ops.int4_mm(flat, self.packed, self.scale_zeros, self.pieces, self.bits)
+            out = ops.int4_mm(flat, self.packed, self.scale_zeros, self.pieces, self.bits, self.group)
         else:
             out = int4_mm(flat, self.packed, self.scale_zeros)
         if out.shape[-1] != self.out_features:  # (rows, padded out) -> (rows, out)
