@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lmtrace
-from lmtrace.model import layer_path
+from lmtrace.model import layer_c
 from lmtrace.model.fused import layer as c_layer
 from tests.tiny_gguf import PANELS, write_tiny_gguf
 
@@ -60,15 +60,15 @@ def test_the_c_form_is_dropped_where_the_layers_parts_change(panels):
     """A product's buffers replaced: the layer no longer runs its C form (it would read the old ones)."""
     layer = panels.model.model.layers[0]
     down = layer.mlp.down_proj
-    assert layer_path._in_c(layer) is not None
+    assert layer_c.c_form(layer) is not None
     kept = down.packed
     down.packed = kept.clone()
     try:
-        assert layer_path._in_c(layer) is None
+        assert layer_c.c_form(layer) is None
         assert _same(_decode(panels), _decode(panels))
     finally:
         down.packed = kept
-    assert layer_path._in_c(layer) is not None
+    assert layer_c.c_form(layer) is not None
 
 
 def test_made_only_for_whole_panels(tmp_path, tiny_tok, monkeypatch):

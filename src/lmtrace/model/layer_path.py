@@ -38,8 +38,8 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 from lmtrace.errors import InvalidParameter
 from lmtrace.model import matmul
 from lmtrace.model.fused import ops as fused_ops
-from lmtrace.model.fused.layer import CLayer, Product, Shape
 from lmtrace.model.gguf.joined import joined_of
+from lmtrace.model.layer_c import C_FORM, activation, c_form, make_c_form
 
 # the only decoder layers switched: these classes exactly (others pass more to the attention,
 # such as a sliding window, or have norms of their own); the MLP transformers' or the packed fused one
@@ -85,7 +85,7 @@ def fuse(model: Any, on: bool, exact: bool = False) -> int:
     for layer in model.modules():
         if switched(layer):
             layer.__dict__.pop("_lmtrace_fused", None)
-            layer.__dict__.pop("_lmtrace_c", None)
+            layer.__dict__.pop(C_FORM, None)
             if on:
                 _fuse(layer, rotary, exact and not _own_int4(layer))
     return fused_layers(model)
@@ -111,7 +111,7 @@ def remove(model: Any) -> None:
         if switched(layer):
             del layer.forward
         layer.__dict__.pop("_lmtrace_fused", None)
-        layer.__dict__.pop("_lmtrace_c", None)
+        layer.__dict__.pop(C_FORM, None)
 
 
 def switched(layer: Any) -> bool:
@@ -146,7 +146,7 @@ def forward(
     products = ONEDNN if type(attn.q_proj) is torch.nn.Linear else PACKED
     kernels = self.__dict__.get("_lmtrace_fused")  # None, EXACT or ALL
     fused, every = kernels is not None, kernels == ALL
-    in_c = _in_c(self) if every else None  # on lmtrace's kernel: the same operations in two C calls
+    in_c = c_form(self) if every else None  # on lmtrace's kernel: the same operations in two C calls
     if in_c is not None:
         qkv, qk = in_c.qkv(hidden_states, *position_embeddings)  # type: ignore[misc]
         qkv = qkv.view(b, s, heads + 2 * kv, attn.head_dim)
@@ -258,67 +258,12 @@ def _add_norm(norm: Any, x: torch.Tensor, y: torch.Tensor, fused: bool) -> tuple
     return h, _norm(norm, h)
 
 
-def _activation(mlp: Any) -> Any:
-    act = mlp.act_fn
-    return F.silu if type(act).__name__ in _SILU else act  # the module's forward is F.silu
-
-
 def _activated(mlp: Any, gate_up: torch.Tensor, inter: int, fused: bool) -> torch.Tensor:
     """act(gate) * up for the MLP's one product (rows, 2 * intermediate)."""
-    act = _activation(mlp)
+    act = activation(mlp)
     if fused and act is F.silu:
         return fused_ops.silu_mul(gate_up, inter)
     return act(gate_up[:, :inter]) * gate_up[:, inter:]
-
-
-def _in_c(layer: Any) -> CLayer | None:
-    """The layer's two-call C form (lmtrace.model.fused.layer) where it has one and it still reads the
-    layer's own norms and products."""
-    in_c = layer.__dict__.get("_lmtrace_c")
-    return in_c if in_c is not None and in_c.holds(_c_tensors(layer)) else None
-
-
-def _c_tensors(layer: Any) -> list[torch.Tensor]:
-    """The tensors a packed layer's C form reads, as the layer holds them now: its two norms' weights
-    and its six packed layers' buffers (q/k/v: views of their joined pair). Read from the modules'
-    own dicts (a few microseconds a layer, where attribute access costs about twenty)."""
-    try:
-        attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
-        a, m = attn._modules, mlp._modules
-        parts = (a["q_proj"], a["k_proj"], a["v_proj"], a["o_proj"], m["gate_up"], m["down_proj"])
-        norms = (layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"])
-        buffers = [t for p in parts for t in (p._buffers["packed"], p._buffers["scale_zeros"])]
-        return [norms[0]._parameters["weight"], norms[1]._parameters["weight"], *buffers]
-    except (KeyError, AttributeError):  # a part replaced by a module of another kind
-        return []
-
-
-def _make_c(layer: Any) -> CLayer | None:
-    """A packed layer's C form: q/k/v joined on lmtrace's kernel, o, gate/up and down on it too, no
-    bias, a SiLU MLP, every product a whole number of 64-column panels; else None."""
-    attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
-    joined = joined_of(attn)
-    parts = [attn._modules["o_proj"], mlp._modules.get("gate_up"), mlp._modules["down_proj"]]
-    if joined is None or _activation(mlp) is not F.silu or not all(_on_int4(p) for p in parts):
-        return None
-    hidden, inter = attn.q_proj.in_features, mlp.sizes[0]
-    if parts[0].out_features != hidden or parts[2].out_features != hidden or parts[1].out_features != 2 * inter:
-        return None
-    products = [Product(joined.codes, joined.scale_zeros, joined.pieces, hidden, joined.bits, joined.group)]
-    products += [Product(p.packed, p.scale_zeros, p.pieces, p.in_features, p.bits, p.group) for p in parts]
-    norms = (layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"])
-    heads, kv = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
-    eps = (float(norms[0].variance_epsilon), float(norms[1].variance_epsilon))
-    shape = Shape(hidden, heads, kv, attn.head_dim, inter, float(attn.scaling), eps)
-    return CLayer((norms[0].weight, norms[1].weight), products, shape, _c_tensors(layer))
-
-
-def _on_int4(layer: Any) -> bool:
-    """A packed layer on lmtrace's kernel without a bias, its outputs whole 64-column panels."""
-    own = getattr(layer, "own_kernel", False)
-    return (
-        own and layer.bias is None and layer.out_features % 64 == 0 and layer.packed.shape[0] * 64 == layer.out_features
-    )
 
 
 def _fused_attention(attn: Any, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) -> bool:
@@ -347,7 +292,6 @@ def _rotated(x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Ten
 
 # the last forward's position embeddings and what _rotated made of them (held, so never a stale id)
 _EMBEDDINGS: tuple[torch.Tensor, ...] | None = None
-_SILU = ("SiLUActivation", "SiLU")
 # a fused layer's kernels: those with torch's bits (RMSNorm, the residual add, rotary), or all of them
 EXACT, ALL = "exact", "all"
 
@@ -425,7 +369,7 @@ def _fuse(layer: Any, rotary: Any, exact: bool) -> None:
     that fails (no C compiler) leaves the layer unfused and raises."""
     layer._lmtrace_fused = EXACT if exact else ALL
     if not exact and _own_int4(layer):  # its operations in two C calls where the layer allows (layer.c)
-        layer.__dict__["_lmtrace_c"] = _make_c(layer)
+        layer.__dict__[C_FORM] = make_c_form(layer)
     same = False
     try:
         ours, theirs = _probe(layer, rotary)
@@ -434,4 +378,4 @@ def _fuse(layer: Any, rotary: Any, exact: bool) -> None:
     finally:
         if not same:
             del layer._lmtrace_fused
-            layer.__dict__.pop("_lmtrace_c", None)
+            layer.__dict__.pop(C_FORM, None)
