@@ -44,8 +44,9 @@ class PackReport:
         total = len(self.packed) + len(self.kept_float)
         text = (
             f"packed weights: {len(self.packed)} of {total} linear layers ({self.types()}; "
-            f"{self.packed_bytes / 1e6:.0f} MB, {self.compute_dtype} activations, {self.kernel} kernel)"
+            f"{self.packed_bytes / 1e6:.0f} MB, {self.compute_dtype} activations, {self.kernel} kernel"
         )
+        text += f", {self.small_ops} layers' small operations in C)" if self.small_ops else ")"
         if self.embedding:
             text += f"; embedding: {self.embedding}"
         if self.kept_float:
