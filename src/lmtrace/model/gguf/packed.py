@@ -346,25 +346,29 @@ def pack_gguf(
     if before_fuse is not None:  # model/gguf/direct.py: the float parts, once the packed ones are in place
         before_fuse(model, report)
     if fuse:
-        from lmtrace.model.gguf.fused import fuse as fuse_groups
-
-        def form_of(name: str, layer: PackedLinear) -> Int4Form:
-            form = _form(found[name], layer.out_features, layer.in_features)
-            reader.release(found[name].tensor)
-            return form
-
-        report.fused = fuse_groups(model, form_of)
-        trim_heap()  # the unfused layers' blocks, freed
-        from lmtrace.model.gguf.joined import join_attention
-
-        report.joined = join_attention(model)  # q/k/v in one call of lmtrace's kernel
-        from lmtrace.model import layer_path
-
-        report.layers = layer_path.install(model)  # Llama decoder layers as one function
-        report.small_ops = layer_path.fused_layers(model, every=True)  # on lmtrace's kernel: all in C
+        _fuse(model, found, reader, report)
     report.seconds = time.perf_counter() - started
     model.lmtrace_packed = report
     return report
+
+
+def _fuse(model: nn.Module, found: dict[str, Found], reader: GGUFTensors, report: PackReport) -> None:
+    """The packed layers' siblings as one kernel call (gate/up stacked, q/k/v joined), then the
+    Llama decoder layers as one function (on lmtrace's kernel with every small operation in C)."""
+    from lmtrace.model import layer_path
+    from lmtrace.model.gguf.fused import fuse as fuse_groups
+    from lmtrace.model.gguf.joined import join_attention
+
+    def form_of(name: str, layer: PackedLinear) -> Int4Form:
+        form = _form(found[name], layer.out_features, layer.in_features)
+        reader.release(found[name].tensor)
+        return form
+
+    report.fused = fuse_groups(model, form_of)
+    trim_heap()  # the unfused layers' blocks, freed
+    report.joined = join_attention(model)  # q/k/v in one call of lmtrace's kernel
+    report.layers = layer_path.install(model)  # Llama decoder layers as one function
+    report.small_ops = layer_path.fused_layers(model, every=True)  # on lmtrace's kernel: all in C
 
 
 def _why(report: PackReport) -> str:
