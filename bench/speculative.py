@@ -3,9 +3,10 @@ lmtrace float32 plain, the packed 4-bit path alone (eager and --compile), float3
 draft at K = 2, 4, 6 (and with the draft's step compiled at K = 4, 6) and with the
 self-speculative `layers:N` draft; then the fast path, `--matmul onednn` (its verify forward of K + 1
 rows costs about one row's), plain and with the packed draft at K = 3, 4, 5 and auto, and at auto with
-the draft's step compiled (`--compile`: only the packed draft compiles, the target keeps oneDNN).
-One run, the contenders interleaved in every
-round (each on the same prompts), medians over rounds; tokens/s, the ratio to plain float32,
+the draft's step compiled (`--compile`: only the packed draft compiles, the target keeps oneDNN);
+and `--matmul onednn-fused` (the small operations in C too), plain and with the packed draft at
+K = 4 and auto (and auto compiled). One run, the contenders interleaved in every round (each on
+the same prompts), medians over rounds; tokens/s, the ratio to plain float32,
 acceptance by position, and whether every run gave plain float32's tokens.
 
 The contenders run in a child process that loads the models once; a contender that crashes it
@@ -13,7 +14,8 @@ The contenders run in a child process that loads the models once; a contender th
 go on. The JSON is written after every run, so a run cut short keeps what it measured.
 
 Usage: python bench/speculative.py [--rounds 3] [--tokens 64] [--prompts 2] [--layers 8]
-       [--model PATH.gguf] [--out FILE.json] [--only onednn,layers] [--crash NAME (a check: the child aborts there)]"""
+       [--model PATH.gguf] [--out FILE.json] [--only onednn,layers] [--skip compile]
+       [--crash NAME (a check: the child aborts there)]"""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ PROMPTS = [
     "A good cup of coffee needs",
 ]
 PLAIN, PACKED, ONEDNN = "float32 plain", "packed alone", "float32 --matmul onednn plain"
+FUSED = "float32 --matmul onednn-fused plain"
 
 
 def contenders(layers: int) -> dict[str, dict]:
@@ -51,6 +54,15 @@ def contenders(layers: int) -> dict[str, dict]:
         out[f"onednn + packed draft K={k}"] = {"lm": "onednn", "draft": "packed", "k": k}
     out["onednn + packed draft K=auto --compile"] = {"lm": "onednn", "draft": "packed", "k": "auto", "compile": True}
     out["float32 + packed draft K=auto"] = {"lm": "float32", "draft": "packed", "k": "auto"}
+    out[FUSED] = {"lm": "onednn-fused"}  # oneDNN's products, the small operations in C
+    for k in (4, "auto"):
+        out[f"onednn-fused + packed draft K={k}"] = {"lm": "onednn-fused", "draft": "packed", "k": k}
+    out["onednn-fused + packed draft K=auto --compile"] = {
+        "lm": "onednn-fused",
+        "draft": "packed",
+        "k": "auto",
+        "compile": True,
+    }
     return out
 
 
@@ -67,7 +79,8 @@ def worker(model: str | None, tokens: int, crash: str | None) -> None:
     lms = {"float32": lmtrace.load(model, device="cpu", dtype="float32"),
            "packed": lmtrace.load(model, device="cpu", dtype="float32", weights="packed"),
            "packed-apart": lmtrace.load(model, device="cpu", dtype="float32"),
-           "onednn": lmtrace.load(model, device="cpu", dtype="float32", matmul="onednn")}  # fmt: skip
+           "onednn": lmtrace.load(model, device="cpu", dtype="float32", matmul="onednn"),
+           "onednn-fused": lmtrace.load(model, device="cpu", dtype="float32", matmul="onednn-fused")}  # fmt: skip
     pack_gguf(lms["packed-apart"].model, model or bundled_gguf(), fuse=False)  # the packed path before fusion
     print(json.dumps({"ready": True, "threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
@@ -157,7 +170,10 @@ def table(record: dict) -> str:
 def run(args: argparse.Namespace, record: dict, out: Path) -> None:
     plan = contenders(args.layers)
     if args.only:  # the float32 plain reference always runs: the tokens are checked against it
-        plan = {n: h for n, h in plan.items() if n in (PLAIN, ONEDNN) or any(w in n for w in args.only.split(","))}
+        words = args.only.split(",")
+        plan = {n: h for n, h in plan.items() if n in (PLAIN, ONEDNN, FUSED) or any(w in n for w in words)}
+    if args.skip:  # e.g. --skip compile: the compiled drafts' warm-ups take minutes a prompt
+        plan = {n: h for n, h in plan.items() if n == PLAIN or not any(w in n for w in args.skip.split(","))}
     record["results"] = {n: {"tok_s": [], "identical": [], "speculative": [], "how": how} for n, how in plan.items()}
     child, warmed = None, set()
     for rnd in range(args.rounds):
@@ -204,6 +220,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a .gguf (default: the bundled SmolLM2-135M-Instruct)")
     ap.add_argument("--out", default=None, help="JSON file (default bench/results/speculative-<time>.json)")
     ap.add_argument("--only", default=None, help="contenders whose names hold one of these comma-separated words")
+    ap.add_argument("--skip", default=None, help="leave out contenders whose names hold one of these words")
     ap.add_argument("--crash", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
