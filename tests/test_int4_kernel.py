@@ -41,14 +41,15 @@ def test_the_float32_product_of_the_exact_weights(type_name):
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
 def test_each_row_the_same_alone_in_a_batch_or_on_threads(monkeypatch, type_name):
-    """Rows in blocks of 4 share the codes' unpacking; a row's sums never depend on the block, the
-    batch or the threads the columns are split over."""
+    """Calls of 4 rows or more share the codes' unpacking and go in blocks of 6, 4 and 1 to 3 rows; a
+    row's sums never depend on the block, the batch or the threads the columns are split over."""
     layer, _ = _layer(type_name)
-    x = torch.randn(7, IN, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(17, IN, generator=torch.Generator().manual_seed(2))
     together = layer(x)
     for i in range(7):
         assert torch.equal(layer(x[i : i + 1]), together[i : i + 1])
-    assert torch.equal(layer(x[2:6]), together[2:6])
+    for rows in (2, 3, 4, 5, 6, 7, 8, 9, 13, 16):  # every mix of blocks
+        assert torch.equal(layer(x[1 : 1 + rows]), together[1 : 1 + rows]), rows
     monkeypatch.setattr(ops, "SERIAL_WORK", {True: 1, False: 1})  # every call on all of torch's threads
     threads = torch.get_num_threads()
     torch.set_num_threads(3)

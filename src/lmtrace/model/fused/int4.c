@@ -85,25 +85,48 @@ static void weights8(const lmt_int4* a, long panel, long k0, long n, float* w) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* rows m .. m + 4, columns j0 .. j0 + 16 of the panel: y (or, for the first chunk, 0) + x[:, k0 ..
-   k0 + n] w, the chunk's products summed apart first */
-static inline void four_rows(const lmt_int4* a, const float* w, long n, const float* x, float* y, long out,
-                             int first) {
-    __m256 acc[4][2];
-    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+/* R rows (1 to 6) from m, columns j0 .. j0 + 16 of the panel: y (or, for the first chunk, 0) +
+   x[:, k0 .. k0 + n] w, the chunk's products summed apart first; with R = 6 twelve sums, two weight
+   vectors and a broadcast fill the 16 vector registers */
+static inline __attribute__((always_inline)) void row_block(const lmt_int4* a, const float* w, long n,
+                                                            const float* x, float* y, long out, int first,
+                                                            const int R) {
+    __m256 acc[6][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (long k = 0; k < n; k++) {
-        __m256 w0 = _mm256_loadu_ps(w + k * PANEL), w1 = _mm256_loadu_ps(w + k * PANEL + 8);
-        for (int r = 0; r < 4; r++) {
-            __m256 xk = _mm256_broadcast_ss(x + r * a->in + k);
+        const __m256 w0 = _mm256_loadu_ps(w + k * PANEL), w1 = _mm256_loadu_ps(w + k * PANEL + 8);
+        for (int r = 0; r < R; r++) {
+            const __m256 xk = _mm256_broadcast_ss(x + r * a->in + k);
             acc[r][0] = _mm256_fmadd_ps(w0, xk, acc[r][0]);
             acc[r][1] = _mm256_fmadd_ps(w1, xk, acc[r][1]);
         }
     }
-    for (int r = 0; r < 4; r++)
+    for (int r = 0; r < R; r++)
         for (int h = 0; h < 2; h++) {
             float* at = y + r * out + h * 8;
             _mm256_storeu_ps(at, first ? acc[r][h] : _mm256_add_ps(_mm256_loadu_ps(at), acc[r][h]));
         }
+}
+
+/* every row of the call times 16 columns of the chunk's weights (kept in the first cache while the
+   rows go by), in blocks of 6 rows where they fill the registers (7: 4 and 3), else 4, then the last 1 to 3 */
+static void columns16(const lmt_int4* a, const float* w, long n, long k0, long col, int first) {
+    const long out = a->panels * PANEL;
+    long m = 0;
+    while (m < a->rows) {
+        const long left = a->rows - m;
+        const int R = left >= 6 && left != 7 ? 6 : left >= 4 ? 4 : (int)left;
+        const float* x = a->x + m * a->in + k0;
+        float* y = a->y + m * out + col;
+        switch (R) {
+            case 6: row_block(a, w, n, x, y, out, first, 6); break;
+            case 4: row_block(a, w, n, x, y, out, first, 4); break;
+            case 3: row_block(a, w, n, x, y, out, first, 3); break;
+            case 2: row_block(a, w, n, x, y, out, first, 2); break;
+            default: row_block(a, w, n, x, y, out, first, 1);
+        }
+        m += R;
+    }
 }
 
 /* the scales and zeros of group `group` of the panels, for the 32 columns of half a panel */
@@ -172,18 +195,8 @@ static void direct8(const lmt_int4* a, long panel, long k0, long n, const float*
     }
 }
 
-/* one row, the panel's 64 columns */
-static inline void one_row(const float* w, long n, const float* x, float* y, int first) {
-    __m256 acc[8];
-    for (int h = 0; h < 8; h++) acc[h] = _mm256_setzero_ps();
-    for (long k = 0; k < n; k++) {
-        __m256 xk = _mm256_broadcast_ss(x + k);
-        for (int h = 0; h < 8; h++) acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(w + k * PANEL + h * 8), xk, acc[h]);
-    }
-    for (int h = 0; h < 8; h++)
-        _mm256_storeu_ps(y + h * 8, first ? acc[h] : _mm256_add_ps(_mm256_loadu_ps(y + h * 8), acc[h]));
-}
 #else
+/* one row, the panel's 64 columns */
 static void one_row(const float* w, long n, const float* x, float* y, int first) {
     for (int j = 0; j < PANEL; j++) {
         float acc = 0.0f;
@@ -220,11 +233,10 @@ static void panels(const lmt_int4* a, long start, long end) {
                 else
                     weights(a, panel, p, k0, n, w);
 #if defined(__AVX2__) && defined(__FMA__)
-                for (; m + 4 <= a->rows; m += 4)
-                    for (int j = 0; j < PANEL; j += 16)
-                        four_rows(a, w + j, n, a->x + m * a->in + k0, a->y + m * out + panel * PANEL + j, out, first);
-#endif
+                for (int j = 0; j < PANEL; j += 16) columns16(a, w + j, n, k0, panel * PANEL + j, first);
+#else
                 for (; m < a->rows; m++) one_row(w, n, a->x + m * a->in + k0, a->y + m * out + panel * PANEL, first);
+#endif
             }
     free(w);
 }
