@@ -1,8 +1,9 @@
 """Side-by-side decoding speed on the bundled model, one process, contenders interleaved in every
 round, medians over rounds: transformers' model.generate (plain, and with output_scores +
 output_logits), lmtrace.generate in float32, bfloat16, with the GGUF's packed 4-bit weights and
-with --compile, with --matmul onednn (and onednn-fused), with --matmul onednn and the packed draft (speculative, K auto,
-batch 1) (with --inside also the logit lens, attention over the cache, and both), and
+with --compile, with --matmul onednn (and onednn-fused), with --matmul onednn-fused and the packed
+draft (speculative, K auto, batch 1) (with --inside also the logit lens, attention over the cache,
+and both), and
 llama-cpp-python (plain and with logprobs, each in a child process that may crash: the crash is
 that contender's result; built by `make bench-deps`, bench/llama_python.py). Batch sizes 1 and 16 by default.
 
@@ -224,9 +225,8 @@ def c_compile(b: Bench, batch: int) -> Contender | str:
 INSIDE = {"lens": {"lens": True}, "attention": {"attention": True},
           "lens + attention": {"lens": True, "attention": True}}  # fmt: skip
 PLAIN = "lmtrace float32 (top_logprobs=20, KV ledger)"
-SPECULATIVE = "lmtrace float32 --matmul onednn + packed draft (--draft-tokens auto)"
+SPECULATIVE = "lmtrace float32 --matmul onednn-fused + packed draft (--draft-tokens auto)"
 DRAFT = {"draft": "packed", "draft_tokens": "auto"}
-SPECULATIVE_COMPILED = f"{SPECULATIVE} --compile (the draft's step compiled)"
 
 
 def _inside(key: str) -> Callable[[Bench, int], Contender | str]:
@@ -263,18 +263,14 @@ def inside_summary(record: dict, batch_sizes: list[int], sizes: dict) -> dict:
 
 
 def c_speculative(b: Bench, batch: int) -> Contender | str:
+    """The fastest lossless setting: verify on oneDNN with the small operations in C, the packed
+    draft's steps eager on lmtrace's kernel (a compiled draft step is slower since its layers run in
+    two C calls: bench/speculative.py)."""
     if batch != 1:
         return "batch 1 only (a batch of prompts decodes speculatively one prompt after another)"
-    if b.onednn is None:
-        return "--no-onednn"
-    return Contender(SPECULATIVE, "float32", lambda p: traced(b.onednn, p, b.tokens, **DRAFT))
-
-
-def c_speculative_compiled(b: Bench, batch: int) -> Contender | str:
-    found = c_speculative(b, batch)
-    if isinstance(found, str) or not b.compile:
-        return found if isinstance(found, str) else "--no-compile"
-    return Contender(SPECULATIVE_COMPILED, "float32", lambda p: traced(b.onednn, p, b.tokens, **DRAFT, compile=True))
+    if b.fused is None:
+        return "--no-fused"
+    return Contender(SPECULATIVE, "float32", lambda p: traced(b.fused, p, b.tokens, **DRAFT))
 
 
 def exact_paths(bench: Bench, n: int) -> dict[str, dict]:
@@ -283,9 +279,8 @@ def exact_paths(bench: Bench, n: int) -> dict[str, dict]:
     first token that differs, where there is one)."""
     kw = {"max_new_tokens": n, "temperature": 0, "top_logprobs": 5, "stop_on_eos": False}
     paths = {"--matmul onednn": (bench.onednn, {}), "--matmul onednn-fused": (bench.fused, {})}
-    paths[SPECULATIVE] = (bench.onednn, DRAFT)
+    paths[SPECULATIVE] = (bench.fused, DRAFT)
     paths["--compile"] = (bench.lm, {"compile": True}) if bench.compile else (None, {})
-    paths[SPECULATIVE_COMPILED] = (bench.onednn, {**DRAFT, "compile": True}) if bench.compile else (None, {})
     if bench.packed_torch is not None:  # packed on lmtrace's kernel: the float32 model of the same file
         paths["--weights packed"] = (bench.packed, {})
         paths["--weights packed --compile"] = (bench.packed, {"compile": True}) if bench.compile else (None, {})
@@ -325,7 +320,6 @@ CONTENDERS = [
     c_onednn,
     c_fused,
     c_speculative,
-    c_speculative_compiled,
     c_bfloat16,
     c_packed,
     c_packed_torch,
@@ -480,8 +474,11 @@ def main() -> None:
     ap.add_argument("--no-onednn", action="store_true", help="skip the float32 --matmul onednn contender")
     ap.add_argument("--no-fused", action="store_true", help="skip the float32 --matmul onednn-fused contender")
     ap.add_argument("--no-packed", action="store_true", help="skip the packed 4-bit contender")
-    ap.add_argument("--no-packed-torch", action="store_true",
-                    help="skip packed 4-bit on torch's bfloat16 int4 kernel (what runs without a C compiler)")
+    ap.add_argument(
+        "--no-packed-torch",
+        action="store_true",
+        help="skip packed 4-bit on torch's bfloat16 int4 kernel (what runs without a C compiler)",
+    )
     ap.add_argument("--no-compile", action="store_true", help="skip lmtrace --compile (a one-off compile)")
     ap.add_argument("--inside", action="store_true", help="also time --lens, --attention and both")
     ap.add_argument("--fidelity-tokens", type=int, default=32, help="greedy steps per prompt for the fidelity check")
