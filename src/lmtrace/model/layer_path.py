@@ -228,13 +228,16 @@ class _Packed:
 
     @staticmethod
     def fits(layer: Any) -> bool:
-        attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
-        parts = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, getattr(mlp, "gate_up", None), mlp.down_proj)
-        if not all(type(m).__name__ == "PackedLinear" for m in parts):  # lmtrace.model.gguf.packed's
+        """Read from the modules' own dicts: checked at every call of every layer (a dozen
+        attribute lookups through nn.Module's __getattr__ cost about 10 us a layer)."""
+        a, m = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules
+        parts = (a.get("q_proj"), a.get("k_proj"), a.get("v_proj"), a.get("o_proj"), m.get("gate_up"))
+        parts += (m.get("down_proj"),)
+        if not all(type(p).__name__ == "PackedLinear" for p in parts):  # lmtrace.model.gguf.packed's
             return False
         q, k, v = parts[:3]
-        same_input = len({(m.in_features, m.pieces, m.compute_dtype) for m in (q, k, v)}) == 1
-        return same_input and all(b is None for b in mlp.biases)
+        same_input = len({(p.in_features, p.pieces, p.compute_dtype) for p in (q, k, v)}) == 1
+        return same_input and all(b is None for b in layer._modules["mlp"].biases)
 
     @staticmethod
     def intact(layer: Any) -> bool:
@@ -325,8 +328,9 @@ def _shaped(layer: Any) -> bool:
     kinds = _CLASSES.get(type(layer).__name__)
     if kinds is None:
         return False
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
+    parts = layer._modules  # where nn.Module keeps them (getattr through its __getattr__: 5 us a layer)
+    attn, mlp = parts.get("self_attn"), parts.get("mlp")
+    norms = (parts.get("input_layernorm"), parts.get("post_attention_layernorm"))
     return (
         type(attn).__name__ == kinds[0]
         and type(mlp).__name__ in kinds[1]
