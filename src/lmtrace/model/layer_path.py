@@ -231,8 +231,7 @@ class _Packed:
         """Read from the modules' own dicts: checked at every call of every layer (a dozen
         attribute lookups through nn.Module's __getattr__ cost about 10 us a layer)."""
         a, m = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules
-        parts = (a.get("q_proj"), a.get("k_proj"), a.get("v_proj"), a.get("o_proj"), m.get("gate_up"))
-        parts += (m.get("down_proj"),)
+        parts = (*(a.get(n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")), m.get("gate_up"), m.get("down_proj"))
         if not all(type(p).__name__ == "PackedLinear" for p in parts):  # lmtrace.model.gguf.packed's
             return False
         q, k, v = parts[:3]
